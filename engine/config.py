@@ -1,0 +1,58 @@
+"""Engine configuration, validated once at start-up."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class EngineConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field("tiny.en", description="bundled name, model folder, or Hugging Face id in the local cache")
+    device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto", description="'auto': float32 on CPU (no fast half matmuls there), bfloat16 on CUDA"
+    )
+    block_size: int = Field(16, description="tokens per KV block, a power of two")
+    kv_cache_memory_mb: float = Field(512, gt=0, description="memory for the paged KV cache")
+    max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")
+    max_num_batched_tokens: int = Field(2048, ge=448, description="most tokens in one decoder step")
+    attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
+    encoder_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size_is_power_of_two(cls, value: int) -> int:
+        if value < 1 or value > 1024 or value & (value - 1):
+            raise ValueError(f"block_size must be a power of two between 1 and 1024, got {value}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _device_exists(cls, value: str) -> str:
+        try:
+            device = torch.device(value)
+        except RuntimeError as exc:
+            raise ValueError(f"device {value!r} is not a torch device ('cpu', 'cuda', 'cuda:0')") from exc
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {value!r} asked for, but this machine has no CUDA GPU; use device: cpu")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"device type {device.type!r} is not supported (cpu or cuda)")
+        return value
+
+    @model_validator(mode="after")
+    def _resolve_dtype(self) -> "EngineConfig":
+        if self.dtype == "auto":
+            self.dtype = "bfloat16" if torch.device(self.device).type == "cuda" else "float32"
+        return self
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)

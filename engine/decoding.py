@@ -1,0 +1,143 @@
+"""How we decode what the model computes: Whisper's prompt, its logit rules, and sampling.
+
+The rules are openai-whisper's (decoding.py): suppress a fixed token list, suppress blank and
+end-of-text at the first sampled position, and, with timestamps on, the timestamp pairing and
+monotonicity rules. Each rule is a small function over one row of logits, so they compose.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import RequestRejectedError
+from engine.request import DecodeOptions
+from engine.tokenizer import WhisperTokenizer
+from engine.weights import ModelDims
+
+# openai-whisper: the first timestamp may not be later than 1 s into the window.
+MAX_INITIAL_TIMESTAMP_S = 1.0
+
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    sot_index: int
+    max_tokens: int
+    detect_language: bool
+
+
+def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOptions) -> Prompt:
+    special = tokenizer.special
+    tokens: list[int] = []
+    if options.prompt:
+        # openai-whisper keeps at most half the context for previous text, most recent last.
+        previous = tokenizer.encode(" " + options.prompt.strip())[-(dims.n_text_ctx // 2 - 1) :]
+        tokens = [special.sot_prev, *previous]
+    sot_index = len(tokens)
+    tokens.append(special.sot)
+    detect = False
+    if dims.is_multilingual:
+        if options.language is None:
+            detect = True
+            tokens.append(tokenizer.language_tokens["en"])  # placeholder until detection
+        elif options.language not in tokenizer.language_tokens:
+            raise RequestRejectedError(f"language {options.language!r} is not one this model knows")
+        else:
+            tokens.append(tokenizer.language_tokens[options.language])
+        tokens.append(special.translate if options.task == "translate" else special.transcribe)
+    else:
+        if options.language not in (None, "en"):
+            raise RequestRejectedError(f"model is English-only; language {options.language!r} is not available")
+        if options.task == "translate":
+            raise RequestRejectedError("model is English-only; it cannot translate")
+    if not options.timestamps:
+        tokens.append(special.no_timestamps)
+    room = dims.n_text_ctx - len(tokens)
+    max_tokens = options.max_tokens if options.max_tokens is not None else dims.n_text_ctx // 2
+    if max_tokens < 1:
+        raise RequestRejectedError(f"max_tokens must be at least 1, got {max_tokens}")
+    return Prompt(tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect)
+
+
+class LogitRules:
+    """Applies Whisper's suppression and timestamp rules to a batch of logits, in place."""
+
+    def __init__(
+        self,
+        tokenizer: WhisperTokenizer,
+        vocab_size: int,
+        suppress_tokens: list[int] | None,
+        begin_suppress_tokens: list[int] | None,
+        device: torch.device,
+    ):
+        special = tokenizer.special
+        self.special = special
+        if suppress_tokens is None:
+            suppress_tokens = tokenizer.non_speech_tokens
+        suppress = set(suppress_tokens)
+        # openai-whisper also always suppresses the task and prompt tokens.
+        for token in (special.translate, special.transcribe, special.sot, special.sot_prev, special.sot_lm, special.no_speech):
+            if token is not None:
+                suppress.add(token)
+        mask = torch.zeros(vocab_size, dtype=torch.bool)
+        mask[[t for t in suppress if 0 <= t < vocab_size]] = True
+        self.suppress_mask = mask.to(device)
+        begin = begin_suppress_tokens if begin_suppress_tokens is not None else [tokenizer.encode(" ")[0], special.eot]
+        self.begin_suppress = torch.tensor([t for t in begin if 0 <= t < vocab_size], dtype=torch.long, device=device)
+        self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
+
+    def apply(self, logits: torch.Tensor, outputs: list[list[int]], timestamps: list[bool]) -> None:
+        """logits [B, V] float32; outputs[i]: tokens sampled so far for row i."""
+        logits[:, self.suppress_mask] = -math.inf
+        for row, (sampled, with_timestamps) in enumerate(zip(outputs, timestamps)):
+            if not sampled:
+                logits[row, self.begin_suppress] = -math.inf
+            if with_timestamps:
+                self._timestamp_rules(logits[row], sampled)
+
+    def _timestamp_rules(self, logits: torch.Tensor, sampled: list[int]) -> None:
+        begin, eot = self.special.timestamp_begin, self.special.eot
+        logits[self.special.no_timestamps] = -math.inf
+        last_was_ts = len(sampled) >= 1 and sampled[-1] >= begin
+        penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= begin
+        if last_was_ts:
+            if penultimate_was_ts:  # a closed pair: next must be text (or the end)
+                logits[begin:] = -math.inf
+            else:  # an open segment: next must be its closing timestamp (or the end)
+                logits[:eot] = -math.inf
+        stamps = [t for t in sampled if t >= begin]
+        if stamps:
+            # Timestamps never go back; a closing one may repeat the opening one.
+            floor = stamps[-1] if last_was_ts and not penultimate_was_ts else stamps[-1] + 1
+            logits[begin:floor] = -math.inf
+        if not sampled:
+            logits[:begin] = -math.inf
+            logits[self.max_initial_timestamp + 1 :] = -math.inf
+        # When timestamps together are likelier than any single text token, emit one.
+        logprobs = torch.log_softmax(logits, dim=-1)
+        if torch.logsumexp(logprobs[begin:], dim=-1) > logprobs[:begin].max():
+            logits[:begin] = -math.inf
+
+
+def sample(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows with temperature 0 take the argmax; others sample from softmax(logits / T).
+
+    Returns the tokens [B] and their log-probabilities under the rule-filtered logits [B]."""
+    tokens = logits.argmax(dim=-1)
+    for row, (temperature, generator) in enumerate(zip(temperatures, generators)):
+        if temperature > 0:
+            probs = torch.softmax(logits[row] / temperature, dim=-1)
+            tokens[row] = torch.multinomial(probs, 1, generator=generator)[0]
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
+    return tokens, logprobs
+
+
+def detect_language(tokenizer: WhisperTokenizer, sot_logits: torch.Tensor) -> tuple[str, int]:
+    """The most likely language token at <|startoftranscript|>, as openai-whisper's detect_language."""
+    codes = list(tokenizer.language_tokens)
+    ids = torch.tensor([tokenizer.language_tokens[c] for c in codes], device=sot_logits.device)
+    best = int(sot_logits[ids].argmax())
+    return codes[best], int(ids[best])

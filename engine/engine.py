@@ -1,0 +1,236 @@
+"""The two halves the deployments wrap: EncoderRunner (windows -> cross-K/V) and DecoderEngine
+(the continuous-batching step loop over the paged cache).
+
+``load_model`` builds the shared pieces once; an encoder replica and a decoder replica each call it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.registry import make_attention_backend
+from engine.audio import log_mel_spectrogram
+from engine.config import EngineConfig
+from engine.decoding import LogitRules, build_prompt, detect_language, sample
+from engine.kv_cache import BlockPool
+from engine.kv_storage import PagedKVStorage
+from engine.model import Whisper
+from engine.model_runner import ModelRunner
+from engine.request import CrossKVSource, DecodeOptions, DecodeResult, FinishReason, Request, RequestStatus
+from engine.scheduler import Scheduler
+from engine.tokenizer import WhisperTokenizer
+from engine.weights import LoadedWeights, load_weights
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    weights: LoadedWeights
+    model: Whisper
+    tokenizer: WhisperTokenizer
+    config: EngineConfig
+
+
+def load_model(config: EngineConfig) -> LoadedModel:
+    weights = load_weights(config.model)
+    with torch.device("meta"):
+        model = Whisper(weights.dims)
+    model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
+    model.load_canonical_state_dict(weights.state_dict)
+    model.eval()
+    weights.state_dict = {}  # the model holds the (fused) weights now; free the loader's copy
+    return LoadedModel(weights, model, WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size), config)
+
+
+class EncoderRunner:
+    """Batches of 30 s windows -> encoder states -> each window's cross-attention K/V."""
+
+    def __init__(self, loaded: LoadedModel):
+        self.model = loaded.model
+        self.dims = loaded.weights.dims
+        self.device = loaded.config.torch_device
+        self.dtype = loaded.config.torch_dtype
+
+    @torch.inference_mode()
+    def encode(self, windows: torch.Tensor) -> torch.Tensor:
+        """windows [N, 480000] float32 samples (padded) -> encoder states [N, 1500, d_model]."""
+        mels = log_mel_spectrogram(windows.to(self.device), self.dims.n_mels)
+        return self.model.encoder(mels.to(self.dtype))
+
+    @torch.inference_mode()
+    def cross_kv(self, states: torch.Tensor) -> torch.Tensor:
+        """[N, 1500, d] -> [N, layers, 2, 1500, H, D]."""
+        return self.model.decoder.project_cross_kv(states)
+
+
+class DecoderEngine:
+    """Owns the block pool, the scheduler and the runner; ``step()`` advances every request once.
+
+    ``submit`` and ``abort`` may be called from any thread: they queue work that the thread
+    calling ``step`` picks up at its next step boundary.
+    """
+
+    def __init__(self, loaded: LoadedModel):
+        config = loaded.config
+        dims = loaded.weights.dims
+        self.dims = dims
+        self.tokenizer = loaded.tokenizer
+        self.device = config.torch_device
+        block_bytes = PagedKVStorage.bytes_per_block(
+            dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim, config.torch_dtype
+        )
+        num_blocks = int(config.kv_cache_memory_mb * 2**20) // block_bytes
+        self.pool = BlockPool(num_blocks, config.block_size)
+        storage = PagedKVStorage(
+            num_blocks, dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim,
+            config.torch_dtype, self.device,
+        )
+        backend = make_attention_backend(config.attention_backend, self.device)
+        self.runner = ModelRunner(loaded.model, storage, backend)
+        self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens)
+        self.rules = LogitRules(
+            self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
+            loaded.weights.begin_suppress_tokens, self.device,
+        )
+        self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._by_id: dict[str, Request] = {}
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MB), backend %s",
+                    num_blocks, config.block_size, num_blocks * block_bytes / 2**20, backend.name)
+
+    def make_request(self, options: DecodeOptions, cross_source: CrossKVSource, request_id: str | None = None) -> Request:
+        """Validate options and build a request; raises RequestRejectedError for bad options."""
+        prompt = build_prompt(self.tokenizer, self.dims, options)
+        request = Request(
+            request_id=request_id or f"req-{next(self._ids)}",
+            prompt_tokens=prompt.tokens,
+            sot_index=prompt.sot_index,
+            max_tokens=prompt.max_tokens,
+            options=options,
+            cross_source=cross_source,
+            detect_language=prompt.detect_language,
+        )
+        # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
+        request.pending_tokens = list(prompt.tokens[: prompt.sot_index + 1] if prompt.detect_language else prompt.tokens)
+        if options.temperature > 0 and options.seed is not None:
+            request.generator = torch.Generator(device=self.device).manual_seed(options.seed)
+        if not self.dims.is_multilingual:
+            request.language = "en"
+        elif options.language is not None:
+            request.language = options.language
+        return request
+
+    def submit(self, request: Request) -> None:
+        self._inbox.put(request)
+
+    def abort(self, request_id: str) -> None:
+        self._aborts.put(request_id)
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work or not self._inbox.empty()
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._by_id)
+
+    def step(self) -> list[DecodeResult]:
+        """Admit, run one decoder forward for every running request, sample; return finished ones."""
+        finished: list[DecodeResult] = []
+        while not self._inbox.empty():
+            request = self._inbox.get()
+            self._by_id[request.request_id] = request
+            try:
+                self.scheduler.add(request)
+            except Exception as exc:
+                logger.warning("request %s rejected: %s", request.request_id, exc)
+                request.status, request.finish_reason, request.error = RequestStatus.FINISHED, FinishReason.ERROR, str(exc)
+                finished.append(self._result(request))
+        while not self._aborts.empty():
+            request = self._by_id.get(self._aborts.get())
+            if request is not None:
+                self.scheduler.finish(request, FinishReason.ABORTED)
+                finished.append(self._result(request))
+
+        scheduled = self.scheduler.schedule()
+        for request in scheduled.admitted:
+            try:
+                request.cross_source.load_into(self.runner, request.blocks.cross_block_ids)
+            except Exception as exc:
+                # A failed K/V load (e.g. a transfer error) fails this request only, and frees its blocks.
+                logger.exception("loading cross-attention K/V for %s failed", request.request_id)
+                self.scheduler.finish(request, FinishReason.ERROR)
+                request.error = f"loading cross-attention K/V failed: {exc}"
+                finished.append(self._result(request))
+        batch = [r for r in scheduled.batch if r.finish_reason is None]
+        if not batch:
+            return finished
+
+        logits = self.runner.execute(batch)
+        for request in batch:
+            request.num_computed_tokens += len(request.pending_tokens)
+            request.pending_tokens = []
+        sampling_rows: list[int] = []
+        for row, request in enumerate(batch):
+            sot_logits = logits.at_sot.get(row)
+            if sot_logits is not None:
+                request.no_speech_prob = float(torch.softmax(sot_logits, dim=-1)[self.tokenizer.special.no_speech])
+                if request.detect_language:
+                    request.language, language_token = detect_language(self.tokenizer, sot_logits)
+                    request.detect_language = False
+                    request.prompt_tokens[request.sot_index + 1] = language_token
+                    request.pending_tokens = request.prompt_tokens[request.sot_index + 1 :]
+                    continue  # the forced task/timestamp tokens run next step before any sampling
+            if request.num_computed_tokens < len(request.prompt_tokens):
+                request.pending_tokens = request.prompt_tokens[request.num_computed_tokens :]
+                continue
+            sampling_rows.append(row)
+        if sampling_rows:
+            finished.extend(self._sample(logits.last, batch, sampling_rows))
+        return finished
+
+    def _sample(self, all_logits: torch.Tensor, batch: list[Request], rows: list[int]) -> list[DecodeResult]:
+        requests = [batch[row] for row in rows]
+        row_logits = all_logits[torch.tensor(rows, device=all_logits.device)]
+        self.rules.apply(row_logits, [r.output_tokens for r in requests], [r.options.timestamps for r in requests])
+        tokens, logprobs = sample(
+            row_logits, [r.options.temperature for r in requests], [r.generator for r in requests]
+        )
+        finished = []
+        eot = self.tokenizer.special.eot
+        for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist()):
+            request.sum_logprob += logprob
+            if token == eot:
+                self.scheduler.finish(request, FinishReason.STOP)
+            else:
+                request.output_tokens.append(token)
+                full = request.num_computed_tokens + 1 >= self.dims.n_text_ctx
+                if len(request.output_tokens) >= request.max_tokens or full:
+                    self.scheduler.finish(request, FinishReason.LENGTH)
+                else:
+                    request.pending_tokens = [token]
+            if request.finish_reason is not None:
+                finished.append(self._result(request))
+        return finished
+
+    def _result(self, request: Request) -> DecodeResult:
+        self._by_id.pop(request.request_id, None)
+        return DecodeResult(
+            request_id=request.request_id,
+            tokens=list(request.output_tokens),
+            text=self.tokenizer.decode(request.output_tokens),
+            # openai-whisper divides by (sampled tokens + 1): the end-of-text token counts too.
+            avg_logprob=request.sum_logprob / (len(request.output_tokens) + 1),
+            no_speech_prob=request.no_speech_prob if request.no_speech_prob is not None else float("nan"),
+            language=request.language,
+            temperature=request.options.temperature,
+            finish_reason=request.finish_reason,
+            error=request.error,
+        )

@@ -1,0 +1,25 @@
+"""Error types raised by the engine; the HTTP layer maps each to a status code in one place."""
+
+
+class EngineError(Exception):
+    """Base class for every error the engine raises on purpose."""
+
+
+class AudioDecodeError(EngineError, ValueError):
+    """The bytes given as audio could not be decoded (empty, not audio, corrupt, bad samples)."""
+
+
+class ModelNotFoundError(EngineError, LookupError):
+    """A model name resolved to nothing: not bundled, not a folder, not in the local HF cache."""
+
+
+class WeightsFormatError(EngineError, ValueError):
+    """A model file exists but is corrupt or of an unknown layout; the message names the file."""
+
+
+class RequestRejectedError(EngineError, ValueError):
+    """A request's options are invalid for this model (e.g. prompt longer than the text context)."""
+
+
+class CacheFullError(EngineError, RuntimeError):
+    """The KV block pool cannot hold a request even when empty: the memory budget is too small."""

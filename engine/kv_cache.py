@@ -1,0 +1,64 @@
+"""The KV block pool: which fixed-size blocks are free, and which request holds which.
+
+It knows block ids, never tensors (the tensors live in kv_storage.PagedKVStorage). One pool serves
+both self-attention blocks (grow with generated tokens) and cross-attention blocks (1500 encoder
+frames, written once), so memory shifts to whichever a workload needs.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.errors import CacheFullError
+
+
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size)
+
+
+@dataclass
+class RequestBlocks:
+    """A request's block tables: self-attention blocks in token order, then its cross blocks."""
+
+    self_block_ids: list[int] = field(default_factory=list)
+    cross_block_ids: list[int] = field(default_factory=list)
+
+    def all_ids(self) -> list[int]:
+        return self.self_block_ids + self.cross_block_ids
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks <= 0:
+            raise CacheFullError("the KV cache has no blocks: raise kv_cache_memory_mb")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: deque[int] = deque(range(num_blocks))
+        self._allocated: set[int] = set()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return len(self._allocated)
+
+    def can_allocate(self, count: int) -> bool:
+        return count <= len(self._free)
+
+    def allocate(self, count: int) -> list[int]:
+        if count > len(self._free):
+            raise CacheFullError(f"asked for {count} KV blocks, {len(self._free)} free")
+        block_ids = [self._free.popleft() for _ in range(count)]
+        self._allocated.update(block_ids)
+        return block_ids
+
+    def free(self, block_ids: list[int]) -> None:
+        for block_id in block_ids:
+            # A double free would hand one block to two requests; fail loudly instead.
+            if block_id not in self._allocated:
+                raise RuntimeError(f"KV block {block_id} freed twice or never allocated")
+            self._allocated.remove(block_id)
+            self._free.append(block_id)

@@ -1,0 +1,53 @@
+"""The KV cache tensors: one block-major tensor [num_blocks, layers, 2 (k|v), block_size, H, D].
+
+Block-major keeps each block one contiguous region across all decoder layers, so the transfer
+layer moves a request's cross-attention K/V as ~94 large regions rather than thousands of small
+per-layer ones; attention kernels take per-layer strided views.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVStorage:
+    def __init__(
+        self,
+        num_blocks: int,
+        num_layers: int,
+        block_size: int,
+        num_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.block_size = block_size
+        self.num_layers = num_layers
+        # Zero-filled: padded key slots are masked, but garbage NaNs could still leak through 0 * NaN.
+        self.cache = torch.zeros(
+            num_blocks, num_layers, 2, block_size, num_heads, head_dim, dtype=dtype, device=device
+        )
+
+    @staticmethod
+    def bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return num_layers * 2 * block_size * num_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Key and value caches of one layer, each [num_blocks, block_size, H, D] (strided)."""
+        return self.cache[:, layer, 0], self.cache[:, layer, 1]
+
+    def write_sequence(self, block_ids: list[int], kv: torch.Tensor) -> None:
+        """Write one request's K/V for all layers, kv [layers, 2, seq_len, H, D], into its blocks."""
+        seq_len = kv.shape[2]
+        padded_len = len(block_ids) * self.block_size
+        if padded_len < seq_len:
+            raise ValueError(f"{len(block_ids)} blocks hold {padded_len} tokens, not {seq_len}")
+        if padded_len > seq_len:
+            kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, 0, padded_len - seq_len))
+        blocks = kv.reshape(self.num_layers, 2, len(block_ids), self.block_size, *kv.shape[3:])
+        index = torch.tensor(block_ids, device=self.cache.device)
+        self.cache[index] = blocks.permute(2, 0, 1, 3, 4, 5).to(self.cache.dtype)
+
+    def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
+        """Copy of the given blocks, [len(block_ids), layers, 2, block_size, H, D]."""
+        return self.cache[torch.tensor(block_ids, device=self.cache.device)]

@@ -1,0 +1,213 @@
+"""Whisper in plain torch: the audio encoder, the paged text decoder, the cross-K/V projection.
+
+The encoder is ordinary dense attention over 1500 frames. The decoder never holds K/V itself:
+each layer writes its new self-attention K/V into the paged cache and reads self- and
+cross-attention K/V back through the attention backend, as named by a DecoderStepMetadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention.base import AttentionBackend, PagedAttentionBatch
+from engine.kv_storage import PagedKVStorage
+from engine.weights import ModelDims
+
+
+@dataclass
+class DecoderStepMetadata:
+    """Everything one decoder step needs besides token ids; built once, read by every layer."""
+
+    positions: torch.Tensor  # [T] position of each packed token in its request
+    slot_block_ids: torch.Tensor  # [T] block receiving each token's self-attention K/V
+    slot_offsets: torch.Tensor  # [T] offset of that slot inside the block
+    self_attention: PagedAttentionBatch
+    cross_attention: PagedAttentionBatch
+
+
+class MLP(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.attn_norm = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.attn_out = nn.Linear(d_model, d_model)
+        self.mlp_norm = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, ffn_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, frames, d_model = x.shape
+        qkv = self.qkv(self.attn_norm(x)).view(batch, frames, 3, self.num_heads, -1)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [N, H, frames, D]
+        attended = F.scaled_dot_product_attention(q, k, v)
+        x = x + self.attn_out(attended.transpose(1, 2).reshape(batch, frames, d_model))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class AudioEncoder(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.conv1 = nn.Conv1d(dims.n_mels, dims.d_model, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(dims.d_model, dims.d_model, kernel_size=3, stride=2, padding=1)
+        self.positions = nn.Parameter(torch.empty(dims.n_audio_ctx, dims.d_model), requires_grad=False)
+        self.layers = nn.ModuleList(
+            EncoderLayer(dims.d_model, dims.encoder_heads, dims.encoder_ffn_dim) for _ in range(dims.encoder_layers)
+        )
+        self.norm = nn.LayerNorm(dims.d_model)
+
+    def forward(self, mels: torch.Tensor) -> torch.Tensor:
+        """mels [N, n_mels, 3000] -> states [N, 1500, d_model]."""
+        x = F.gelu(self.conv1(mels))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        x = x + self.positions[: x.shape[1]]
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, d_model: int, num_heads: int, ffn_dim: int):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = d_model // num_heads
+        self.self_attn_norm = nn.LayerNorm(d_model)
+        self.self_qkv = nn.Linear(d_model, 3 * d_model)
+        self.self_out = nn.Linear(d_model, d_model)
+        self.cross_attn_norm = nn.LayerNorm(d_model)
+        self.cross_q = nn.Linear(d_model, d_model)
+        self.cross_kv = nn.Linear(d_model, 2 * d_model)  # applied once per request, to encoder states
+        self.cross_out = nn.Linear(d_model, d_model)
+        self.mlp_norm = nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, ffn_dim)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        meta: DecoderStepMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        tokens, d_model = x.shape
+        scale = self.head_dim**-0.5
+        q, k, v = self.self_qkv(self.self_attn_norm(x)).view(tokens, 3, self.num_heads, self.head_dim).unbind(1)
+        key_cache[meta.slot_block_ids, meta.slot_offsets] = k.to(key_cache.dtype)
+        value_cache[meta.slot_block_ids, meta.slot_offsets] = v.to(value_cache.dtype)
+        attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
+        x = x + self.self_out(attended.reshape(tokens, d_model))
+
+        q = self.cross_q(self.cross_attn_norm(x)).view(tokens, self.num_heads, self.head_dim)
+        attended = backend.paged_attention(q, key_cache, value_cache, meta.cross_attention, scale)
+        x = x + self.cross_out(attended.reshape(tokens, d_model))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class TextDecoder(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.dims = dims
+        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.d_model)
+        self.positions = nn.Parameter(torch.empty(dims.n_text_ctx, dims.d_model), requires_grad=False)
+        self.layers = nn.ModuleList(
+            DecoderLayer(dims.d_model, dims.decoder_heads, dims.decoder_ffn_dim) for _ in range(dims.decoder_layers)
+        )
+        self.norm = nn.LayerNorm(dims.d_model)
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,
+        meta: DecoderStepMetadata,
+        storage: PagedKVStorage,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        """Packed token ids [T] -> final hidden states [T, d_model]; writes their K/V to the cache."""
+        x = self.embed_tokens(token_ids) + self.positions[meta.positions]
+        for index, layer in enumerate(self.layers):
+            key_cache, value_cache = storage.layer_views(index)
+            x = layer(x, key_cache, value_cache, meta, backend)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.embed_tokens.weight.T  # output projection tied to the embedding
+
+    def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
+        """Encoder states [N, frames, d] -> cross-attention K/V [N, layers, 2, frames, H, D]."""
+        batch, frames, _ = states.shape
+        per_layer = [
+            layer.cross_kv(states).view(batch, frames, 2, layer.num_heads, layer.head_dim) for layer in self.layers
+        ]
+        return torch.stack(per_layer, dim=1).transpose(2, 3)
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.dims = dims
+        self.encoder = AudioEncoder(dims)
+        self.decoder = TextDecoder(dims)
+
+    def load_canonical_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load Hugging Face-named, unfused weights (engine.weights' canonical form), fusing them."""
+        sd = state_dict
+        dims = self.dims
+
+        def fused(prefix: str, parts: str) -> tuple[torch.Tensor, torch.Tensor]:
+            weights = [sd[f"{prefix}.{p}_proj.weight"] for p in parts]
+            # Whisper's key projection has no bias; a zero bias keeps the fused matmul exact.
+            biases = [sd.get(f"{prefix}.{p}_proj.bias", torch.zeros(weights[0].shape[0])) for p in parts]
+            return torch.cat(weights), torch.cat([b.to(weights[0].dtype) for b in biases])
+
+        mine: dict[str, torch.Tensor] = {
+            "encoder.conv1.weight": sd["encoder.conv1.weight"],
+            "encoder.conv1.bias": sd["encoder.conv1.bias"],
+            "encoder.conv2.weight": sd["encoder.conv2.weight"],
+            "encoder.conv2.bias": sd["encoder.conv2.bias"],
+            "encoder.positions": sd["encoder.embed_positions.weight"],
+            "encoder.norm.weight": sd["encoder.layer_norm.weight"],
+            "encoder.norm.bias": sd["encoder.layer_norm.bias"],
+            "decoder.embed_tokens.weight": sd["decoder.embed_tokens.weight"],
+            "decoder.positions": sd["decoder.embed_positions.weight"],
+            "decoder.norm.weight": sd["decoder.layer_norm.weight"],
+            "decoder.norm.bias": sd["decoder.layer_norm.bias"],
+        }
+
+        def common(side: str, i: int, attn_norm: str, qkv: str, out: str) -> None:
+            src, dst = f"{side}.layers.{i}", f"{side}.layers.{i}"
+            for suffix in ("weight", "bias"):
+                mine[f"{dst}.{attn_norm}.{suffix}"] = sd[f"{src}.self_attn_layer_norm.{suffix}"]
+                mine[f"{dst}.{out}.{suffix}"] = sd[f"{src}.self_attn.out_proj.{suffix}"]
+                mine[f"{dst}.mlp_norm.{suffix}"] = sd[f"{src}.final_layer_norm.{suffix}"]
+                mine[f"{dst}.mlp.fc1.{suffix}"] = sd[f"{src}.fc1.{suffix}"]
+                mine[f"{dst}.mlp.fc2.{suffix}"] = sd[f"{src}.fc2.{suffix}"]
+            mine[f"{dst}.{qkv}.weight"], mine[f"{dst}.{qkv}.bias"] = fused(f"{src}.self_attn", "qkv")
+
+        for i in range(dims.encoder_layers):
+            common("encoder", i, "attn_norm", "qkv", "attn_out")
+        for i in range(dims.decoder_layers):
+            common("decoder", i, "self_attn_norm", "self_qkv", "self_out")
+            src = f"decoder.layers.{i}"
+            for suffix in ("weight", "bias"):
+                mine[f"{src}.cross_attn_norm.{suffix}"] = sd[f"{src}.encoder_attn_layer_norm.{suffix}"]
+                mine[f"{src}.cross_q.{suffix}"] = sd[f"{src}.encoder_attn.q_proj.{suffix}"]
+                mine[f"{src}.cross_out.{suffix}"] = sd[f"{src}.encoder_attn.out_proj.{suffix}"]
+            mine[f"{src}.cross_kv.weight"], mine[f"{src}.cross_kv.bias"] = fused(f"{src}.encoder_attn", "kv")
+
+        own = self.state_dict()
+        for name, tensor in mine.items():
+            if own[name].shape != tensor.shape:
+                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)}, model expects {tuple(own[name].shape)}")
+        self.load_state_dict({k: v.to(own[k].dtype) for k, v in mine.items()}, strict=True)
