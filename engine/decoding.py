@@ -82,11 +82,13 @@ class LogitRules:
         for token in (special.translate, special.transcribe, special.sot, special.sot_prev, special.sot_lm, special.no_speech):
             if token is not None:
                 suppress.add(token)
+        self.suppress_token_ids = sorted(t for t in suppress if 0 <= t < vocab_size)
         mask = torch.zeros(vocab_size, dtype=torch.bool)
-        mask[[t for t in suppress if 0 <= t < vocab_size]] = True
+        mask[self.suppress_token_ids] = True
         self.suppress_mask = mask.to(device)
         begin = begin_suppress_tokens if begin_suppress_tokens is not None else [tokenizer.encode(" ")[0], special.eot]
-        self.begin_suppress = torch.tensor([t for t in begin if 0 <= t < vocab_size], dtype=torch.long, device=device)
+        self.begin_suppress_token_ids = [t for t in begin if 0 <= t < vocab_size]
+        self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
 
     def apply(self, logits: torch.Tensor, outputs: list[list[int]], timestamps: list[bool]) -> None:

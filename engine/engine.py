@@ -76,8 +76,9 @@ class DecoderEngine:
     calling ``step`` picks up at its next step boundary.
     """
 
-    def __init__(self, loaded: LoadedModel):
-        config = loaded.config
+    def __init__(self, loaded: LoadedModel, config: EngineConfig | None = None):
+        # ``config`` may differ from the one the model loaded with in cache and batching settings.
+        config = config or loaded.config
         dims = loaded.weights.dims
         self.dims = dims
         self.tokenizer = loaded.tokenizer
@@ -105,7 +106,7 @@ class DecoderEngine:
         logger.info("KV cache: %d blocks of %d tokens (%.1f MB), backend %s",
                     num_blocks, config.block_size, num_blocks * block_bytes / 2**20, backend.name)
 
-    def make_request(self, options: DecodeOptions, cross_source: CrossKVSource, request_id: str | None = None) -> Request:
+    def make_request(self, options: DecodeOptions, cross_source: CrossKVSource | None, request_id: str | None = None) -> Request:
         """Validate options and build a request; raises RequestRejectedError for bad options."""
         prompt = build_prompt(self.tokenizer, self.dims, options)
         request = Request(
@@ -138,8 +139,8 @@ class DecoderEngine:
         return self.scheduler.has_work or not self._inbox.empty()
 
     @property
-    def num_unfinished(self) -> int:
-        return len(self._by_id)
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting) + self._inbox.qsize()
 
     def step(self) -> list[DecodeResult]:
         """Admit, run one decoder forward for every running request, sample; return finished ones."""

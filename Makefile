@@ -1,0 +1,31 @@
+# The two commands a fresh clone needs: `make serve` and `make test`. Both create .venv first.
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: install install-test test serve bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch 2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e ".[test]"
+	touch $@
+
+install-test: $(VENV)/.installed-test
+
+test: install-test
+	$(PY) -m pytest -q tests
+
+serve: install
+	$(VENV)/bin/serve run configs/default.yaml
+
+bench: install-test
+	$(PY) benchmarks/bench_offline.py

@@ -1,0 +1,461 @@
+"""Paged attention in Triton: reads K/V blocks in place through the block table.
+
+Design (flash-decoding style):
+
+* One program per (request, query tile, head, key split). Query tiles are ``BLOCK_M`` packed
+  query rows of one request; key splits cut a request's visible key range into chunks of
+  ``keys_per_split`` keys (a multiple of ``BLOCK_N``), so that a decode step with few requests
+  still puts enough programs on the GPU (split-K). Each program walks its key range in tiles of
+  ``BLOCK_N`` keys, looking up each key's physical block (``block_tables[req, key // page]``)
+  and slot (``key % page``), so any power-of-two page size works, including pages smaller or
+  larger than ``BLOCK_N``. Keys past the request's length (partly filled last block, padding
+  entries of the block table) are masked loads and never touch memory.
+* Online softmax in fp32 (base-2 exponent, the softmax scale folded into log2(e)).
+* Decode steps (every request has ``q_len == 1``) use ``BLOCK_M == 1`` and broadcast-multiply +
+  reduce instead of ``tl.dot`` (which needs 16 rows): decode attention is memory-bound, so the
+  point is to stream K/V once at full bandwidth. Prefill / mixed steps use ``tl.dot`` on
+  ``BLOCK_M x BLOCK_N`` tiles, skipping key tiles above the causal diagonal.
+* With more than one split the programs write unnormalised partials (running max ``m``, running
+  sum ``l`` and accumulator) to fp32 scratch, and a second kernel merges them per (token, head).
+  With one split the first kernel normalises and writes the output directly.
+
+All strides of query and caches are kernel arguments, so the per-layer views
+``cache[:, layer, 0]`` (block stride ``n_layers * 2 * block_size * H * D``) are read in place.
+
+Kernels are JIT-decorated lazily, on first use, so ``TRITON_INTERPRET=1`` (Triton's CPU
+interpreter, read when a function is decorated) only has to be set before the first call, not
+before this module is imported. Importing this module never fails when Triton is absent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention.base import AttentionBackend, PagedAttentionBatch
+
+try:  # Triton is optional: absent on CPU-only installs.
+    import triton
+    import triton.language as tl
+
+    _TRITON_IMPORT_ERROR: Exception | None = None
+except Exception as exc:  # pragma: no cover - exercised only where triton is missing/broken
+    triton = None
+    tl = None
+    _TRITON_IMPORT_ERROR = exc
+
+
+def triton_available() -> bool:
+    """True when the triton package imports (kernels still need CUDA or TRITON_INTERPRET=1)."""
+    return triton is not None
+
+
+def triton_interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+_MAX_HEAD_DIM = 256
+
+
+if triton is not None:
+
+    def _paged_attention_kernel(
+        Q,
+        K,
+        V,
+        OUT,
+        PART_ACC,
+        PART_M,
+        PART_L,
+        QUERY_START,
+        SEQ_LENS,
+        BLOCK_TABLES,
+        scale_log2,
+        num_heads,
+        num_q_tiles,
+        keys_per_split,
+        stride_qt,
+        stride_qh,
+        stride_qd,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_kd,
+        stride_vb,
+        stride_vs,
+        stride_vh,
+        stride_vd,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        stride_btb,
+        stride_btm,
+        HEAD_DIM: tl.constexpr,
+        HEAD_DIM_PAD: tl.constexpr,
+        PAGE_SIZE: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        CAUSAL: tl.constexpr,
+        USE_DOT: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        head = tl.program_id(1)
+        split = tl.program_id(2)
+        req = pid // num_q_tiles
+        tile = pid % num_q_tiles
+
+        q_start = tl.load(QUERY_START + req)
+        q_len = tl.load(QUERY_START + req + 1) - q_start
+        if tile * BLOCK_M >= q_len:
+            return
+        seq_len = tl.load(SEQ_LENS + req)
+
+        offs_m = tile * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_valid = offs_m < q_len
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        d_valid = offs_d < HEAD_DIM
+        tok = (q_start + offs_m).to(tl.int64)
+
+        q = tl.load(
+            Q + tok[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd,
+            mask=m_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
+        if USE_DOT:
+            q = q.to(DOT_DTYPE)
+        else:
+            q = q.to(tl.float32)
+
+        if CAUSAL:
+            # query row m sits at key position seq_len - q_len + m and sees keys <= that.
+            q_pos = seq_len - q_len + offs_m
+            last_row = tl.minimum((tile + 1) * BLOCK_M, q_len) - 1
+            kv_end = seq_len - q_len + last_row + 1
+        else:
+            kv_end = seq_len
+        split_start = split * keys_per_split
+        split_end = tl.minimum(split_start + keys_per_split, kv_end)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], dtype=tl.float32)
+
+        table_row = BLOCK_TABLES + req.to(tl.int64) * stride_btb
+        for start_n in range(split_start, split_end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            n_valid = offs_n < split_end
+            block_id = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_btm, mask=n_valid, other=0).to(tl.int64)
+            slot = offs_n % PAGE_SIZE
+            kv_mask = n_valid[:, None] & d_valid[None, :]
+            k = tl.load(
+                K + block_id[:, None] * stride_kb + slot[:, None] * stride_ks + head * stride_kh
+                + offs_d[None, :] * stride_kd,
+                mask=kv_mask,
+                other=0.0,
+            )
+            v = tl.load(
+                V + block_id[:, None] * stride_vb + slot[:, None] * stride_vs + head * stride_vh
+                + offs_d[None, :] * stride_vd,
+                mask=kv_mask,
+                other=0.0,
+            )
+            if USE_DOT:
+                s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION)
+            else:
+                s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2)
+            s = s * scale_log2
+            keep = n_valid[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= q_pos[:, None])
+            s = tl.where(keep, s, float("-inf"))
+
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            # rows with no visible key yet keep m == -inf; exponentiate against 0 so that
+            # exp2(-inf - (-inf)) never produces NaN.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(s - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            if USE_DOT:
+                pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=DOT_PRECISION)
+            else:
+                pv = tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+
+        out_mask = m_valid[:, None] & d_valid[None, :]
+        if NUM_SPLITS == 1:
+            denom = tl.where(l_i > 0.0, l_i, 1.0)
+            out = acc / denom[:, None]
+            tl.store(
+                OUT + tok[:, None] * stride_ot + head * stride_oh + offs_d[None, :] * stride_od,
+                out.to(OUT.dtype.element_ty),
+                mask=out_mask,
+            )
+        else:
+            part = (tok * num_heads + head) * NUM_SPLITS + split  # [BLOCK_M] row of [T, H, S]
+            tl.store(PART_M + part, m_i, mask=m_valid)
+            tl.store(PART_L + part, l_i, mask=m_valid)
+            tl.store(PART_ACC + part[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=out_mask)
+
+    def _combine_splits_kernel(
+        OUT,
+        PART_ACC,
+        PART_M,
+        PART_L,
+        num_heads,
+        stride_ot,
+        stride_oh,
+        stride_od,
+        HEAD_DIM: tl.constexpr,
+        HEAD_DIM_PAD: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+        SPLITS_PAD: tl.constexpr,
+    ):
+        tok = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        offs_s = tl.arange(0, SPLITS_PAD)
+        s_valid = offs_s < NUM_SPLITS
+        offs_d = tl.arange(0, HEAD_DIM_PAD)
+        d_valid = offs_d < HEAD_DIM
+        part = (tok * num_heads + head) * NUM_SPLITS + offs_s
+
+        m = tl.load(PART_M + part, mask=s_valid, other=float("-inf"))
+        l = tl.load(PART_L + part, mask=s_valid, other=0.0)
+        m_max = tl.max(m, axis=0)
+        m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
+        w = tl.exp2(m - m_max)  # empty splits (m == -inf) weigh 0
+        acc = tl.load(
+            PART_ACC + part[:, None] * HEAD_DIM + offs_d[None, :],
+            mask=s_valid[:, None] & d_valid[None, :],
+            other=0.0,
+        )
+        num = tl.sum(acc * w[:, None], axis=0)
+        den = tl.sum(l * w, axis=0)
+        den = tl.where(den > 0.0, den, 1.0)
+        tl.store(
+            OUT + tok * stride_ot + head * stride_oh + offs_d * stride_od,
+            (num / den).to(OUT.dtype.element_ty),
+            mask=d_valid,
+        )
+
+
+_JITTED: dict[str, object] = {}
+
+
+def _kernels():
+    """JIT-decorate on first use (TRITON_INTERPRET is read at decoration time)."""
+    if not _JITTED:
+        _JITTED["attn"] = triton.jit(_paged_attention_kernel)
+        _JITTED["combine"] = triton.jit(_combine_splits_kernel)
+    return _JITTED["attn"], _JITTED["combine"]
+
+
+def _next_pow2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    block_m: int
+    block_n: int
+    use_dot: bool
+    num_q_tiles: int
+    num_splits: int
+    keys_per_split: int
+    num_warps: int
+    num_stages: int
+
+
+class TritonPagedBackend(AttentionBackend):
+    """Paged attention through one Triton kernel (+ a split-merge kernel when split-K is used).
+
+    Tunables (None = heuristic):
+      decode_block_n:  keys per tile when every request has one query (default 64).
+      prefill_block_m: query rows per tile for prefill/mixed steps (default min(64, pow2 >= max q_len), >= 16).
+      prefill_block_n: keys per tile for prefill/mixed steps (default 64).
+      num_splits:      key-range splits per (request, tile, head); None picks enough programs to
+                       fill the GPU (about ``target_waves`` programs per SM), capped by
+                       ``max_splits`` and by ``min_keys_per_split``.
+    """
+
+    name = "triton"
+
+    def __init__(
+        self,
+        *,
+        decode_block_n: int = 64,
+        prefill_block_m: int | None = None,
+        prefill_block_n: int = 64,
+        num_splits: int | None = None,
+        max_splits: int = 16,
+        min_keys_per_split: int = 256,
+        target_waves: float = 2.0,
+        num_warps: int | None = None,
+        num_stages: int | None = None,
+    ) -> None:
+        if not triton_available():
+            raise ValueError(f"the triton attention backend needs the 'triton' package: {_TRITON_IMPORT_ERROR}")
+        for label, value in (("decode_block_n", decode_block_n), ("prefill_block_n", prefill_block_n)):
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{label} must be a power of two >= 16, got {value}")
+        if prefill_block_m is not None and (prefill_block_m < 16 or prefill_block_m & (prefill_block_m - 1)):
+            raise ValueError(f"prefill_block_m must be a power of two >= 16, got {prefill_block_m}")
+        if num_splits is not None and num_splits < 1:
+            raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+        self.decode_block_n = decode_block_n
+        self.prefill_block_m = prefill_block_m
+        self.prefill_block_n = prefill_block_n
+        self.num_splits = num_splits
+        self.max_splits = max_splits
+        self.min_keys_per_split = min_keys_per_split
+        self.target_waves = target_waves
+        self.num_warps = num_warps
+        self.num_stages = num_stages
+
+    # ------------------------------------------------------------------ planning
+    def plan(self, batch: PagedAttentionBatch, num_heads: int, device: torch.device) -> LaunchPlan:
+        max_q = max(1, int(batch.max_query_len))
+        max_kv = max(1, int(batch.max_seq_len))
+        if max_q == 1:
+            block_m, block_n, use_dot = 1, self.decode_block_n, False
+        else:
+            block_m = self.prefill_block_m or min(64, max(16, _next_pow2(max_q)))
+            block_n, use_dot = self.prefill_block_n, True
+        num_q_tiles = -(-max_q // block_m)
+
+        if self.num_splits is not None:
+            splits = self.num_splits
+        else:
+            programs = batch.num_requests * num_q_tiles * num_heads
+            target = int(self.target_waves * _sm_count(device))
+            splits = max(1, -(-target // max(1, programs)))
+            splits = min(splits, self.max_splits, max(1, max_kv // self.min_keys_per_split))
+        keys_per_split = -(-max_kv // splits)
+        keys_per_split = -(-keys_per_split // block_n) * block_n  # whole key tiles per split
+        splits = -(-max_kv // keys_per_split)
+
+        num_warps = self.num_warps or (4 if use_dot or block_n >= 64 else 2)
+        num_stages = self.num_stages or (2 if use_dot else 3)
+        return LaunchPlan(block_m, block_n, use_dot, num_q_tiles, splits, keys_per_split, num_warps, num_stages)
+
+    # ------------------------------------------------------------------ call
+    def paged_attention(
+        self,
+        query: torch.Tensor,
+        key_cache: torch.Tensor,
+        value_cache: torch.Tensor,
+        batch: PagedAttentionBatch,
+        scale: float,
+    ) -> torch.Tensor:
+        if query.device.type != "cuda" and not triton_interpreting():
+            raise RuntimeError(
+                "the triton attention backend runs on CUDA tensors; on CPU set TRITON_INTERPRET=1 "
+                "(Triton's interpreter, for tests only) or use the 'torch' backend"
+            )
+        num_tokens, num_heads, head_dim = query.shape
+        page_size = key_cache.shape[1]
+        if page_size < 1 or page_size & (page_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {page_size}")
+        if head_dim > _MAX_HEAD_DIM:
+            raise ValueError(f"head_dim {head_dim} > {_MAX_HEAD_DIM} is not supported")
+        if key_cache.shape[2] != num_heads or value_cache.shape[2] != num_heads:
+            raise ValueError("key/value cache head count must equal the query's (no GQA in Whisper)")
+        if key_cache.dtype != value_cache.dtype:
+            raise ValueError("key and value caches must share a dtype")
+
+        out = torch.empty((num_tokens, num_heads, head_dim), dtype=query.dtype, device=query.device)
+        if num_tokens == 0 or batch.num_requests == 0:
+            return out
+
+        plan = self.plan(batch, num_heads, query.device)
+        attn_kernel, combine_kernel = _kernels()
+
+        if query.dtype == key_cache.dtype and query.dtype in (torch.float16, torch.bfloat16):
+            dot_dtype = tl.float16 if query.dtype == torch.float16 else tl.bfloat16
+        else:
+            dot_dtype = tl.float32  # fp32, or mixed query/cache dtypes: compute in fp32
+        if dot_dtype == tl.bfloat16 and triton_interpreting():
+            # Triton's CPU interpreter (3.9) computes tl.dot on bf16 operands wrongly (bit
+            # patterns read as integers); upcast there. Compiled GPU kernels use bf16 MMA.
+            dot_dtype = tl.float32
+        dot_precision = "ieee"  # only matters for fp32 operands: no TF32 (keeps fp32 exact-ish)
+
+        head_dim_pad = max(16, _next_pow2(head_dim)) if plan.use_dot else _next_pow2(head_dim)
+        if plan.num_splits > 1:
+            part_acc = torch.empty(
+                (num_tokens, num_heads, plan.num_splits, head_dim), dtype=torch.float32, device=query.device
+            )
+            part_m = torch.empty((num_tokens, num_heads, plan.num_splits), dtype=torch.float32, device=query.device)
+            part_l = torch.empty_like(part_m)
+        else:
+            part_acc = part_m = part_l = out  # unused placeholders
+
+        block_tables = batch.block_tables
+        grid = (batch.num_requests * plan.num_q_tiles, num_heads, plan.num_splits)
+        attn_kernel[grid](
+            query,
+            key_cache,
+            value_cache,
+            out,
+            part_acc,
+            part_m,
+            part_l,
+            batch.query_start_loc,
+            batch.seq_lens,
+            block_tables,
+            float(scale) * math.log2(math.e),
+            num_heads,
+            plan.num_q_tiles,
+            plan.keys_per_split,
+            *query.stride(),
+            *key_cache.stride(),
+            *value_cache.stride(),
+            *out.stride(),
+            *block_tables.stride(),
+            HEAD_DIM=head_dim,
+            HEAD_DIM_PAD=head_dim_pad,
+            PAGE_SIZE=page_size,
+            BLOCK_M=plan.block_m,
+            BLOCK_N=plan.block_n,
+            CAUSAL=bool(batch.causal),
+            USE_DOT=plan.use_dot,
+            DOT_DTYPE=dot_dtype,
+            DOT_PRECISION=dot_precision,
+            NUM_SPLITS=plan.num_splits,
+            num_warps=plan.num_warps,
+            num_stages=plan.num_stages,
+        )
+        if plan.num_splits > 1:
+            combine_kernel[(num_tokens, num_heads)](
+                out,
+                part_acc,
+                part_m,
+                part_l,
+                num_heads,
+                *out.stride(),
+                HEAD_DIM=head_dim,
+                HEAD_DIM_PAD=_next_pow2(head_dim),
+                NUM_SPLITS=plan.num_splits,
+                SPLITS_PAD=max(2, _next_pow2(plan.num_splits)),
+                num_warps=1 if head_dim <= 64 else 2,
+            )
+        return out

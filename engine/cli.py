@@ -1,0 +1,48 @@
+"""`whisper-disagg transcribe FILE...`: the offline engine from the shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from engine.config import EngineConfig
+from engine.errors import EngineError
+from engine.request import DecodeOptions
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="whisper-disagg")
+    commands = parser.add_subparsers(dest="command", required=True)
+    transcribe = commands.add_parser("transcribe", help="transcribe audio files")
+    transcribe.add_argument("files", nargs="+")
+    transcribe.add_argument("--model", default="tiny.en", help="bundled name, folder, or cached HF id")
+    transcribe.add_argument("--language", default=None, help="language code; default: detect (English for .en)")
+    transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
+    transcribe.add_argument("--device", default="cpu")
+    transcribe.add_argument("--temperature", type=float, default=0.0)
+    transcribe.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from engine.offline import Transcriber  # heavy imports after argument errors are reported
+
+    try:
+        transcriber = Transcriber(EngineConfig(model=args.model, device=args.device))
+        options = DecodeOptions(language=args.language, task=args.task, temperature=args.temperature)
+        results = transcriber.transcribe(args.files, options)
+    except (EngineError, OSError, ValueError) as exc:
+        print(f"whisper-disagg: error: {exc}", file=sys.stderr)
+        return 2
+    for path, result in zip(args.files, results):
+        if args.json:
+            print(json.dumps({"file": path, "text": result.text, "language": result.language,
+                              "duration_s": round(result.duration_s, 3)}, ensure_ascii=False))
+        else:
+            print(result.text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Scoring transcripts on a speech set: its manifest, Whisper's English normalizer, and WER.
+
+Used by the accuracy tests and the benchmarks alike, so both score the same way.
+(whisper-normalizer and jiwer come with the project's `test` extra.)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SpeechClip:
+    id: str
+    path: Path
+    text: str | None
+    duration_s: float
+
+
+def load_manifest(folder: Path) -> list[SpeechClip]:
+    clips = []
+    for line in (folder / "manifest.jsonl").read_text().splitlines():
+        if line.strip():
+            item = json.loads(line)
+            clips.append(SpeechClip(item["id"], folder / item["audio"], item.get("text"), item["duration_s"]))
+    return clips
+
+
+@lru_cache(maxsize=1)
+def _normalizer():
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()
+
+
+def normalize_english(text: str) -> str:
+    return _normalizer()(text)
+
+
+def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
+    """Corpus WER (total edits / total reference words) after Whisper's English normalization."""
+    import jiwer
+
+    pairs = [(normalize_english(r), normalize_english(h)) for r, h in zip(references, hypotheses, strict=True)]
+    pairs = [(r, h) for r, h in pairs if r.strip()]
+    return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])
+
+
+def faster_whisper_transcripts(model_folder: Path, clips: list[SpeechClip], compute_type: str, threads: int) -> list[str]:
+    """faster-whisper (CTranslate2) on the same weights, greedy, no fallback, no timestamps: the
+    decoding our engine does, so a WER gap measures the engine, not the decoding options."""
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(model_folder), device="cpu", compute_type=compute_type, cpu_threads=threads)
+    texts = []
+    for clip in clips:
+        segments, _ = model.transcribe(
+            str(clip.path), language="en", beam_size=1, temperature=0.0, without_timestamps=True,
+            condition_on_previous_text=False, vad_filter=False,
+        )
+        texts.append("".join(segment.text for segment in segments).strip())
+    return texts
+
+
+def ctranslate2_greedy_transcripts(model_folder: Path, clip_windows: list[list], threads: int) -> list[str]:
+    """CTranslate2 (faster-whisper's decoder) greedy on log-mel windows we computed, one list of
+    [n_mels, 3000] arrays per clip: the same decoder as faster_whisper_transcripts, our front end.
+
+    faster-whisper (like openai-whisper's transcribe) pads a short clip's log-mel with zeros, while
+    transformers' feature extractor (and so our front end) pads the audio with silence; on short
+    clips the two paddings lead the model to different words. This isolates the decoder.
+    """
+    import ctranslate2
+    import numpy as np
+    from faster_whisper import WhisperModel
+
+    model = WhisperModel(str(model_folder), device="cpu", compute_type="float32", cpu_threads=threads)
+    tokenizer = model.hf_tokenizer
+    prompt = [tokenizer.token_to_id("<|startoftranscript|>"), tokenizer.token_to_id("<|notimestamps|>")]
+    texts = []
+    for windows in clip_windows:
+        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(windows), dtype=np.float32))
+        results = model.model.generate(
+            features, [prompt] * len(windows), beam_size=1, max_length=448, suppress_blank=True, suppress_tokens=[-1]
+        )
+        texts.append("".join(tokenizer.decode(result.sequences_ids[0]) for result in results).strip())
+    return texts

@@ -1,0 +1,95 @@
+"""The offline Python API: many files in, transcripts out, through the same engine the server runs.
+
+Encoding and decoding overlap: a new encoder batch is run whenever the decoder's queue runs low,
+so the decoder keeps a full continuous batch while memory holds only a few batches of K/V.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+from typing import Sequence, Union
+
+import numpy as np
+import torch
+
+from engine.audio import N_SAMPLES, SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
+from engine.config import EngineConfig
+from engine.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
+from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FinishReason
+
+AudioInput = Union[bytes, str, os.PathLike, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Transcription:
+    text: str
+    language: str | None
+    duration_s: float
+    windows: list[DecodeResult]  # one per 30 s window, in order
+
+
+def to_samples(audio: AudioInput) -> np.ndarray:
+    """Any accepted input -> float32 mono 16 kHz samples (arrays are taken as already 16 kHz)."""
+    if isinstance(audio, np.ndarray):
+        return audio.astype(np.float32, copy=False)
+    if isinstance(audio, (bytes, bytearray)):
+        return decode_audio(bytes(audio))
+    return load_audio_file(audio)
+
+
+def split_windows(samples: np.ndarray) -> list[np.ndarray]:
+    """Consecutive 30 s windows. (Cutting at quiet points is the long-form work's to add.)"""
+    return [samples[start : start + N_SAMPLES] for start in range(0, len(samples), N_SAMPLES)]
+
+
+class Transcriber:
+    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None):
+        self.loaded = loaded or load_model(config or EngineConfig())
+        self.config = self.loaded.config
+        self.encoder = EncoderRunner(self.loaded)
+        self.decoder = DecoderEngine(self.loaded)
+
+    def transcribe(self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions()) -> list[Transcription]:
+        samples = [to_samples(audio) for audio in inputs]
+        windows = deque(
+            (file_index, window) for file_index, audio in enumerate(samples) for window in split_windows(audio)
+        )
+        results = self.run_windows(windows, options)
+        transcriptions = []
+        for file_index, audio in enumerate(samples):
+            parts = results.get(file_index, [])
+            transcriptions.append(
+                Transcription(
+                    text="".join(part.text for part in parts).strip(),
+                    language=parts[0].language if parts else None,
+                    duration_s=len(audio) / SAMPLE_RATE,
+                    windows=parts,
+                )
+            )
+        return transcriptions
+
+    def run_windows(self, windows: deque, options: DecodeOptions) -> dict[int, list[DecodeResult]]:
+        """windows: (key, samples) pairs; returns each key's results in window order."""
+        self.decoder.make_request(options, cross_source=None)  # fail fast on bad options
+        order: dict[str, tuple[int, int]] = {}
+        results: dict[int, dict[int, DecodeResult]] = {}
+        batch_size = self.config.encoder_batch_size
+        counter = 0
+        while windows or self.decoder.has_work:
+            if windows and self.decoder.num_waiting < batch_size:
+                batch = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
+                audio = torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples in batch]))
+                cross_kv = self.encoder.cross_kv(self.encoder.encode(audio))
+                for (key, _), request_kv in zip(batch, cross_kv):
+                    request = self.decoder.make_request(options, CrossKVTensor(request_kv))
+                    order[request.request_id] = (key, counter)
+                    counter += 1
+                    self.decoder.submit(request)
+            for result in self.decoder.step():
+                if result.finish_reason == FinishReason.ERROR:
+                    raise RuntimeError(f"decoding failed: {result.error}")
+                key, position = order.pop(result.request_id)
+                results.setdefault(key, {})[position] = result
+        return {key: [by_position[p] for p in sorted(by_position)] for key, by_position in results.items()}

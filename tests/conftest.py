@@ -1,0 +1,49 @@
+"""Shared fixtures: the speech set carried in tests/data, the bundled model, HF reference builders."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import LoadedModel, load_model
+from engine.evaluation import SpeechClip, load_manifest
+from engine.weights import resolve_model_folder
+
+SPEECH_DIR = Path(__file__).parent / "data" / "speech"
+
+
+def english_clips() -> list[SpeechClip]:
+    """Every clip with a reference transcript (42 English clips, one of them long-form)."""
+    return [clip for clip in load_manifest(SPEECH_DIR) if clip.text]
+
+
+def short_english_clips() -> list[SpeechClip]:
+    """The English clips that fit one 30 s window."""
+    return [clip for clip in english_clips() if clip.duration_s <= 30]
+
+
+@pytest.fixture(scope="session")
+def tiny_en() -> LoadedModel:
+    return load_model(EngineConfig(model="tiny.en"))
+
+
+@pytest.fixture(scope="session")
+def random_whisper_folder(tmp_path_factory) -> Path:
+    """A small random English-only Whisper saved by transformers, as a user's HF folder looks."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        vocab_size=51864, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=1500, max_target_positions=448,
+        suppress_tokens=[1, 2, 7, 8, 9, 10, 14, 25], begin_suppress_tokens=[220, 50256],
+    )
+    folder = tmp_path_factory.mktemp("random-whisper")
+    WhisperForConditionalGeneration(config).save_pretrained(folder)
+    shutil.copy(resolve_model_folder("tiny.en") / "tokenizer.json", folder / "tokenizer.json")
+    return folder

@@ -1,0 +1,135 @@
+"""Continuous batching: requests join and leave at every step without changing anyone's tokens,
+and every KV block returns to the pool, whatever way a request ends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.audio import pad_or_trim, load_audio_file
+from engine.config import EngineConfig
+from engine.engine import DecoderEngine, EncoderRunner
+from engine.errors import CacheFullError
+from engine.kv_cache import BlockPool
+from engine.request import CrossKVTensor, DecodeOptions, FinishReason
+from tests.conftest import short_english_clips
+
+
+@pytest.fixture(scope="module")
+def cross_kvs(tiny_en) -> list[torch.Tensor]:
+    """Cross-attention K/V of 16 different real clips (speech of different lengths)."""
+    encoder = EncoderRunner(tiny_en)
+    clips = short_english_clips()[:16]
+    audio = torch.from_numpy(np.stack([pad_or_trim(load_audio_file(c.path)) for c in clips]))
+    return list(encoder.cross_kv(encoder.encode(audio)))
+
+
+def engine_with(loaded, **overrides) -> DecoderEngine:
+    return DecoderEngine(loaded, EngineConfig(**{**loaded.config.model_dump(), **overrides}))
+
+
+def run_to_completion(engine: DecoderEngine, max_steps: int = 10_000) -> list:
+    results = []
+    for _ in range(max_steps):
+        if not engine.has_work:
+            return results
+        results += engine.step()
+    raise AssertionError("engine did not finish: a request hangs")
+
+
+def test_sixteen_staggered_requests_each_decode_exactly_as_alone(tiny_en, cross_kvs):
+    alone_engine = engine_with(tiny_en, block_size=16)
+    options = [DecodeOptions(max_tokens=8 + 5 * i) for i in range(16)]  # different lengths too
+    alone = {}
+    for i, kv in enumerate(cross_kvs):
+        alone_engine.submit(alone_engine.make_request(options[i], CrossKVTensor(kv), request_id=str(i)))
+        (result,) = run_to_completion(alone_engine)
+        alone[str(i)] = result.tokens
+
+    engine = engine_with(tiny_en, block_size=16)
+    # Submit two new requests every step, so they join batches that are mid-decode.
+    finished, step, next_index, batch_sizes = {}, 0, 0, []
+    while next_index < 16 or engine.has_work:
+        for _ in range(2):
+            if next_index < 16:
+                kv = cross_kvs[next_index]
+                engine.submit(engine.make_request(options[next_index], CrossKVTensor(kv), request_id=str(next_index)))
+                next_index += 1
+        for result in engine.step():
+            finished[result.request_id] = result
+        batch_sizes.append(len(engine.scheduler.running))
+        step += 1
+        assert step < 2000
+    assert {k: v.tokens for k, v in finished.items()} == alone
+    assert max(batch_sizes) >= 8, "requests should have overlapped"
+    assert engine.pool.num_used_blocks == 0
+
+
+def test_a_full_pool_queues_requests_instead_of_deadlocking(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, kv_cache_memory_mb=50)  # room for two requests at a time
+    per_request = engine.scheduler.blocks_for(engine.make_request(DecodeOptions(), None))
+    assert 2 * per_request <= engine.pool.num_blocks < 3 * per_request
+    for kv in cross_kvs[:6]:
+        engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(kv)))
+    peak_running, results = 0, []
+    while engine.has_work:
+        results += engine.step()
+        peak_running = max(peak_running, len(engine.scheduler.running))
+    assert len(results) == 6 and all(r.finish_reason == FinishReason.STOP for r in results)
+    assert peak_running == 2
+    assert engine.pool.num_used_blocks == 0
+
+
+def test_a_request_larger_than_the_whole_pool_fails_cleanly(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, kv_cache_memory_mb=10)
+    engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(cross_kvs[0]), request_id="big"))
+    (result,) = run_to_completion(engine)
+    assert result.finish_reason == FinishReason.ERROR and "kv_cache_memory_mb" in result.error
+    assert engine.pool.num_used_blocks == 0
+
+
+def test_cancelled_requests_free_their_blocks_and_others_continue(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en)
+    for i in range(4):
+        engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(cross_kvs[i]), request_id=f"r{i}"))
+    engine.step()
+    engine.step()
+    assert engine.pool.num_used_blocks > 0
+    engine.abort("r1")  # running
+    engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(cross_kvs[5]), request_id="late"))
+    engine.abort("late")  # still waiting in the inbox
+    results = {r.request_id: r for r in run_to_completion(engine)}
+    assert results["r1"].finish_reason == FinishReason.ABORTED
+    assert results["late"].finish_reason == FinishReason.ABORTED
+    assert all(results[f"r{i}"].finish_reason == FinishReason.STOP for i in (0, 2, 3))
+    assert engine.pool.num_used_blocks == 0
+
+
+def test_max_tokens_ends_a_request_with_reason_length(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en)
+    engine.submit(engine.make_request(DecodeOptions(max_tokens=3), CrossKVTensor(cross_kvs[0])))
+    (result,) = run_to_completion(engine)
+    assert len(result.tokens) == 3 and result.finish_reason == FinishReason.LENGTH
+
+
+def test_seeded_temperature_sampling_is_reproducible_and_differs_from_greedy(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en)
+    def decode(options):
+        engine.submit(engine.make_request(options, CrossKVTensor(cross_kvs[0])))
+        (result,) = run_to_completion(engine)
+        return result.tokens
+    hot = DecodeOptions(temperature=1.0, seed=7, max_tokens=30)
+    assert decode(hot) == decode(hot)
+    assert decode(hot) != decode(DecodeOptions(max_tokens=30))
+
+
+def test_block_pool_refuses_double_frees_and_over_allocation():
+    pool = BlockPool(num_blocks=4, block_size=16)
+    blocks = pool.allocate(3)
+    with pytest.raises(CacheFullError):
+        pool.allocate(2)
+    pool.free(blocks)
+    with pytest.raises(RuntimeError, match="freed twice"):
+        pool.free(blocks[:1])
+    assert pool.num_free_blocks == 4 and pool.num_used_blocks == 0

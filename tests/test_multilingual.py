@@ -1,0 +1,78 @@
+"""Multilingual Whisper (bundled base): language detection, transcription in the detected
+language, and translation to English."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.config import EngineConfig
+from engine.engine import DecoderEngine, EncoderRunner, load_model
+from engine.errors import RequestRejectedError
+from engine.offline import Transcriber
+from engine.request import CrossKVTensor, DecodeOptions
+from tests.conftest import SPEECH_DIR
+from tests.hf_reference import hf_greedy, hf_model
+
+
+@pytest.fixture(scope="module")
+def base():
+    return load_model(EngineConfig(model="base"))
+
+
+@pytest.fixture(scope="module")
+def windows() -> dict[str, np.ndarray]:
+    """Three windows: JFK (English), the English and the German halves of the multilingual clip."""
+    mixed = load_audio_file(SPEECH_DIR / "multilingual.flac")
+    return {
+        "jfk": pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")),
+        "mixed_english": pad_or_trim(mixed[:N_SAMPLES]),
+        "mixed_german": pad_or_trim(mixed[N_SAMPLES:]),
+    }
+
+
+def test_language_is_detected_per_window_as_faster_whisper_detects_it(base, windows):
+    from faster_whisper import WhisperModel
+
+    reference = WhisperModel(str(base.weights.folder), device="cpu", compute_type="float32", cpu_threads=2)
+    results = Transcriber(loaded=base).transcribe(list(windows.values()), DecodeOptions(max_tokens=20))
+    ours = [result.language for result in results]
+    theirs = [reference.detect_language(window)[0] for window in windows.values()]
+    assert ours == theirs == ["en", "en", "de"]
+
+
+def test_translate_turns_german_speech_into_english_text(base, windows):
+    german = windows["mixed_german"]
+    transcript = Transcriber(loaded=base).transcribe([german], DecodeOptions(language="de"))[0].text
+    translation = Transcriber(loaded=base).transcribe([german], DecodeOptions(task="translate"))[0].text
+    assert "Software" in transcript and "der" in transcript.split()
+    assert "software" in translation.lower() and "der" not in translation.split()
+
+
+@pytest.mark.parametrize("language, task, window", [("en", "transcribe", "jfk"), ("de", "transcribe", "mixed_german"), ("de", "translate", "mixed_german")])
+def test_multilingual_prompts_decode_the_same_tokens_as_transformers(base, windows, language, task, window):
+    engine = DecoderEngine(base)
+    encoder = EncoderRunner(base)
+    audio = torch.from_numpy(windows[window])[None]
+    states = encoder.encode(audio)
+    request = engine.make_request(DecodeOptions(language=language, task=task, max_tokens=60), CrossKVTensor(encoder.cross_kv(states)[0]))
+    engine.submit(request)
+    results = []
+    while engine.has_work:
+        results += engine.step()
+    reference, _ = hf_model("base")
+    expected = hf_greedy(
+        reference, log_mel_spectrogram(audio, 80), request.prompt_tokens, request.max_tokens,
+        base.tokenizer.special.eot, engine.rules.suppress_token_ids, engine.rules.begin_suppress_token_ids,
+    )
+    assert results[0].tokens == expected and engine.pool.num_used_blocks == 0
+
+
+def test_english_only_models_refuse_other_languages_and_translation(tiny_en):
+    engine = DecoderEngine(tiny_en)
+    with pytest.raises(RequestRejectedError, match="English-only"):
+        engine.make_request(DecodeOptions(language="de"), None)
+    with pytest.raises(RequestRejectedError, match="English-only"):
+        engine.make_request(DecodeOptions(task="translate"), None)
