@@ -37,8 +37,6 @@ class EngineConfig(BaseModel):
             device = torch.device(value)
         except RuntimeError as exc:
             raise ValueError(f"device {value!r} is not a torch device ('cpu', 'cuda', 'cuda:0')") from exc
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {value!r} asked for, but this machine has no CUDA GPU; use device: cpu")
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"device type {device.type!r} is not supported (cpu or cuda)")
         return value
@@ -56,3 +54,9 @@ class EngineConfig(BaseModel):
     @property
     def torch_device(self) -> torch.device:
         return torch.device(self.device)
+
+    def check_device_present(self) -> None:
+        """Called where the model loads (a replica may sit on another node than the one that
+        validated the config), so the check runs on the machine that needs the GPU."""
+        if self.torch_device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"engine.device {self.device!r}, but this machine has no CUDA GPU; use device: cpu")

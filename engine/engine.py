@@ -16,6 +16,7 @@ import torch
 from engine.attention.registry import make_attention_backend
 from engine.audio import log_mel_spectrogram
 from engine.config import EngineConfig
+from engine.errors import RetriableError
 from engine.decoding import LogitRules, build_prompt, detect_language, sample
 from engine.kv_cache import BlockPool
 from engine.kv_storage import PagedKVStorage
@@ -38,6 +39,7 @@ class LoadedModel:
 
 
 def load_model(config: EngineConfig) -> LoadedModel:
+    config.check_device_present()
     weights = load_weights(config.model)
     with torch.device("meta"):
         model = Whisper(weights.dims)
@@ -134,6 +136,10 @@ class DecoderEngine:
     def abort(self, request_id: str) -> None:
         self._aborts.put(request_id)
 
+    def request_ids(self) -> list[str]:
+        """Requests submitted and not finished (call from the thread that runs ``step``)."""
+        return list(self._by_id)
+
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work or not self._inbox.empty()
@@ -169,6 +175,7 @@ class DecoderEngine:
                 logger.exception("loading cross-attention K/V for %s failed", request.request_id)
                 self.scheduler.finish(request, FinishReason.ERROR)
                 request.error = f"loading cross-attention K/V failed: {exc}"
+                request.error_retriable = isinstance(exc, RetriableError)
                 finished.append(self._result(request))
         batch = [r for r in scheduled.batch if r.finish_reason is None]
         if not batch:
@@ -234,4 +241,5 @@ class DecoderEngine:
             temperature=request.options.temperature,
             finish_reason=request.finish_reason,
             error=request.error,
+            retriable=request.error_retriable,
         )

@@ -23,3 +23,8 @@ class RequestRejectedError(EngineError, ValueError):
 
 class CacheFullError(EngineError, RuntimeError):
     """The KV block pool cannot hold a request even when empty: the memory budget is too small."""
+
+
+class RetriableError(EngineError, RuntimeError):
+    """A request failed for a reason that trying again (re-encoding, another replica) may cure,
+    such as a lost cross-attention K/V transfer. The HTTP layer retries or answers 503."""

@@ -10,6 +10,18 @@ from __future__ import annotations
 import torch
 
 
+def split_into_blocks(kv: torch.Tensor, block_size: int) -> torch.Tensor:
+    """One sequence's K/V [layers, 2, seq_len, H, D] -> block-major [num_blocks, layers, 2,
+    block_size, H, D], the last block zero-padded: the layout of the cache and of transfer staging."""
+    seq_len = kv.shape[2]
+    num_blocks = -(-seq_len // block_size)
+    padded_len = num_blocks * block_size
+    if padded_len > seq_len:
+        kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, 0, padded_len - seq_len))
+    blocks = kv.reshape(kv.shape[0], 2, num_blocks, block_size, *kv.shape[3:])
+    return blocks.permute(2, 0, 1, 3, 4, 5)
+
+
 class PagedKVStorage:
     def __init__(
         self,
@@ -38,15 +50,15 @@ class PagedKVStorage:
 
     def write_sequence(self, block_ids: list[int], kv: torch.Tensor) -> None:
         """Write one request's K/V for all layers, kv [layers, 2, seq_len, H, D], into its blocks."""
-        seq_len = kv.shape[2]
-        padded_len = len(block_ids) * self.block_size
-        if padded_len < seq_len:
-            raise ValueError(f"{len(block_ids)} blocks hold {padded_len} tokens, not {seq_len}")
-        if padded_len > seq_len:
-            kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, 0, padded_len - seq_len))
-        blocks = kv.reshape(self.num_layers, 2, len(block_ids), self.block_size, *kv.shape[3:])
+        blocks = split_into_blocks(kv, self.block_size)
+        if blocks.shape[0] != len(block_ids):
+            raise ValueError(f"{kv.shape[2]} tokens fill {blocks.shape[0]} blocks, but {len(block_ids)} were given")
+        self.write_blocks(block_ids, blocks)
+
+    def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
+        """Write whole blocks [len(block_ids), layers, 2, block_size, H, D] (already block-major)."""
         index = torch.tensor(block_ids, device=self.cache.device)
-        self.cache[index] = blocks.permute(2, 0, 1, 3, 4, 5).to(self.cache.dtype)
+        self.cache[index] = blocks.to(self.cache.device, self.cache.dtype)
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy of the given blocks, [len(block_ids), layers, 2, block_size, H, D]."""

@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
 from typing import Sequence, Union
 
 import numpy as np
 import torch
 
-from engine.audio import N_SAMPLES, SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
+from engine.audio import decode_audio, load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
 from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FinishReason
+from engine.transcript import Transcription, assemble_transcription, split_windows
 
 AudioInput = Union[bytes, str, os.PathLike, np.ndarray]
-
-
-@dataclass(frozen=True)
-class Transcription:
-    text: str
-    language: str | None
-    duration_s: float
-    windows: list[DecodeResult]  # one per 30 s window, in order
 
 
 def to_samples(audio: AudioInput) -> np.ndarray:
@@ -37,11 +29,6 @@ def to_samples(audio: AudioInput) -> np.ndarray:
     if isinstance(audio, (bytes, bytearray)):
         return decode_audio(bytes(audio))
     return load_audio_file(audio)
-
-
-def split_windows(samples: np.ndarray) -> list[np.ndarray]:
-    """Consecutive 30 s windows. (Cutting at quiet points is the long-form work's to add.)"""
-    return [samples[start : start + N_SAMPLES] for start in range(0, len(samples), N_SAMPLES)]
 
 
 class Transcriber:
@@ -59,15 +46,7 @@ class Transcriber:
         results = self.run_windows(windows, options)
         transcriptions = []
         for file_index, audio in enumerate(samples):
-            parts = results.get(file_index, [])
-            transcriptions.append(
-                Transcription(
-                    text="".join(part.text for part in parts).strip(),
-                    language=parts[0].language if parts else None,
-                    duration_s=len(audio) / SAMPLE_RATE,
-                    windows=parts,
-                )
-            )
+            transcriptions.append(assemble_transcription(audio, results.get(file_index, [])))
         return transcriptions
 
     def run_windows(self, windows: deque, options: DecodeOptions) -> dict[int, list[DecodeResult]]:

@@ -87,6 +87,7 @@ class Request:
     generator: torch.Generator | None = None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    error_retriable: bool = False
 
     @property
     def max_total_tokens(self) -> int:
@@ -104,3 +105,4 @@ class DecodeResult:
     temperature: float
     finish_reason: FinishReason
     error: str | None = None  # why, when finish_reason is ERROR
+    retriable: bool = False  # an ERROR that trying again may cure (e.g. a failed K/V transfer)

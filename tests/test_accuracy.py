@@ -10,7 +10,8 @@ import torch
 
 from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.evaluation import ctranslate2_greedy_transcripts, faster_whisper_transcripts, word_error_rate
-from engine.offline import Transcriber, split_windows
+from engine.offline import Transcriber
+from engine.transcript import split_windows
 from engine.weights import resolve_model_folder
 from tests.conftest import english_clips
 

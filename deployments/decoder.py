@@ -1,0 +1,140 @@
+"""DecoderDeployment: owns one DecoderEngine and runs its continuous-batching loop in a thread.
+
+Requests arrive on the replica's event loop with a transfer handle; the loop thread admits them
+at its next step (pulling their cross-attention K/V into freshly allocated blocks) and hands each
+finished result back to the waiting coroutine. A caller that goes away (client disconnect,
+timeout) cancels its coroutine, which aborts the request and frees its blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from deployments.config import AppConfig
+from engine.engine import DecoderEngine, load_model
+from engine.request import DecodeOptions, DecodeResult
+from kv_transfer import make_receiver
+from kv_transfer.base import TransferHandle
+from kv_transfer.source import TransferredCrossKV
+
+logger = logging.getLogger("ray.serve")
+
+
+@dataclass(frozen=True)
+class DecoderStats:
+    """KV usage and queue depth: for /metrics, routing and autoscaling."""
+
+    num_free_blocks: int
+    num_used_blocks: int
+    num_total_blocks: int
+    num_running: int
+    num_waiting: int
+    windows_decoded: int
+    tokens_generated: int
+
+
+class DecoderDeployment:
+    def __init__(self, config: AppConfig):
+        if config.decoder.torch_threads:
+            torch.set_num_threads(config.decoder.torch_threads)
+        self.loaded = load_model(config.engine)
+        self.engine = DecoderEngine(self.loaded)
+        self.receiver = make_receiver(config.transfer, storage=self.engine.runner.storage)
+        self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
+        self._waiters_lock = threading.Lock()
+        self._work = threading.Event()
+        self._stopping = False
+        self.windows_decoded = 0
+        self.tokens_generated = 0
+        self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
+        self._loop_thread.start()
+
+    async def check_options(self, options: DecodeOptions) -> None:
+        """Raise RequestRejectedError if this model cannot decode with ``options`` (checked before
+        any window is encoded, so a bad request costs no encoder work)."""
+        self.engine.make_request(options, cross_source=None)
+
+    async def decode(self, handle: TransferHandle, options: DecodeOptions) -> DecodeResult:
+        """Decode one window whose cross-attention K/V (or states) the handle points at."""
+        request = self.engine.make_request(options, TransferredCrossKV(handle, self.receiver), request_id=handle.request_id)
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        with self._waiters_lock:
+            self._waiters[request.request_id] = (loop, future)
+        self.engine.submit(request)
+        self._work.set()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self.engine.abort(request.request_id)
+            self._work.set()
+            raise
+        finally:
+            with self._waiters_lock:
+                self._waiters.pop(request.request_id, None)
+
+    def _run_loop(self) -> None:
+        while not self._stopping:
+            if not self.engine.has_work:
+                self._work.wait(timeout=0.5)
+                self._work.clear()
+                continue
+            try:
+                results = self.engine.step()
+            except Exception:
+                # A bug in one step must not kill the loop silently: fail every waiter loudly,
+                # so no request hangs, and keep serving the next ones.
+                logger.exception("decoder step failed")
+                self._fail_all("the decoder step failed; see the replica log")
+                continue
+            for result in results:
+                self.windows_decoded += 1
+                self.tokens_generated += len(result.tokens)
+                self._deliver(result)
+
+    def _deliver(self, result: DecodeResult) -> None:
+        with self._waiters_lock:
+            waiter = self._waiters.get(result.request_id)
+        if waiter is None:
+            return  # the caller went away and aborted; nothing waits for this result
+        loop, future = waiter
+        loop.call_soon_threadsafe(_resolve, future, result)
+
+    def _fail_all(self, message: str) -> None:
+        for request_id in list(self.engine.request_ids()):
+            self.engine.abort(request_id)
+        with self._waiters_lock:
+            waiters = list(self._waiters.values())
+        for loop, future in waiters:
+            loop.call_soon_threadsafe(_fail, future, RuntimeError(message))
+
+    def stats(self) -> DecoderStats:
+        pool = self.engine.pool
+        return DecoderStats(
+            num_free_blocks=pool.num_free_blocks,
+            num_used_blocks=pool.num_used_blocks,
+            num_total_blocks=pool.num_blocks,
+            num_running=len(self.engine.scheduler.running),
+            num_waiting=self.engine.num_waiting,
+            windows_decoded=self.windows_decoded,
+            tokens_generated=self.tokens_generated,
+        )
+
+    def __del__(self):
+        self._stopping = True
+        self._work.set()
+
+
+def _resolve(future: asyncio.Future, result: DecodeResult) -> None:
+    if not future.done():
+        future.set_result(result)
+
+
+def _fail(future: asyncio.Future, error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)

@@ -1,0 +1,254 @@
+"""The HTTP front door: OpenAI's audio routes, validation, errors as OpenAI's error JSON, metrics.
+
+Every error type raised anywhere below is turned into a status code here, in one table
+(``_status_of``), so the same failure always answers the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+from ray.serve.handle import DeploymentHandle
+
+from deployments.config import AppConfig
+from deployments.formats import RESPONSE_FORMATS, to_srt, to_verbose_json, to_vtt, segments_of
+from deployments.metrics import ServingMetrics
+from deployments.encoder import WindowJob
+from engine.audio import SAMPLE_RATE, decode_audio
+from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
+from engine.request import DecodeOptions, DecodeResult, FinishReason
+from engine.transcript import Transcription, assemble_transcription, split_windows
+from kv_transfer.base import StagingFullError
+
+logger = logging.getLogger("ray.serve")
+
+app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper transcription on Ray Serve")
+
+# A window whose K/V transfer failed is encoded again this many times before the request fails.
+TRANSFER_RETRIES = 2
+
+
+class APIError(Exception):
+    """An error with its HTTP status and OpenAI error fields, raised inside route handlers."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 error_type: str = "invalid_request_error", retry_after_s: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.error_type, self.retry_after_s = error_type, retry_after_s
+
+
+def error_response(error: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
+    body = {"error": {"message": error.message, "type": error.error_type, "param": error.param, "code": error.code}}
+    return JSONResponse(body, status_code=error.status, headers=headers)
+
+
+def _status_of(error: Exception) -> APIError:
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, AudioDecodeError):
+        return APIError(400, f"Invalid audio file: {error}", param="file", code="invalid_audio")
+    if isinstance(error, RequestRejectedError):
+        return APIError(400, str(error), code="invalid_request")
+    if isinstance(error, (BackPressureError, StagingFullError)):
+        return APIError(503, "The server is at capacity; retry shortly.", code="overloaded",
+                        error_type="server_overloaded", retry_after_s=1)
+    if isinstance(error, RetriableError):
+        return APIError(503, f"Transcription failed transiently: {error}", code="retry",
+                        error_type="server_error", retry_after_s=1)
+    logger.exception("unexpected error", exc_info=error)
+    return APIError(500, "Internal server error.", error_type="server_error")
+
+
+@app.exception_handler(APIError)
+async def _api_error(_: Request, error: APIError) -> JSONResponse:
+    return error_response(error)
+
+
+@app.exception_handler(RequestValidationError)
+async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+    first = error.errors()[0] if error.errors() else {}
+    field = str(first.get("loc", ["", "?"])[-1])
+    return error_response(APIError(400, f"Invalid value for '{field}': {first.get('msg', 'invalid')}", param=field))
+
+
+@dataclass(frozen=True)
+class TranscriptionForm:
+    """The multipart fields of a transcription or translation request, validated."""
+
+    data: bytes
+    filename: str
+    options: DecodeOptions
+    response_format: str
+    timestamp_granularities: tuple[str, ...]
+
+
+@serve.ingress(app)
+class Ingress:
+    def __init__(self, config: AppConfig, encoder: DeploymentHandle, decoder: DeploymentHandle):
+        self.config = config
+        self.encoder = encoder
+        self.decoder = decoder
+        self.metrics = ServingMetrics()
+
+    # ---- routes -------------------------------------------------------------------------------
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(self, request: Request) -> Response:
+        return await self._handle(request, task="transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def translations(self, request: Request) -> Response:
+        return await self._handle(request, task="translate")
+
+    @app.get("/v1/models")
+    async def models(self, request: Request) -> Response:
+        self._authorize(request)
+        names = sorted(self.config.accepted_model_names)
+        return JSONResponse({"object": "list", "data": [
+            {"id": name, "object": "model", "created": 0, "owned_by": "whisper-disagg"} for name in names
+        ]})
+
+    @app.get("/health")
+    async def health(self) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def metrics(self) -> Response:
+        encoder_stats = await self.encoder.broadcast("stats").results_async(timeout_s=5, return_exceptions=True)
+        decoder_stats = await self.decoder.broadcast("stats").results_async(timeout_s=5, return_exceptions=True)
+        body = self.metrics.render(
+            [s for s in encoder_stats if not isinstance(s, Exception)],
+            [s for s in decoder_stats if not isinstance(s, Exception)],
+        )
+        return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+    # ---- the work -----------------------------------------------------------------------------
+
+    async def _handle(self, request: Request, task: str) -> Response:
+        route = "translations" if task == "translate" else "transcriptions"
+        started = time.perf_counter()
+        try:
+            self._authorize(request)
+            form = await self._parse_form(request, task)
+            await self.decoder.check_options.remote(form.options)
+            samples = await asyncio.to_thread(decode_audio, form.data)
+            duration_s = len(samples) / SAMPLE_RATE
+            if duration_s > self.config.http.max_audio_duration_s:
+                raise APIError(413, f"Audio is {duration_s:.0f} s long; this server accepts at most "
+                               f"{self.config.http.max_audio_duration_s:.0f} s.", param="file", code="audio_too_long")
+            transcription = await self._transcribe(samples, form.options)
+            response = self._format(transcription, form, task)
+        except Exception as error:  # every failure answers, in OpenAI's error format
+            api_error = _status_of(error)
+            self.metrics.observe_request(route, api_error.status, time.perf_counter() - started, 0.0)
+            return error_response(api_error)
+        self.metrics.observe_request(route, 200, time.perf_counter() - started, transcription.duration_s)
+        return response
+
+    async def _transcribe(self, samples, options: DecodeOptions) -> Transcription:
+        request_id = uuid.uuid4().hex
+        windows = split_windows(samples)
+        # All windows of a file go to the encoder at once, so they share its batches.
+        results = await asyncio.gather(
+            *(self._decode_window(f"{request_id}-{index}", window, options) for index, window in enumerate(windows))
+        )
+        return assemble_transcription(samples, list(results))
+
+    async def _decode_window(self, window_id: str, samples, options: DecodeOptions) -> DecodeResult:
+        for attempt in range(TRANSFER_RETRIES + 1):
+            handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples))
+            result: DecodeResult = await self.decoder.decode.remote(handle, options)
+            if result.finish_reason != FinishReason.ERROR:
+                return result
+            if not result.retriable:
+                raise RuntimeError(f"decoding window {window_id} failed: {result.error}")
+            logger.warning("window %s: %s; encoding again (attempt %d)", window_id, result.error, attempt + 1)
+        raise RetriableError(result.error or "cross-attention K/V transfer failed")
+
+    def _format(self, transcription: Transcription, form: TranscriptionForm, task: str) -> Response:
+        if form.response_format == "text":
+            return PlainTextResponse(transcription.text + "\n")
+        if form.response_format == "srt":
+            return PlainTextResponse(to_srt(segments_of(transcription)), media_type="application/x-subrip")
+        if form.response_format == "vtt":
+            return PlainTextResponse(to_vtt(segments_of(transcription)), media_type="text/vtt")
+        if form.response_format == "verbose_json":
+            return JSONResponse(to_verbose_json(transcription, task))
+        return JSONResponse({"text": transcription.text})
+
+    # ---- validation ---------------------------------------------------------------------------
+
+    def _authorize(self, request: Request) -> None:
+        keys = self.config.http.api_keys
+        if not keys:
+            return
+        header = request.headers.get("authorization", "")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+        if token not in keys:
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    async def _parse_form(self, request: Request, task: str) -> TranscriptionForm:
+        limit_bytes = int(self.config.http.max_upload_mb * 2**20)
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit_bytes + 64 * 1024:
+            raise APIError(413, f"Request body exceeds {self.config.http.max_upload_mb:g} MB.", param="file",
+                           code="file_too_large")
+        content_type = request.headers.get("content-type", "")
+        if not content_type.startswith("multipart/form-data"):
+            raise APIError(400, "Send the audio as multipart/form-data with a 'file' field.", param="file")
+        try:
+            form = await request.form(max_files=1, max_fields=32)
+        except Exception as error:
+            raise APIError(400, f"Could not parse the multipart body: {error}") from None
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise APIError(400, "Missing required field 'file' (the audio file).", param="file", code="missing_file")
+        data = await upload.read()
+        if len(data) > limit_bytes:
+            raise APIError(413, f"File exceeds {self.config.http.max_upload_mb:g} MB.", param="file", code="file_too_large")
+
+        model = form.get("model")
+        if not model:
+            raise APIError(400, "Missing required field 'model'.", param="model")
+        if model not in self.config.accepted_model_names:
+            raise APIError(404, f"The model '{model}' does not exist; this server serves "
+                           f"{', '.join(sorted(self.config.accepted_model_names))}.", param="model", code="model_not_found")
+
+        response_format = form.get("response_format") or "json"
+        if response_format not in RESPONSE_FORMATS:
+            raise APIError(400, f"Invalid response_format '{response_format}'; expected one of "
+                           f"{', '.join(RESPONSE_FORMATS)}.", param="response_format")
+        temperature = _parse_temperature(form.get("temperature"))
+        granularities = tuple(form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities"))
+        for granularity in granularities:
+            if granularity not in ("segment", "word"):
+                raise APIError(400, f"Invalid timestamp_granularities value '{granularity}'; expected "
+                               "'segment' or 'word'.", param="timestamp_granularities[]")
+        language = form.get("language") or None
+        if task == "translate":
+            language = None  # translations detect the spoken language and always output English
+        options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None, temperature=temperature)
+        return TranscriptionForm(data, getattr(upload, "filename", "") or "", options, response_format, granularities)
+
+
+def _parse_temperature(raw) -> float:
+    if raw in (None, ""):
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.", param="temperature") from None
+    if not 0.0 <= value <= 1.0:
+        raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature")
+    return value

@@ -1,0 +1,24 @@
+"""The decoder engine's view of a transfer: a CrossKVSource that pulls at admission time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.model_runner import ModelRunner
+from kv_transfer.base import KVReceiver, TransferHandle
+
+
+@dataclass
+class TransferredCrossKV:
+    """Loads a request's cross-attention K/V from a handle when the scheduler admits it, so the
+    blocks it lands in are the ones just allocated; in the encoder_states mode the decoder
+    projects the states itself. Errors propagate as TransferError and fail only this request."""
+
+    handle: TransferHandle
+    receiver: KVReceiver
+
+    def load_into(self, runner: ModelRunner, block_ids: list[int]) -> None:
+        if self.handle.layout.payload == "cross_kv":
+            self.receiver.pull_blocks(self.handle, runner.storage, block_ids)
+        else:
+            runner.write_cross_kv_from_states(block_ids, self.receiver.pull_states(self.handle))

@@ -1,0 +1,46 @@
+"""Every shipped config validates, and a wrong one fails at start-up naming the field and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from deployments.config import ConfigError, parse_app_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_is_a_valid_serve_config_with_valid_app_args(path):
+    spec = yaml.safe_load(path.read_text())
+    application = spec["applications"][0]
+    assert application["import_path"] == "deployments.app:build_app"
+    config = parse_app_config(application["args"])
+    assert config.engine.model and config.encoder.max_batch_size >= 1
+
+
+def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000():
+    spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
+    config = parse_app_config(spec["applications"][0]["args"])
+    assert spec["http_options"]["port"] == 8000
+    assert (config.engine.model, config.engine.device) == ("tiny.en", "cpu")
+    assert (config.encoder.num_replicas, config.decoder.num_replicas) == (1, 1)
+    assert config.transfer.connector == "nixl"
+
+
+@pytest.mark.parametrize(
+    "args, field, reason",
+    [
+        ({"engine": {"block_size": 12}}, "engine.block_size", "power of two"),
+        ({"engine": {"modle": "tiny.en"}}, "engine.modle", "Extra inputs"),
+        ({"encoder": {"max_batch_size": 0}}, "encoder.max_batch_size", "greater than or equal to 1"),
+        ({"transfer": {"connector": "carrier-pigeon"}}, "transfer.connector", "nixl"),
+        ({"served_model_names": []}, "served_model_names", "at least one"),
+    ],
+)
+def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason):
+    with pytest.raises(ConfigError) as failure:
+        parse_app_config(args)
+    assert field in str(failure.value) and reason in str(failure.value)
