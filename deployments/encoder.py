@@ -46,7 +46,7 @@ class EncoderDeployment:
         self.loaded = load_model(config.engine)
         self.runner = EncoderRunner(self.loaded)
         self.payload = config.transfer.resolved_mode()
-        self.sender = make_sender(config.transfer, device=config.engine.torch_device)
+        self.sender = make_sender(config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device)
         self._encode_batch.set_max_batch_size(config.encoder.max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(config.encoder.batch_wait_timeout_ms / 1000)
         self.windows_encoded = 0

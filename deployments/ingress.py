@@ -4,7 +4,7 @@ Every error type raised anywhere below is turned into a status code here, in one
 (``_status_of``), so the same failure always answers the same way.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: FastAPI reads the route signatures at run time.
 
 import asyncio
 import logging
@@ -91,6 +91,18 @@ class TranscriptionForm:
     options: DecodeOptions
     response_format: str
     timestamp_granularities: tuple[str, ...]
+
+
+def _parse_temperature(raw) -> float:
+    if raw in (None, ""):
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.", param="temperature") from None
+    if not 0.0 <= value <= 1.0:
+        raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature")
+    return value
 
 
 @serve.ingress(app)
@@ -241,14 +253,3 @@ class Ingress:
         options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None, temperature=temperature)
         return TranscriptionForm(data, getattr(upload, "filename", "") or "", options, response_format, granularities)
 
-
-def _parse_temperature(raw) -> float:
-    if raw in (None, ""):
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise APIError(400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.", param="temperature") from None
-    if not 0.0 <= value <= 1.0:
-        raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature")
-    return value

@@ -16,6 +16,8 @@ from engine.offline import Transcriber
 from tests.conftest import SPEECH_DIR, english_clips
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+API_KEY = "test-key-123"  # the default app, with API keys switched on to test them too
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 def _free_port() -> int:
@@ -36,7 +38,8 @@ def server_url():
     # Logical CPUs: the three replicas of the default app fit on this 2-core machine.
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(app_spec["args"]), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
+    args = {**app_spec["args"], "http": {**app_spec["args"].get("http", {}), "api_keys": [API_KEY]}}
+    serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
     ray.shutdown()
@@ -44,7 +47,7 @@ def server_url():
 
 @pytest.fixture(scope="module")
 def client(server_url) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +101,7 @@ def test_text_srt_vtt_and_verbose_json_formats(client, offline_texts):
 
 
 def test_models_and_health_routes(server_url):
-    models = httpx.get(f"{server_url}/v1/models", timeout=30).json()
+    models = httpx.get(f"{server_url}/v1/models", headers=AUTH, timeout=30).json()
     assert {m["id"] for m in models["data"]} >= {"whisper-1", "tiny.en"}
     assert httpx.get(f"{server_url}/health", timeout=30).json() == {"status": "ok"}
 
@@ -119,9 +122,7 @@ def test_models_and_health_routes(server_url):
 )
 def test_bad_requests_get_openai_error_json_and_the_server_keeps_serving(client, server_url, files, data, status, param):
     url = f"{server_url}/v1/audio/transcriptions"
-    response = httpx.post(url, files=files, data=data, timeout=60) if files else httpx.post(
-        url, data=data, files={"other": ("x", b"x")}, timeout=60
-    )
+    response = httpx.post(url, files=files or {"other": ("x", b"x")}, data=data, headers=AUTH, timeout=60)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and error["type"]
@@ -131,7 +132,17 @@ def test_bad_requests_get_openai_error_json_and_the_server_keeps_serving(client,
 def test_translation_on_an_english_only_model_is_a_clear_400(server_url):
     response = httpx.post(
         f"{server_url}/v1/audio/translations", data={"model": "whisper-1"},
-        files={"file": ("jfk.flac", (SPEECH_DIR / "jfk.flac").read_bytes(), "audio/flac")}, timeout=60,
+        files={"file": ("jfk.flac", (SPEECH_DIR / "jfk.flac").read_bytes(), "audio/flac")}, headers=AUTH, timeout=60,
     )
     assert response.status_code == 400
     assert "English-only" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-key"}], ids=["no-key", "wrong-key"])
+def test_requests_without_the_configured_api_key_get_401(server_url, headers):
+    response = httpx.post(
+        f"{server_url}/v1/audio/transcriptions", data={"model": "whisper-1"}, headers=headers,
+        files={"file": ("jfk.flac", (SPEECH_DIR / "jfk.flac").read_bytes(), "audio/flac")}, timeout=60,
+    )
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
