@@ -36,6 +36,8 @@ class EncoderStats:
     last_batch_size: int
     mean_batch_size: float
     num_staged: int
+    connector: str  # the transfer connector really in use ("nixl", "object_store", "local")
+    payload: str  # what is shipped: "cross_kv" or "encoder_states"
 
 
 class EncoderDeployment:
@@ -47,6 +49,7 @@ class EncoderDeployment:
         self.runner = EncoderRunner(self.loaded)
         self.payload = config.transfer.resolved_mode()
         self.sender = make_sender(config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device)
+        logger.info("encoder: %s transfer, shipping %s", config.transfer.resolved_connector(), self.payload)
         self._encode_batch.set_max_batch_size(config.encoder.max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(config.encoder.batch_wait_timeout_ms / 1000)
         self.windows_encoded = 0
@@ -90,6 +93,8 @@ class EncoderDeployment:
             last_batch_size=self.last_batch_size,
             mean_batch_size=self.windows_encoded / self.batches if self.batches else 0.0,
             num_staged=self.sender.num_staged,
+            connector=self.config.transfer.resolved_connector(),
+            payload=self.payload,
         )
 
     def __del__(self):

@@ -23,6 +23,7 @@ class ServingMetrics:
         self.decoder_waiting = Gauge("whisper_decoder_waiting", "windows waiting for KV blocks", ["replica"], registry=self.registry)
         self.encoder_batch_size = Gauge("whisper_encoder_mean_batch_size", "mean windows per encoder forward", ["replica"], registry=self.registry)
         self.encoder_windows = Gauge("whisper_encoder_windows_encoded", "windows encoded since start", ["replica"], registry=self.registry)
+        self.transfer = Gauge("whisper_transfer_info", "the transfer connector and payload in use", ["replica", "connector", "payload"], registry=self.registry)
         self.encoder_staged = Gauge("whisper_encoder_staged", "windows whose K/V awaits a decoder pull", ["replica"], registry=self.registry)
 
     def observe_request(self, route: str, status: int, latency_s: float, audio_s: float) -> None:
@@ -32,7 +33,7 @@ class ServingMetrics:
 
     def render(self, encoder_stats: Sequence, decoder_stats: Sequence) -> bytes:
         for gauge in (self.kv_blocks_used, self.kv_blocks_free, self.decoder_running, self.decoder_waiting,
-                      self.encoder_batch_size, self.encoder_windows, self.encoder_staged):
+                      self.encoder_batch_size, self.encoder_windows, self.encoder_staged, self.transfer):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
         for index, stats in enumerate(decoder_stats):
             replica = str(index)
@@ -45,4 +46,5 @@ class ServingMetrics:
             self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)
             self.encoder_windows.labels(replica).set(stats.windows_encoded)
             self.encoder_staged.labels(replica).set(stats.num_staged)
+            self.transfer.labels(replica, stats.connector, stats.payload).set(1)
         return generate_latest(self.registry)

@@ -100,6 +100,14 @@ def test_text_srt_vtt_and_verbose_json_formats(client, offline_texts):
     assert [(s.start, s.end) for s in verbose.segments] == [(0.0, 30.0), (30.0, pytest.approx(35.55, abs=0.01))]
 
 
+def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
+    _transcribe(client, SPEECH_DIR / "osr72_02.flac")
+    metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
+    assert 'whisper_transfer_info{connector="nixl",payload="cross_kv",replica="0"} 1.0' in metrics
+    staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
+    assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
+
+
 def test_models_and_health_routes(server_url):
     models = httpx.get(f"{server_url}/v1/models", headers=AUTH, timeout=30).json()
     assert {m["id"] for m in models["data"]} >= {"whisper-1", "tiny.en"}
