@@ -35,8 +35,8 @@ def server_url():
 
     app_spec = yaml.safe_load(DEFAULT_CONFIG.read_text())["applications"][0]
     port = _free_port()
-    # Logical CPUs: the three replicas of the default app fit on this 2-core machine.
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # As `serve run` does: Ray sees this machine's cores, and the default app must fit in them.
+    ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     args = {**app_spec["args"], "http": {**app_spec["args"].get("http", {}), "api_keys": [API_KEY]}}
     serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
