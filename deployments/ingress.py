@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
+from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from ray.serve.handle import DeploymentHandle
 
@@ -54,12 +55,14 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 def _status_of(error: Exception) -> APIError:
+    if isinstance(error, RayTaskError) and isinstance(error.cause, Exception):
+        error = error.cause  # raised in another replica: answer for the original error, not Ray's wrapper
     if isinstance(error, APIError):
         return error
     if isinstance(error, AudioDecodeError):
         return APIError(400, f"Invalid audio file: {error}", param="file", code="invalid_audio")
     if isinstance(error, RequestRejectedError):
-        return APIError(400, str(error), code="invalid_request")
+        return APIError(400, str(error), param=error.param, code="invalid_request")
     if isinstance(error, (BackPressureError, StagingFullError)):
         return APIError(503, "The server is at capacity; retry shortly.", code="overloaded",
                         error_type="server_overloaded", retry_after_s=1)

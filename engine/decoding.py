@@ -44,15 +44,17 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
             detect = True
             tokens.append(tokenizer.language_tokens["en"])  # placeholder until detection
         elif options.language not in tokenizer.language_tokens:
-            raise RequestRejectedError(f"language {options.language!r} is not one this model knows")
+            raise RequestRejectedError(f"language {options.language!r} is not one this model knows", param="language")
         else:
             tokens.append(tokenizer.language_tokens[options.language])
         tokens.append(special.translate if options.task == "translate" else special.transcribe)
     else:
         if options.language not in (None, "en"):
-            raise RequestRejectedError(f"model is English-only; language {options.language!r} is not available")
+            raise RequestRejectedError(
+                f"model is English-only; language {options.language!r} is not available", param="language"
+            )
         if options.task == "translate":
-            raise RequestRejectedError("model is English-only; it cannot translate")
+            raise RequestRejectedError("model is English-only; it cannot translate", param="task")
     if not options.timestamps:
         tokens.append(special.no_timestamps)
     room = dims.n_text_ctx - len(tokens)

@@ -18,7 +18,11 @@ class WeightsFormatError(EngineError, ValueError):
 
 
 class RequestRejectedError(EngineError, ValueError):
-    """A request's options are invalid for this model (e.g. prompt longer than the text context)."""
+    """A request's options are invalid for this model (e.g. a language it does not know)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param  # the request field at fault, for the HTTP error's `param`
 
 
 class CacheFullError(EngineError, RuntimeError):

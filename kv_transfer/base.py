@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from engine.errors import EngineError, RetriableError
-from engine.kv_storage import PagedKVStorage
+from engine.kv_storage import PagedKVStorage, split_into_blocks
 
 TransferPayload = Literal["cross_kv", "encoder_states"]
 
@@ -34,6 +34,12 @@ class TransferError(RetriableError):
 
 class StagingFullError(EngineError, RuntimeError):
     """The sender's staging memory stayed full for the whole wait: back-pressure to the caller."""
+
+
+class IncompatibleHandleError(EngineError, ValueError):
+    """A handle this receiver cannot pull (another connector) or whose blocks do not fit its cache
+    (block size, shape or dtype differ): encoder and decoder were configured differently. Not
+    retriable; the message names what differs."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,41 @@ class BlockLayout:
     def nbytes(self) -> int:
         return self.num_blocks * self.bytes_per_block
 
+    @property
+    def staged_shape(self) -> tuple[int, ...]:
+        """Shape of the staged tensor: block-major blocks for cross_kv, the states as they are."""
+        if self.payload == "cross_kv":
+            return (self.num_blocks, *self.block_shape)
+        return self.shape
+
+    @classmethod
+    def of(cls, payload: torch.Tensor, kind: TransferPayload, block_size: int) -> "BlockLayout":
+        expected_dims = 5 if kind == "cross_kv" else 2
+        if payload.dim() != expected_dims:
+            raise ValueError(f"a {kind} payload has {expected_dims} dims, got shape {tuple(payload.shape)}")
+        dtype = str(payload.dtype).removeprefix("torch.")
+        if kind == "cross_kv":
+            return cls(kind, tuple(payload.shape), dtype, block_size)
+        return cls(kind, tuple(payload.shape), dtype, payload.shape[0])
+
+    def to_staged(self, payload: torch.Tensor) -> torch.Tensor:
+        """The payload in its staged form (a view where possible; the caller copies it once)."""
+        return split_into_blocks(payload, self.block_size) if self.payload == "cross_kv" else payload
+
+    def check_fits(self, storage: PagedKVStorage, block_ids: list[int]) -> None:
+        """Raise IncompatibleHandleError unless these blocks land, byte for byte, in ``storage``'s blocks."""
+        if self.payload != "cross_kv":
+            raise IncompatibleHandleError(f"pull_blocks needs a cross_kv handle, got {self.payload}")
+        cache = storage.cache
+        if self.block_shape != tuple(cache.shape[1:]) or self.torch_dtype != cache.dtype:
+            raise IncompatibleHandleError(
+                f"staged blocks are {self.block_shape} {self.dtype}, the cache's are {tuple(cache.shape[1:])} "
+                f"{str(cache.dtype).removeprefix('torch.')}: encoder and decoder need the same model, "
+                "engine.block_size and engine.dtype"
+            )
+        if len(block_ids) != self.num_blocks:
+            raise IncompatibleHandleError(f"{self.num_blocks} staged blocks, but {len(block_ids)} block ids given")
+
 
 @dataclass(frozen=True)
 class TransferHandle:
@@ -86,8 +127,9 @@ class TransferHandle:
     connector: str  # "nixl" | "object_store" | "local"
     sender_id: str  # the staging owner (NIXL agent name, replica id): where to pull from, whom to release
     layout: BlockLayout
-    location: Any  # connector-specific and serializable: NIXL descriptors, an ObjectRef, a staging key
+    location: Any  # connector-specific, serializable: NixlLocation, ObjectStoreLocation, None (local)
     created_at_s: float  # time.time() at staging; handles never claimed are released after a timeout
+    staging_token: int  # which staged entry: unique per sender, so a stale handle never reads a reused region
 
 
 class KVSender(abc.ABC):
@@ -114,15 +156,27 @@ class KVSender(abc.ABC):
 class KVReceiver(abc.ABC):
     """Decoder side. One per decoder replica; pulls straight into the paged cache's blocks."""
 
+    connector: str  # the handles it pulls: TransferHandle.connector
+
+    def check_connector(self, handle: TransferHandle) -> None:
+        if handle.connector != self.connector:
+            raise IncompatibleHandleError(
+                f"a {handle.connector} handle reached a {self.connector} receiver: "
+                "encoder and decoder need the same transfer.connector"
+            )
+
     @abc.abstractmethod
     def pull_blocks(self, handle: TransferHandle, storage: PagedKVStorage, block_ids: list[int]) -> None:
         """Copy a cross_kv handle's blocks into ``storage`` at ``block_ids`` (one id per staged
-        block), then release the sender's staging. Raises TransferError on any failure."""
+        block), then release the sender's staging. Raises TransferError when the transfer fails
+        (sender gone, handle expired or released, transport error, timeout) and
+        IncompatibleHandleError when the blocks cannot fit; either way the sender's staging is
+        released (for a handle of another connector, by its unclaimed timeout)."""
 
     @abc.abstractmethod
     def pull_states(self, handle: TransferHandle) -> torch.Tensor:
         """Fetch an encoder_states handle's tensor [frames, d_model] onto the receiver's device,
-        then release the sender's staging. Raises TransferError on any failure."""
+        then release the sender's staging. Raises TransferError when the transfer fails."""
 
     def close(self) -> None:
         """Free everything; the receiver is unusable afterwards."""

@@ -3,14 +3,19 @@ the official openai client: same text as the offline API, 32 concurrent requests
 
 from __future__ import annotations
 
+import io
 import socket
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import openai
 import pytest
+import soundfile
 import yaml
+
+from engine.audio import load_audio_file
 
 from engine.offline import Transcriber
 from tests.conftest import SPEECH_DIR, english_clips
@@ -38,7 +43,9 @@ def server_url():
     # As `serve run` does: Ray sees this machine's cores, and the default app must fit in them.
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = {**app_spec["args"], "http": {**app_spec["args"].get("http", {}), "api_keys": [API_KEY]}}
+    # API keys on, and a 60 s duration limit, to test both on the same server.
+    http_limits = {**app_spec["args"].get("http", {}), "api_keys": [API_KEY], "max_audio_duration_s": 60}
+    args = {**app_spec["args"], "http": http_limits}
     serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
@@ -114,27 +121,78 @@ def test_models_and_health_routes(server_url):
     assert httpx.get(f"{server_url}/health", timeout=30).json() == {"status": "ok"}
 
 
-@pytest.mark.parametrize(
-    "files, data, status, param",
-    [
-        ({"file": ("notes.wav", b"meeting notes, not audio" * 10, "audio/wav")}, {"model": "whisper-1"}, 400, "file"),
-        ({"file": ("empty.wav", b"", "audio/wav")}, {"model": "whisper-1"}, 400, "file"),
-        (None, {"model": "whisper-1"}, 400, "file"),
-        ({"file": ("jfk.flac", (SPEECH_DIR / "jfk.flac").read_bytes(), "audio/flac")}, {"model": "/etc/passwd"}, 404, "model"),
-        ({"file": ("jfk.flac", (SPEECH_DIR / "jfk.flac").read_bytes(), "audio/flac")},
-         {"model": "whisper-1", "response_format": "docx"}, 400, "response_format"),
-        ({"file": ("jfk.flac", (SPEECH_DIR / "jfk.flac").read_bytes(), "audio/flac")},
-         {"model": "whisper-1", "temperature": "7"}, 400, "temperature"),
-    ],
-    ids=["not-audio", "empty-file", "missing-file", "unknown-model", "bad-format", "bad-temperature"],
-)
-def test_bad_requests_get_openai_error_json_and_the_server_keeps_serving(client, server_url, files, data, status, param):
-    url = f"{server_url}/v1/audio/transcriptions"
-    response = httpx.post(url, files=files or {"other": ("x", b"x")}, data=data, headers=AUTH, timeout=60)
+def _encoded(samples: np.ndarray, rate: int, fmt: str, subtype: str) -> bytes:
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format=fmt, subtype=subtype)
+    return buffer.getvalue()
+
+
+def _jfk_at(rate: int, channels: int = 1, subtype: str = "PCM_16", fmt: str = "WAV") -> bytes:
+    from engine.audio import resample
+
+    samples = resample(load_audio_file(SPEECH_DIR / "jfk.flac"), 16000, rate)
+    return _encoded(np.stack([samples] * channels, axis=1) if channels > 1 else samples, rate, fmt, subtype)
+
+
+JFK = (SPEECH_DIR / "jfk.flac").read_bytes()
+WAV_HEADER_ONLY = _encoded(np.zeros(16000, dtype=np.float32), 16000, "WAV", "PCM_16")[:40]
+NAN_WAV = _encoded(np.full(1600, np.nan, dtype=np.float32), 16000, "WAV", "FLOAT")
+LONG_WAV = _encoded(np.tile(load_audio_file(SPEECH_DIR / "osr_list72.flac"), 2), 16000, "WAV", "PCM_16")  # 71 s
+
+BAD_REQUESTS = [
+    # id, file (name, bytes) or None, extra fields, status, error param
+    ("not-audio", ("notes.wav", b"meeting notes, not audio" * 10), {}, 400, "file"),
+    ("empty-file", ("empty.wav", b""), {}, 400, "file"),
+    ("text-named-wav", ("speech.wav", b"RIFF but really a text file\n" * 50), {}, 400, "file"),
+    ("truncated-wav-header", ("cut.wav", WAV_HEADER_ONLY), {}, 400, "file"),
+    ("corrupt-flac", ("bad.flac", JFK[:4] + bytes(200) + JFK[204:1000]), {}, 400, "file"),
+    ("corrupt-mp3", ("bad.mp3", b"ID3\x03\x00\x00\x00\x00\x00\x00" + b"\xff" * 50), {}, 400, "file"),
+    ("nan-samples", ("nan.wav", NAN_WAV), {}, 400, "file"),
+    ("missing-file", None, {}, 400, "file"),
+    ("unknown-model", ("jfk.flac", JFK), {"model": "/etc/passwd"}, 404, "model"),
+    ("missing-model", ("jfk.flac", JFK), {"model": ""}, 400, "model"),
+    ("bad-format", ("jfk.flac", JFK), {"response_format": "docx"}, 400, "response_format"),
+    ("bad-temperature", ("jfk.flac", JFK), {"temperature": "7"}, 400, "temperature"),
+    ("nan-temperature", ("jfk.flac", JFK), {"temperature": "warm"}, 400, "temperature"),
+    ("bad-granularity", ("jfk.flac", JFK), {"timestamp_granularities[]": "sentence"}, 400, "timestamp_granularities[]"),
+    ("bad-language", ("jfk.flac", JFK), {"language": "klingon"}, 400, "language"),
+    ("over-duration-limit", ("long.wav", LONG_WAV), {}, 413, "file"),
+    ("over-size-limit", ("huge.wav", b"\x00" * (26 * 2**20)), {}, 413, "file"),
+]
+
+
+@pytest.mark.parametrize("upload, fields, status, param", [case[1:] for case in BAD_REQUESTS], ids=[c[0] for c in BAD_REQUESTS])
+def test_bad_requests_get_openai_error_json_and_the_server_keeps_serving(client, server_url, upload, fields, status, param):
+    files = {"file": (upload[0], upload[1], "application/octet-stream")} if upload else {"other": ("x", b"x")}
+    response = httpx.post(f"{server_url}/v1/audio/transcriptions", files=files,
+                          data={"model": "whisper-1", **fields}, headers=AUTH, timeout=120)
     assert response.status_code == status, response.text
     error = response.json()["error"]
     assert error["param"] == param and error["message"] and error["type"]
     assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
+
+
+@pytest.mark.parametrize(
+    "name, data",
+    [
+        ("8k.wav", _jfk_at(8000)), ("44k1-stereo.wav", _jfk_at(44100, channels=2)),
+        ("48k-24bit.wav", _jfk_at(48000, subtype="PCM_24")), ("jfk.mp3", _jfk_at(44100, fmt="MP3", subtype="MPEG_LAYER_III")),
+    ],
+    ids=["8kHz", "44.1kHz-stereo", "48kHz-24bit", "mp3"],
+)
+def test_other_rates_channels_depths_and_formats_are_converted_and_transcribed(client, name, data):
+    text = client.audio.transcriptions.create(model="whisper-1", file=(name, data)).text
+    assert "ask not what your country can do for you" in text.lower().replace(",", "")
+
+
+@pytest.mark.parametrize("name, samples", [("nothing.wav", np.zeros(0, np.float32)), ("silence.wav", np.zeros(32000, np.float32))])
+def test_zero_length_and_silent_audio_get_a_valid_transcript_not_an_error(client, name, samples):
+    verbose = client.audio.transcriptions.create(
+        model="whisper-1", file=(name, _encoded(samples, 16000, "WAV", "PCM_16")), response_format="verbose_json"
+    )
+    assert isinstance(verbose.text, str) and abs(verbose.duration - len(samples) / 16000) < 0.01
+    if len(samples) == 0:
+        assert verbose.text == "" and verbose.segments == []
 
 
 def test_translation_on_an_english_only_model_is_a_clear_400(server_url):

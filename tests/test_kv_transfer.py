@@ -1,0 +1,390 @@
+"""The transfer layer between two real processes: an encoder-side Ray actor stages, this process
+pulls into a real paged cache (BlockPool + PagedKVStorage, or the DecoderEngine itself).
+
+Bytes arrive bit for bit whatever the layout; staging is bounded and released; every way a pull
+can fail fails retriably with no block and no staging left held; and both transfer modes decode
+real speech to the same tokens as the in-process engine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import ray
+import torch
+from pydantic import ValidationError
+
+from engine.audio import load_audio_file, pad_or_trim
+from engine.config import EngineConfig
+from engine.engine import DecoderEngine, EncoderRunner, load_model
+from engine.kv_cache import BlockPool
+from engine.kv_storage import PagedKVStorage, split_into_blocks
+from engine.request import CrossKVTensor, DecodeOptions, FinishReason
+from kv_transfer import make_receiver, make_sender
+from kv_transfer.base import IncompatibleHandleError, KVSender, StagingFullError, TransferError, TransferHandle
+from kv_transfer.config import TransferConfig
+from kv_transfer.source import TransferredCrossKV
+from tests.conftest import SPEECH_DIR
+
+CLIPS = ["jfk.flac", "osr72_01.flac", "tts_03.flac"]
+TINY_EN_CROSS_KV = (4, 2, 1500, 6, 64)  # tiny.en: decoder layers, k|v, frames, heads, head_dim
+UNCLAIMED_TIMEOUT_S = 1.5
+
+
+def random_layouts(count: int, seed: int = 0) -> list[tuple]:
+    """(layers, heads, head_dim, frames, block_size, dtype): tiny.en's, then random ones."""
+    rng = random.Random(seed)
+    layouts = [(4, 6, 64, 1500, 16, torch.float32)]
+    for _ in range(count):
+        layouts.append((
+            rng.randint(1, 6), rng.randint(1, 8), rng.choice([8, 16, 64]), rng.randint(1, 1500),
+            rng.choice([1, 4, 8, 32, 64]), rng.choice([torch.float32, torch.bfloat16, torch.float16]),
+        ))
+    return layouts
+
+
+LAYOUTS = random_layouts(3)
+BLOCK_SIZES = sorted({layout[4] for layout in LAYOUTS} | {16})
+
+
+def transfer_config(connector: str, **overrides) -> TransferConfig:
+    return TransferConfig(**{"connector": connector, "staging_memory_mb": 128, "release_poll_interval_ms": 2, **overrides})
+
+
+@ray.remote(num_cpus=0)
+class EncoderSide:
+    """An encoder replica's half in its own process: real senders, and the real encoder."""
+
+    def __init__(self):
+        self.senders: dict[str, KVSender] = {}
+        self.encoder = None
+
+    def add_sender(self, key: str, config: TransferConfig, block_size: int) -> None:
+        self.senders[key] = make_sender(config, block_size=block_size)
+
+    def stage(self, key: str, request_id: str, payload: torch.Tensor, kind: str) -> TransferHandle:
+        return self.senders[key].stage(request_id, payload, kind)
+
+    def release(self, key: str, request_id: str) -> None:
+        self.senders[key].release(request_id)
+
+    def num_staged(self, key: str) -> int:
+        return self.senders[key].num_staged
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def encode_and_stage(self, key: str, audio: torch.Tensor) -> dict[str, list[TransferHandle]]:
+        """Encode a batch of windows as an encoder replica does; stage it in both modes."""
+        if self.encoder is None:
+            self.encoder = EncoderRunner(load_model(EngineConfig(model="tiny.en")))
+        states = self.encoder.encode(audio)
+        cross_kv = self.encoder.cross_kv(states)
+        sender = self.senders[key]
+        return {
+            "cross_kv": [sender.stage(f"kv-{i}", kv, "cross_kv") for i, kv in enumerate(cross_kv)],
+            "encoder_states": [sender.stage(f"states-{i}", s, "encoder_states") for i, s in enumerate(states)],
+        }
+
+
+@dataclass
+class Stager:
+    """Stages through a real sender: one in an encoder actor's process, or (local) in this one."""
+
+    actor: Any = None
+    key: str = ""
+    sender: KVSender | None = None
+
+    def stage(self, request_id: str, payload: torch.Tensor, kind: str = "cross_kv") -> TransferHandle:
+        if self.sender is not None:
+            return self.sender.stage(request_id, payload, kind)
+        return ray.get(self.actor.stage.remote(self.key, request_id, payload, kind))
+
+    def release(self, request_id: str) -> None:
+        if self.sender is not None:
+            return self.sender.release(request_id)
+        ray.get(self.actor.release.remote(self.key, request_id))
+
+    def num_staged(self) -> int:
+        if self.sender is not None:
+            return self.sender.num_staged
+        return ray.get(self.actor.num_staged.remote(self.key))
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    # Ship this module's actor class by value: the workers cannot import tests/.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def encoder_side(ray_session):
+    """One encoder process with a nixl and an object_store sender per block size (key
+    "<connector>-<block size>"), and ones whose unclaimed staging expires soon ("<connector>-expiring")."""
+    actor = EncoderSide.remote()
+    for connector in ("nixl", "object_store"):
+        for block_size in BLOCK_SIZES:
+            ray.get(actor.add_sender.remote(f"{connector}-{block_size}", transfer_config(connector), block_size))
+        expiring = transfer_config(connector, unclaimed_timeout_s=UNCLAIMED_TIMEOUT_S)
+        ray.get(actor.add_sender.remote(f"{connector}-expiring", expiring, 16))
+    return actor
+
+
+@pytest.fixture
+def stager(encoder_side):
+    """stager(connector, key) -> a Stager; local senders (this process) are closed afterwards."""
+    local_senders = []
+
+    def make(connector: str, key: str = "16", block_size: int = 16) -> Stager:
+        if connector == "local":
+            overrides = {"unclaimed_timeout_s": UNCLAIMED_TIMEOUT_S} if key == "expiring" else {}
+            local_senders.append(make_sender(transfer_config("local", **overrides), block_size=block_size))
+            return Stager(sender=local_senders[-1])
+        return Stager(actor=encoder_side, key=f"{connector}-{key}")
+
+    yield make
+    for sender in local_senders:
+        sender.close()
+
+
+def wait_until(condition, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.01)
+    return condition()
+
+
+def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous().view(torch.uint8)
+
+
+def engine_for(tiny_en) -> DecoderEngine:
+    return DecoderEngine(tiny_en, EngineConfig(model="tiny.en", kv_cache_memory_mb=48))
+
+
+def run_to_completion(engine: DecoderEngine) -> dict:
+    results = {}
+    for _ in range(5000):
+        if not engine.has_work:
+            return results
+        results.update({result.request_id: result for result in engine.step()})
+    raise AssertionError("engine did not finish: a request hangs")
+
+
+# --- contents --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}x{l[1]}x{l[2]}-{l[3]}frames-bs{l[4]}-{str(l[5])[6:]}")
+def test_pulled_blocks_equal_the_staged_ones_bit_for_bit(connector, layout, stager):
+    layers, heads, head_dim, frames, block_size, dtype = layout
+    payload = torch.randn(layers, 2, frames, heads, head_dim).to(dtype)
+    num_blocks = -(-frames // block_size) + 7
+    storage = PagedKVStorage(num_blocks, layers, block_size, heads, head_dim, dtype, torch.device("cpu"))
+    pool = BlockPool(num_blocks, block_size)
+    receiver = make_receiver(transfer_config(connector), storage=storage)
+    staging = stager(connector, str(block_size), block_size)
+    handle = staging.stage("r", payload)
+    assert staging.num_staged() == 1
+
+    # Scattered, shuffled block ids, as a busy pool hands them out.
+    all_ids = pool.allocate(num_blocks)
+    random.Random(frames).shuffle(all_ids)
+    block_ids, spare = all_ids[: handle.layout.num_blocks], all_ids[handle.layout.num_blocks :]
+    pool.free(spare)
+    receiver.pull_blocks(handle, storage, block_ids)
+
+    expected = split_into_blocks(payload, block_size)
+    assert torch.equal(as_bytes(storage.read_blocks(block_ids)), as_bytes(expected))
+    assert not as_bytes(storage.read_blocks(spare)).any(), "a pull wrote outside its blocks"
+    pool.free(block_ids)
+    assert pool.num_used_blocks == 0
+    assert wait_until(lambda: staging.num_staged() == 0), "the sender kept staging after the pull"
+    receiver.close()
+
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
+def test_encoder_states_arrive_bit_for_bit(connector, stager):
+    states = torch.randn(1500, 384).to(torch.bfloat16)
+    receiver = make_receiver(transfer_config(connector))
+    staging = stager(connector)
+    pulled = receiver.pull_states(staging.stage("s", states, "encoder_states"))
+    assert pulled.shape == (1500, 384) and pulled.dtype == torch.bfloat16
+    assert torch.equal(as_bytes(pulled), as_bytes(states))
+    assert wait_until(lambda: staging.num_staged() == 0)
+    receiver.close()
+
+
+# --- failures: retriable, nothing held on either side ----------------------------------------
+
+def decode_expecting_transfer_error(engine: DecoderEngine, receiver, handle: TransferHandle) -> None:
+    engine.submit(engine.make_request(DecodeOptions(), TransferredCrossKV(handle, receiver), request_id="doomed"))
+    (result,) = run_to_completion(engine).values()
+    assert result.finish_reason == FinishReason.ERROR
+    assert result.retriable, result.error
+    assert engine.pool.num_used_blocks == 0
+    block_ids = engine.pool.allocate(handle.layout.num_blocks)
+    with pytest.raises(TransferError):  # and directly: it is the transfer that fails
+        receiver.pull_blocks(handle, engine.runner.storage, block_ids)
+    engine.pool.free(block_ids)
+
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store"])
+def test_pull_from_a_killed_sender_fails_retriably_and_holds_no_blocks(connector, tiny_en, ray_session):
+    doomed = EncoderSide.remote()
+    ray.get(doomed.add_sender.remote("s", transfer_config(connector), 16))
+    handle = Stager(doomed, "s").stage("r", torch.randn(TINY_EN_CROSS_KV))
+    pid = ray.get(doomed.pid.remote())
+    ray.kill(doomed)
+    assert wait_until(lambda: not os.path.exists(f"/proc/{pid}")), "the killed sender's process lives on"
+    engine = engine_for(tiny_en)
+    decode_expecting_transfer_error(engine, make_receiver(transfer_config(connector), storage=engine.runner.storage), handle)
+
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
+def test_a_handle_never_claimed_expires_and_then_fails_retriably(connector, tiny_en, stager):
+    engine = engine_for(tiny_en)
+    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    staging = stager(connector, "expiring")
+    started = time.monotonic()
+    handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
+    assert staging.num_staged() == 1 or time.monotonic() - started > UNCLAIMED_TIMEOUT_S
+    assert wait_until(lambda: staging.num_staged() == 0), "unclaimed staging was never freed"
+    decode_expecting_transfer_error(engine, receiver, handle)
+    assert staging.num_staged() == 0
+
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
+def test_a_pull_after_the_sender_released_fails_retriably(connector, tiny_en, stager):
+    engine = engine_for(tiny_en)
+    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    staging = stager(connector)
+    handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
+    staging.release("r")
+    assert staging.num_staged() == 0
+    decode_expecting_transfer_error(engine, receiver, handle)
+
+
+def test_a_replayed_handle_never_reads_the_region_reused_by_the_next_request(stager):
+    storage = PagedKVStorage(200, 4, 16, 6, 64, torch.float32, torch.device("cpu"))
+    receiver = make_receiver(transfer_config("nixl"), storage=storage)
+    staging = stager("nixl")
+    handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
+    receiver.pull_blocks(handle, storage, list(range(94)))
+    assert wait_until(lambda: staging.num_staged() == 0)
+    reusing = staging.stage("next", torch.randn(TINY_EN_CROSS_KV))
+    assert reusing.location.payload_address == handle.location.payload_address  # first fit
+    with pytest.raises(TransferError, match="released before the pull"):
+        receiver.pull_blocks(handle, storage, list(range(100, 194)))
+    staging.release("next")
+    receiver.close()
+
+
+def test_blocks_of_another_block_size_are_refused_and_their_staging_released(stager):
+    storage = PagedKVStorage(200, 4, 32, 6, 64, torch.float32, torch.device("cpu"))
+    receiver = make_receiver(transfer_config("nixl"), storage=storage)
+    staging = stager("nixl")
+    handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
+    with pytest.raises(IncompatibleHandleError, match="block_size"):
+        receiver.pull_blocks(handle, storage, list(range(94)))
+    assert wait_until(lambda: staging.num_staged() == 0)
+    receiver.close()
+
+
+# --- back-pressure ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store"])
+def test_full_staging_pushes_back_then_admits_once_a_pull_frees_room(connector, ray_session):
+    payload = torch.randn(4, 2, 256, 8, 16)  # 1 MiB
+    entry_mb = (payload.numel() * 4 + 256) / 2**20
+    actor = EncoderSide.remote()
+    config = transfer_config(connector, staging_memory_mb=2.5 * entry_mb, stage_wait_s=1.0)
+    ray.get(actor.add_sender.remote("s", config, 16))
+    staging = Stager(actor, "s")
+    first = staging.stage("a", payload)
+    staging.stage("b", payload)
+
+    started = time.monotonic()
+    with pytest.raises(StagingFullError):
+        staging.stage("c", payload)
+    assert time.monotonic() - started >= 0.95, "gave up before the configured wait"
+    assert staging.num_staged() == 2
+
+    storage = PagedKVStorage(16, 4, 16, 8, 16, torch.float32, torch.device("cpu"))
+    receiver = make_receiver(transfer_config(connector), storage=storage)
+    waiting = actor.stage.remote("s", "c", payload, "cross_kv")  # waits for room ...
+    time.sleep(0.2)
+    receiver.pull_blocks(first, storage, list(range(16)))
+    ready, _ = ray.wait([waiting], timeout=5)  # ... and gets it once a pull frees some
+    assert ready, "staging stayed full after a pull released room"
+    assert isinstance(ray.get(waiting), TransferHandle)
+    assert staging.num_staged() == 2
+    receiver.close()
+    ray.kill(actor)
+
+
+# --- both modes, real speech, end to end -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def speech_windows() -> torch.Tensor:
+    return torch.from_numpy(np.stack([pad_or_trim(load_audio_file(SPEECH_DIR / clip)) for clip in CLIPS]))
+
+
+@pytest.fixture(scope="module")
+def in_process_tokens(tiny_en, speech_windows) -> list[list[int]]:
+    """The reference: the engine decoding cross K/V computed in this process (no transfer)."""
+    encoder = EncoderRunner(tiny_en)
+    engine = engine_for(tiny_en)
+    for i, kv in enumerate(encoder.cross_kv(encoder.encode(speech_windows))):
+        engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(kv), request_id=str(i)))
+    results = run_to_completion(engine)
+    return [results[str(i)].tokens for i in range(len(CLIPS))]
+
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store"])
+def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_en, encoder_side, speech_windows, in_process_tokens):
+    handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-16", speech_windows))
+    engine = engine_for(tiny_en)
+    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    for mode, mode_handles in handles.items():
+        for handle in mode_handles:
+            assert handle.layout.payload == mode
+            engine.submit(engine.make_request(DecodeOptions(), TransferredCrossKV(handle, receiver), request_id=handle.request_id))
+    results = run_to_completion(engine)
+
+    assert tiny_en.tokenizer.decode(in_process_tokens[0]).strip().startswith("And so my fellow Americans")
+    for i, expected in enumerate(in_process_tokens):
+        assert results[f"kv-{i}"].tokens == expected, f"cross_kv mode, clip {CLIPS[i]}"
+        assert results[f"states-{i}"].tokens == expected, f"encoder_states mode, clip {CLIPS[i]}"
+    assert engine.pool.num_used_blocks == 0
+    assert wait_until(lambda: Stager(encoder_side, f"{connector}-16").num_staged() == 0)
+
+
+# --- config ----------------------------------------------------------------------------------
+
+def test_config_rejects_unknown_fields_and_bad_values_by_name():
+    with pytest.raises(ValidationError, match="staging_memory_gb"):
+        TransferConfig(staging_memory_gb=1)
+    with pytest.raises(ValidationError, match="staging_memory_mb"):
+        TransferConfig(staging_memory_mb=0)
+    with pytest.raises(ValidationError, match="connector"):
+        TransferConfig(connector="rdma")
+
+
+def test_auto_picks_nixl_here_and_ships_kv_over_it_but_states_through_the_object_store():
+    assert TransferConfig().resolved_connector() == "nixl"
+    assert TransferConfig().resolved_mode() == "cross_kv"
+    assert TransferConfig(connector="local").resolved_mode() == "cross_kv"
+    assert TransferConfig(connector="object_store").resolved_mode() == "encoder_states"
+    assert TransferConfig(connector="object_store", mode="cross_kv").resolved_mode() == "cross_kv"
