@@ -16,8 +16,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from ray import serve
-from ray.exceptions import RayTaskError
-from ray.serve.exceptions import BackPressureError
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
@@ -34,8 +34,10 @@ logger = logging.getLogger("ray.serve")
 
 app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper transcription on Ray Serve")
 
-# A window whose K/V transfer failed is encoded again this many times before the request fails.
-TRANSFER_RETRIES = 2
+# A window is tried this many times (encoded again each time) before the request fails with 503.
+WINDOW_ATTEMPTS = 3
+# What a replica that died or is restarting looks like to its caller.
+REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
 
 
 class APIError(Exception):
@@ -66,6 +68,9 @@ def _status_of(error: Exception) -> APIError:
     if isinstance(error, (BackPressureError, StagingFullError)):
         return APIError(503, "The server is at capacity; retry shortly.", code="overloaded",
                         error_type="server_overloaded", retry_after_s=1)
+    if isinstance(error, REPLICA_LOST):
+        return APIError(503, "A server replica is restarting; retry shortly.", code="replica_unavailable",
+                        error_type="server_error", retry_after_s=2)
     if isinstance(error, RetriableError):
         return APIError(503, f"Transcription failed transiently: {error}", code="retry",
                         error_type="server_error", retry_after_s=1)
@@ -181,15 +186,25 @@ class Ingress:
         return assemble_transcription(samples, list(results))
 
     async def _decode_window(self, window_id: str, samples, options: DecodeOptions) -> DecodeResult:
-        for attempt in range(TRANSFER_RETRIES + 1):
-            handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples))
-            result: DecodeResult = await self.decoder.decode.remote(handle, options)
+        """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
+        K/V transfer sends the window through the encoder again, to whichever replicas Serve
+        routes it to now; only when every attempt fails does the request get a 503."""
+        failure = "no attempt made"
+        for attempt in range(WINDOW_ATTEMPTS):
+            try:
+                handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples))
+                result: DecodeResult = await self.decoder.decode.remote(handle, options)
+            except REPLICA_LOST as error:
+                failure = f"a replica was lost ({type(error).__name__})"
+                logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)
+                continue
             if result.finish_reason != FinishReason.ERROR:
                 return result
             if not result.retriable:
                 raise RuntimeError(f"decoding window {window_id} failed: {result.error}")
-            logger.warning("window %s: %s; encoding again (attempt %d)", window_id, result.error, attempt + 1)
-        raise RetriableError(result.error or "cross-attention K/V transfer failed")
+            failure = result.error or "cross-attention K/V transfer failed"
+            logger.warning("window %s: %s; encoding again (attempt %d)", window_id, failure, attempt + 1)
+        raise RetriableError(f"window {window_id} failed {WINDOW_ATTEMPTS} times; last: {failure}")
 
     def _format(self, transcription: Transcription, form: TranscriptionForm, task: str) -> Response:
         if form.response_format == "text":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,7 +46,9 @@ def server_url():
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     # API keys on, and a 60 s duration limit, to test both on the same server.
     http_limits = {**app_spec["args"].get("http", {}), "api_keys": [API_KEY], "max_audio_duration_s": 60}
-    args = {**app_spec["args"], "http": http_limits}
+    # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
+    transfer = {**app_spec["args"]["transfer"], "unclaimed_timeout_s": 10}
+    args = {**app_spec["args"], "http": http_limits, "transfer": transfer}
     serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
@@ -212,3 +215,48 @@ def test_requests_without_the_configured_api_key_get_401(server_url, headers):
     )
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "invalid_api_key"
+
+
+def _metric_sum(server_url: str, prefix: str) -> float:
+    metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
+    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix + "{"))
+
+
+def _replica_actor(deployment: str):
+    import ray
+
+    names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0], namespace="serve")
+
+
+@pytest.mark.parametrize("deployment", ["WhisperDecoder", "WhisperEncoder"])
+def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks(client, server_url, deployment):
+    """Runs last in this module: it kills a replica of the shared server (Serve replaces it)."""
+    import ray
+
+    clips = [c for c in english_clips() if c.duration_s <= 30][:12] + [c for c in english_clips() if c.duration_s > 30]
+
+    def attempt(clip) -> int:
+        try:
+            _transcribe(client, clip.path)
+            return 200
+        except openai.APIStatusError as error:
+            assert error.response.json()["error"]["message"]
+            return error.status_code
+
+    with ThreadPoolExecutor(len(clips)) as pool:
+        statuses = pool.map(attempt, clips)
+        time.sleep(1.0)  # requests are in the encoder's batches and the decoder's loop now
+        ray.kill(_replica_actor(deployment), no_restart=True)
+        statuses = list(statuses)
+    assert set(statuses) <= {200, 503}, statuses  # every request answered: a result or a clean 503
+    # The replacement replica serves, and nothing is left holding KV blocks or staging.
+    assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if _metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0 and _metric_sum(server_url, "whisper_encoder_staged") == 0:
+            break
+        time.sleep(2)
+    assert _metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+    assert _metric_sum(server_url, "whisper_encoder_staged") == 0
