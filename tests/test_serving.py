@@ -16,6 +16,7 @@ import pytest
 import soundfile
 import yaml
 
+from benchmarks.bench_load import metric_sum, run_load
 from engine.audio import load_audio_file
 
 from engine.offline import Transcriber
@@ -72,13 +73,6 @@ def _transcribe(client: openai.OpenAI, path: Path, **kwargs):
         return client.audio.transcriptions.create(model="whisper-1", file=audio, **kwargs)
 
 
-def _kv_blocks_used(server_url: str) -> float:
-    metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
-    values = [float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("whisper_decoder_kv_blocks_used{")]
-    assert values, "the decoder replica reported no KV figures"
-    return sum(values)
-
-
 def test_the_openai_client_gets_the_offline_apis_text_for_speech_set_clips(client, offline_texts):
     clip_ids = ["jfk", "osr72_01", "tts_05", "tts_18", "osr_list72"]  # osr_list72: 35 s, two windows
     for clip_id in clip_ids:
@@ -94,7 +88,8 @@ def test_thirty_two_concurrent_requests_each_match_their_single_request_text_and
     with ThreadPoolExecutor(32) as pool:
         texts = list(pool.map(lambda clip: _transcribe(client, clip.path).text, clips))
     assert texts == [offline_texts[clip.id] for clip in clips]
-    assert _kv_blocks_used(server_url) == 0
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_free") > 0, "the decoder reported its pool"
 
 
 def test_text_srt_vtt_and_verbose_json_formats(client, offline_texts):
@@ -217,9 +212,12 @@ def test_requests_without_the_configured_api_key_get_401(server_url, headers):
     assert response.json()["error"]["code"] == "invalid_api_key"
 
 
-def _metric_sum(server_url: str, prefix: str) -> float:
-    metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
-    return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix + "{"))
+def test_a_short_load_of_sixteen_looping_clients_loses_nothing_and_frees_everything(server_url):
+    """The short version of benchmarks/bench_load.py (64 clients for 5 minutes)."""
+    report = run_load(server_url, clients=16, duration_s=20, warmup_s=5, api_key=API_KEY)
+    assert report.sent >= 16 and report.lost == [] and report.answered == report.sent
+    assert report.statuses[200] >= 16 and report.unexpected_5xx == 0, report.statuses
+    assert report.kv_blocks_used_at_end == 0 and report.staged_at_end == 0
 
 
 def _replica_actor(deployment: str):
@@ -255,8 +253,8 @@ def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks
     assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if _metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0 and _metric_sum(server_url, "whisper_encoder_staged") == 0:
+        if metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0 and metric_sum(server_url, "whisper_encoder_staged") == 0:
             break
         time.sleep(2)
-    assert _metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
-    assert _metric_sum(server_url, "whisper_encoder_staged") == 0
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+    assert metric_sum(server_url, "whisper_encoder_staged") == 0

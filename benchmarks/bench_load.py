@@ -1,0 +1,190 @@
+"""Load test of the serving app: many concurrent clients for minutes; every request must get a
+final answer, no 5xx but the designed 429/503, every process's memory flat after warm-up, and
+the KV pool all free at the end.
+
+    .venv/bin/python benchmarks/bench_load.py [--clients 64] [--duration-s 300] [--record]
+
+Starts a local Ray and the default app (configs/default.yaml) unless --url points at a running one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.recording import markdown_table, record  # noqa: E402
+from engine.evaluation import load_manifest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEECH_DIR = ROOT / "tests" / "data" / "speech"
+
+
+@dataclass
+class LoadReport:
+    clients: int
+    duration_s: float
+    sent: int = 0
+    answered: int = 0
+    statuses: Counter = field(default_factory=Counter)
+    latencies_s: list[float] = field(default_factory=list)
+    audio_s: float = 0.0
+    lost: list[str] = field(default_factory=list)  # requests with no HTTP answer (timeouts, resets)
+    rss_mb: dict[str, list[float]] = field(default_factory=dict)  # process -> samples after warm-up
+    kv_blocks_used_at_end: float = float("nan")
+    staged_at_end: float = float("nan")
+
+    @property
+    def unexpected_5xx(self) -> int:
+        return sum(n for status, n in self.statuses.items() if status >= 500 and status not in (503,))
+
+    @property
+    def max_rss_growth(self) -> float:
+        """Largest relative growth of any process's RSS from its first to its last sample."""
+        growth = [(s[-1] - s[0]) / s[0] for s in self.rss_mb.values() if len(s) >= 2 and s[0] > 0]
+        return max(growth, default=0.0)
+
+    def percentile_s(self, q: float) -> float:
+        values = sorted(self.latencies_s)
+        return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def _serving_processes() -> dict[int, str]:
+    """Ray's serving processes on this machine: the replicas, the proxy, the controller."""
+    found = {}
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        for marker in ("ServeReplica:", "ProxyActor", "ServeController"):
+            if marker in command:
+                found[process.info["pid"]] = command.split("ray::", 1)[-1][:60]
+    return found
+
+
+def metric_sum(url: str, prefix: str) -> float:
+    """The sum over replicas of one Prometheus metric the app exports at /metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix + "{"))
+
+
+def run_load(url: str, clients: int, duration_s: float, warmup_s: float, api_key: str | None = None,
+             request_timeout_s: float = 300.0) -> LoadReport:
+    clips = [c for c in load_manifest(SPEECH_DIR) if c.text]
+    payloads = [(c.path.name, c.path.read_bytes(), c.duration_s) for c in clips]
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    report = LoadReport(clients, duration_s)
+    lock = threading.Lock()
+    stop_at = time.monotonic() + duration_s
+
+    def client_loop(seed: int) -> None:
+        chooser = random.Random(seed)
+        with httpx.Client(timeout=request_timeout_s) as http:
+            while time.monotonic() < stop_at:
+                name, data, audio_s = chooser.choice(payloads)
+                started = time.perf_counter()
+                with lock:
+                    report.sent += 1
+                try:
+                    response = http.post(f"{url}/v1/audio/transcriptions", headers=headers,
+                                         files={"file": (name, data)}, data={"model": "whisper-1"})
+                except httpx.HTTPError as error:
+                    with lock:
+                        report.lost.append(f"{name}: {type(error).__name__}")
+                    continue
+                with lock:
+                    report.answered += 1
+                    report.statuses[response.status_code] += 1
+                    if response.status_code == 200:
+                        report.latencies_s.append(time.perf_counter() - started)
+                        report.audio_s += audio_s
+                if response.status_code in (429, 503):
+                    time.sleep(float(response.headers.get("retry-after", "1")))
+
+    threads = [threading.Thread(target=client_loop, args=(seed,), daemon=True) for seed in range(clients)]
+    for thread in threads:
+        thread.start()
+    time.sleep(min(warmup_s, duration_s))
+    processes = _serving_processes()
+    while any(thread.is_alive() for thread in threads):
+        for pid, name in processes.items():
+            try:
+                report.rss_mb.setdefault(f"{name} ({pid})", []).append(psutil.Process(pid).memory_info().rss / 2**20)
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(5)
+    for thread in threads:
+        thread.join()
+    time.sleep(2)  # releases of the last pulls are asynchronous
+    report.kv_blocks_used_at_end = metric_sum(url, "whisper_decoder_kv_blocks_used")
+    report.staged_at_end = metric_sum(url, "whisper_encoder_staged")
+    return report
+
+
+def start_default_app() -> str:
+    import socket
+
+    import ray
+    import yaml
+    from ray import serve
+
+    from deployments.app import build_app
+
+    spec = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["applications"][0]
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray.init(include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(spec["args"]), name=spec["name"], route_prefix=spec["route_prefix"])
+    return f"http://127.0.0.1:{port}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", help="a running server; default: start configs/default.yaml here")
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--duration-s", type=float, default=300)
+    parser.add_argument("--warmup-s", type=float, default=30)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    url = args.url or start_default_app()
+    report = run_load(url, args.clients, args.duration_s, args.warmup_s)
+    rows = [
+        ["clients", report.clients], ["duration s", report.duration_s], ["requests sent", report.sent],
+        ["answered", report.answered], ["lost (no answer)", len(report.lost)],
+        ["statuses", dict(sorted(report.statuses.items()))], ["unexpected 5xx", report.unexpected_5xx],
+        ["audio s transcribed", round(report.audio_s, 1)],
+        ["throughput (audio s / wall s)", round(report.audio_s / report.duration_s, 2)],
+        ["latency p50 s", round(report.percentile_s(0.5), 2)], ["latency p95 s", round(report.percentile_s(0.95), 2)],
+        ["max RSS growth after warm-up", f"{report.max_rss_growth:.1%}"],
+        ["KV blocks used at end", report.kv_blocks_used_at_end], ["staged K/V at end", report.staged_at_end],
+    ]
+    rss_rows = [[name, round(s[0]), round(s[-1]), f"{(s[-1] - s[0]) / s[0]:.1%}"] for name, s in report.rss_mb.items() if s]
+    table = markdown_table(["figure", "value"], rows) + "\n\n" + markdown_table(["process", "RSS MB after warm-up", "RSS MB at end", "growth"], rss_rows)
+    print(table)
+    if report.lost:
+        print("lost:", report.lost[:10])
+    if args.record:
+        metrics = {
+            "clients": report.clients, "duration_s": report.duration_s, "sent": report.sent, "answered": report.answered,
+            "lost_requests": len(report.lost), "unexpected_5xx": report.unexpected_5xx,
+            "statuses": {str(k): v for k, v in report.statuses.items()}, "max_rss_growth": report.max_rss_growth,
+            "latency_p50_s": report.percentile_s(0.5), "latency_p95_s": report.percentile_s(0.95),
+            "kv_blocks_used_at_end": report.kv_blocks_used_at_end, "staged_at_end": report.staged_at_end,
+        }
+        record("Load test, default app on CPU (bench_load.py)", table,
+               "Clients loop over the 42 English clips of the speech set, one request at a time each.",
+               json_path=ROOT / "benchmarks" / "results" / "load.json", metrics=metrics)
+
+
+if __name__ == "__main__":
+    main()
