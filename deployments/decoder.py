@@ -17,7 +17,7 @@ import torch
 
 from deployments.config import AppConfig
 from engine.engine import DecoderEngine, load_model
-from engine.request import DecodeOptions, DecodeResult
+from engine.request import DecodeOptions, DecodeResult, FinishReason
 from kv_transfer import make_receiver
 from kv_transfer.base import TransferHandle
 from kv_transfer.source import TransferredCrossKV
@@ -35,6 +35,7 @@ class DecoderStats:
     num_running: int
     num_waiting: int
     windows_decoded: int
+    windows_aborted: int  # callers that went away (disconnects, timeouts) before their result
     tokens_generated: int
 
 
@@ -50,6 +51,7 @@ class DecoderDeployment:
         self._work = threading.Event()
         self._stopping = False
         self.windows_decoded = 0
+        self.windows_aborted = 0
         self.tokens_generated = 0
         self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
         self._loop_thread.start()
@@ -93,7 +95,10 @@ class DecoderDeployment:
                 self._fail_all("the decoder step failed; see the replica log")
                 continue
             for result in results:
-                self.windows_decoded += 1
+                if result.finish_reason == FinishReason.ABORTED:
+                    self.windows_aborted += 1
+                else:
+                    self.windows_decoded += 1
                 self.tokens_generated += len(result.tokens)
                 self._deliver(result)
 
@@ -122,6 +127,7 @@ class DecoderDeployment:
             num_running=len(self.engine.scheduler.running),
             num_waiting=self.engine.num_waiting,
             windows_decoded=self.windows_decoded,
+            windows_aborted=self.windows_aborted,
             tokens_generated=self.tokens_generated,
         )
 

@@ -21,6 +21,7 @@ class ServingMetrics:
         self.kv_blocks_free = Gauge("whisper_decoder_kv_blocks_free", "KV blocks free", ["replica"], registry=self.registry)
         self.decoder_running = Gauge("whisper_decoder_running", "windows decoding", ["replica"], registry=self.registry)
         self.decoder_waiting = Gauge("whisper_decoder_waiting", "windows waiting for KV blocks", ["replica"], registry=self.registry)
+        self.decoder_aborted = Gauge("whisper_decoder_windows_aborted", "windows aborted because their caller went away", ["replica"], registry=self.registry)
         self.encoder_batch_size = Gauge("whisper_encoder_mean_batch_size", "mean windows per encoder forward", ["replica"], registry=self.registry)
         self.encoder_windows = Gauge("whisper_encoder_windows_encoded", "windows encoded since start", ["replica"], registry=self.registry)
         self.transfer = Gauge("whisper_transfer_info", "the transfer connector and payload in use", ["replica", "connector", "payload"], registry=self.registry)
@@ -32,7 +33,7 @@ class ServingMetrics:
         self.audio_seconds.inc(audio_s)
 
     def render(self, encoder_stats: Sequence, decoder_stats: Sequence) -> bytes:
-        for gauge in (self.kv_blocks_used, self.kv_blocks_free, self.decoder_running, self.decoder_waiting,
+        for gauge in (self.kv_blocks_used, self.kv_blocks_free, self.decoder_running, self.decoder_waiting, self.decoder_aborted,
                       self.encoder_batch_size, self.encoder_windows, self.encoder_staged, self.transfer):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
         for index, stats in enumerate(decoder_stats):
@@ -41,6 +42,7 @@ class ServingMetrics:
             self.kv_blocks_free.labels(replica).set(stats.num_free_blocks)
             self.decoder_running.labels(replica).set(stats.num_running)
             self.decoder_waiting.labels(replica).set(stats.num_waiting)
+            self.decoder_aborted.labels(replica).set(stats.windows_aborted)
         for index, stats in enumerate(encoder_stats):
             replica = str(index)
             self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)

@@ -82,5 +82,6 @@ def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
         )
         if result.tokens != expected:
             mismatches.append((clip.id, result.text, tiny_en.tokenizer.decode(expected)))
+    print(f"tiny.en token-exact with transformers on {len(clips) - len(mismatches)}/{len(clips)} clips")
     assert len(clips) >= 40
     assert len(mismatches) <= 0.05 * len(clips), mismatches

@@ -220,6 +220,27 @@ def test_a_short_load_of_sixteen_looping_clients_loses_nothing_and_frees_everyth
     assert report.kv_blocks_used_at_end == 0 and report.staged_at_end == 0
 
 
+def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their_blocks(server_url):
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    request = httpx.Request("POST", url, headers=AUTH, data={"model": "whisper-1"},
+                            files={"file": ("multilingual.flac", (SPEECH_DIR / "multilingual.flac").read_bytes())})
+    head = f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+    head += "".join(f"{name}: {value}\r\n" for name, value in request.headers.items() if name.lower() != "host")
+    aborted_before = metric_sum(server_url, "whisper_decoder_windows_aborted")
+    with socket.create_connection((url.host, url.port)) as connection:
+        connection.sendall(head.encode() + b"\r\n" + request.read())
+        deadline = time.monotonic() + 60
+        while metric_sum(server_url, "whisper_decoder_running") == 0:  # its windows are decoding now
+            assert time.monotonic() < deadline, "the request never reached the decoder"
+            time.sleep(0.05)
+    # The connection is closed: Serve cancels the request, the decoder aborts and frees its windows.
+    deadline = time.monotonic() + 30
+    while metric_sum(server_url, "whisper_decoder_windows_aborted") == aborted_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric_sum(server_url, "whisper_decoder_windows_aborted") > aborted_before
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+
+
 def _replica_actor(deployment: str):
     import ray
 
