@@ -6,12 +6,16 @@ field instead of failing the first request.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.config import EngineConfig
 from kv_transfer.config import TransferConfig
+
+
+API_KEYS_ENV = "WHISPER_DISAGG_API_KEYS"
 
 
 class ReplicaOptions(BaseModel):
@@ -46,7 +50,21 @@ class HTTPLimits(BaseModel):
 
     max_upload_mb: float = Field(25.0, gt=0, description="OpenAI's limit is 25 MB")
     max_audio_duration_s: float = Field(3600.0, gt=0)
-    api_keys: list[str] = Field(default_factory=list, description="when non-empty, requests need `Authorization: Bearer <key>`")
+    max_in_flight_requests: int = Field(
+        256, ge=1, description="requests one ingress replica works on at once; beyond it new ones get 503 + Retry-After"
+    )
+    upload_timeout_s: float = Field(60.0, gt=0, description="longest a client may take to send its request body (408 after)")
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description=f"when non-empty, requests need `Authorization: Bearer <key>`; also read from ${API_KEYS_ENV} "
+        "(comma-separated) when the config gives none, so keys need not sit in the YAML",
+    )
+
+    @model_validator(mode="after")
+    def _api_keys_from_environment(self) -> "HTTPLimits":
+        if not self.api_keys and os.environ.get(API_KEYS_ENV):
+            self.api_keys = [key.strip() for key in os.environ[API_KEYS_ENV].split(",") if key.strip()]
+        return self
 
 
 class AppConfig(BaseModel):
@@ -60,7 +78,9 @@ class AppConfig(BaseModel):
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     encoder: EncoderOptions = Field(default_factory=EncoderOptions)
     decoder: DecoderOptions = Field(default_factory=DecoderOptions)
-    ingress: ReplicaOptions = Field(default_factory=lambda: ReplicaOptions(num_cpus=0.5))
+    # The ingress is async and mostly waits: let it hold many requests, and shed load itself
+    # (http.max_in_flight_requests) so overload answers in OpenAI's error format.
+    ingress: ReplicaOptions = Field(default_factory=lambda: ReplicaOptions(num_cpus=0.5, max_ongoing_requests=1024))
     http: HTTPLimits = Field(default_factory=HTTPLimits)
 
     @field_validator("served_model_names")
@@ -69,6 +89,16 @@ class AppConfig(BaseModel):
         if not names:
             raise ValueError("served_model_names needs at least one name")
         return names
+
+    @model_validator(mode="after")
+    def _ingress_sheds_load_before_serve_does(self) -> "AppConfig":
+        if self.ingress.max_ongoing_requests <= self.http.max_in_flight_requests:
+            raise ValueError(
+                f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}) must exceed "
+                f"http.max_in_flight_requests ({self.http.max_in_flight_requests}), so that overload is "
+                "answered by the ingress (OpenAI error JSON) rather than by Serve's proxy"
+            )
+        return self
 
     @property
     def accepted_model_names(self) -> set[str]:

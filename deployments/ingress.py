@@ -120,6 +120,7 @@ class Ingress:
         self.encoder = encoder
         self.decoder = decoder
         self.metrics = ServingMetrics()
+        self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -158,6 +159,19 @@ class Ingress:
     async def _handle(self, request: Request, task: str) -> Response:
         route = "translations" if task == "translate" else "transcriptions"
         started = time.perf_counter()
+        if self.in_flight >= self.config.http.max_in_flight_requests:
+            # Shed load before reading the body: memory stays bounded and admitted requests keep
+            # their latency, instead of every request slowing down together.
+            self.metrics.observe_request(route, 503, time.perf_counter() - started, 0.0)
+            return error_response(APIError(503, "The server is at capacity; retry shortly.", code="overloaded",
+                                           error_type="server_overloaded", retry_after_s=1))
+        self.in_flight += 1
+        try:
+            return await self._transcription_response(request, task, route, started)
+        finally:
+            self.in_flight -= 1
+
+    async def _transcription_response(self, request: Request, task: str, route: str, started: float) -> Response:
         try:
             self._authorize(request)
             form = await self._parse_form(request, task)
@@ -238,7 +252,10 @@ class Ingress:
         if not content_type.startswith("multipart/form-data"):
             raise APIError(400, "Send the audio as multipart/form-data with a 'file' field.", param="file")
         try:
-            form = await request.form(max_files=1, max_fields=32)
+            form = await asyncio.wait_for(request.form(max_files=1, max_fields=32), self.config.http.upload_timeout_s)
+        except asyncio.TimeoutError:
+            raise APIError(408, f"The request body did not arrive within {self.config.http.upload_timeout_s:g} s.",
+                           code="upload_timeout") from None
         except Exception as error:
             raise APIError(400, f"Could not parse the multipart body: {error}") from None
         upload = form.get("file")

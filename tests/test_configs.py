@@ -44,3 +44,9 @@ def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason)
     with pytest.raises(ConfigError) as failure:
         parse_app_config(args)
     assert field in str(failure.value) and reason in str(failure.value)
+
+
+def test_api_keys_come_from_the_environment_when_the_config_gives_none(monkeypatch):
+    monkeypatch.setenv("WHISPER_DISAGG_API_KEYS", "key-one, key-two")
+    assert parse_app_config({}).http.api_keys == ["key-one", "key-two"]
+    assert parse_app_config({"http": {"api_keys": ["from-yaml"]}}).http.api_keys == ["from-yaml"]

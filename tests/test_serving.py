@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import socket
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -45,8 +46,9 @@ def server_url():
     # As `serve run` does: Ray sees this machine's cores, and the default app must fit in them.
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    # API keys on, and a 60 s duration limit, to test both on the same server.
-    http_limits = {**app_spec["args"].get("http", {}), "api_keys": [API_KEY], "max_audio_duration_s": 60}
+    # API keys on, a 60 s duration limit, 40 requests in flight and a 3 s upload timeout, to test them.
+    http_limits = {**app_spec["args"].get("http", {}), "api_keys": [API_KEY], "max_audio_duration_s": 60,
+                   "max_in_flight_requests": 40, "upload_timeout_s": 3}
     # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
     transfer = {**app_spec["args"]["transfer"], "unclaimed_timeout_s": 10}
     args = {**app_spec["args"], "http": http_limits, "transfer": transfer}
@@ -166,7 +168,7 @@ def test_bad_requests_get_openai_error_json_and_the_server_keeps_serving(client,
                           data={"model": "whisper-1", **fields}, headers=AUTH, timeout=120)
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert error["param"] == param and error["message"] and error["type"]
+    assert error["param"] == param and error["message"] and error["type"] == "invalid_request_error"
     assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
 
 
@@ -239,6 +241,40 @@ def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their
         time.sleep(0.2)
     assert metric_sum(server_url, "whisper_decoder_windows_aborted") > aborted_before
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+
+
+def test_a_body_that_never_finishes_gets_408_after_the_upload_timeout(server_url):
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    head = (f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Type: multipart/form-data; boundary=XYZ\r\n"
+            "Content-Length: 100000\r\n\r\n--XYZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n")
+    started = time.monotonic()
+    with socket.create_connection((url.host, url.port), timeout=30) as connection:
+        connection.sendall(head.encode())  # ...and never the rest
+        reply = connection.recv(65536).decode(errors="replace")
+    assert reply.startswith("HTTP/1.1 408"), reply[:200]
+    assert '"code":"upload_timeout"' in reply.replace(" ", "")
+    assert 2.5 < time.monotonic() - started < 20
+
+
+def test_a_burst_beyond_the_in_flight_limit_gets_503_with_retry_after_and_loses_nothing(server_url, client):
+    clips = [c for c in english_clips() if c.duration_s <= 5][:10]
+    payloads = [(c.path.name, c.path.read_bytes()) for c in clips]
+
+    def send(index: int) -> httpx.Response:
+        name, data = payloads[index % len(payloads)]
+        return httpx.post(f"{server_url}/v1/audio/transcriptions", headers=AUTH, files={"file": (name, data)},
+                          data={"model": "whisper-1"}, timeout=300)
+
+    with ThreadPoolExecutor(100) as pool:
+        responses = list(pool.map(send, range(100)))  # 100 at once, the test server admits 40
+    statuses = Counter(r.status_code for r in responses)
+    assert set(statuses) == {200, 503} and statuses[200] >= 40, statuses
+    for response in responses:
+        if response.status_code == 503:
+            assert response.headers["retry-after"] == "1" and response.json()["error"]["code"] == "overloaded"
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+    assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
 
 
 def _replica_actor(deployment: str):
