@@ -1,7 +1,7 @@
 """A transcript -> the response body of each OpenAI `response_format`.
 
-Segments come one per 30 s window until the long-form work adds timestamp-token segments; their
-times are on the file's timeline either way.
+Segment times are on the file's timeline: Whisper's timestamp tokens offset by the window's start
+(srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.audio import CHUNK_LENGTH_S
+from engine.request import TimedText
 from engine.transcript import Transcription
 
 ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
@@ -37,19 +38,27 @@ def compression_ratio(text: str) -> float:
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
-    segments = []
+    """The transcript's segments on the file's timeline: Whisper's timestamp segments when the
+    windows were decoded with timestamps, else one segment per window."""
+    segments: list[Segment] = []
     for index, window in enumerate(transcription.windows):
-        start_s = index * CHUNK_LENGTH_S
-        end_s = min(start_s + CHUNK_LENGTH_S, transcription.duration_s)
-        if not window.text.strip():
-            continue
-        segments.append(
-            Segment(
-                id=len(segments), start_s=start_s, end_s=end_s, text=window.text, tokens=window.tokens,
-                temperature=window.temperature, avg_logprob=window.avg_logprob,
-                compression_ratio=compression_ratio(window.text), no_speech_prob=window.no_speech_prob,
+        offset_s = index * CHUNK_LENGTH_S
+        window_end_s = min(offset_s + CHUNK_LENGTH_S, transcription.duration_s)
+        pieces = window.segments
+        if pieces is None:
+            pieces = [TimedText(0.0, window_end_s - offset_s, window.text, window.tokens)]
+        for piece in pieces:
+            if not piece.text.strip():
+                continue
+            start_s = min(offset_s + piece.start_s, window_end_s)
+            end_s = min(max(offset_s + piece.end_s, start_s), window_end_s)
+            segments.append(
+                Segment(
+                    id=len(segments), start_s=round(start_s, 3), end_s=round(end_s, 3), text=piece.text,
+                    tokens=piece.tokens, temperature=window.temperature, avg_logprob=window.avg_logprob,
+                    compression_ratio=compression_ratio(piece.text), no_speech_prob=window.no_speech_prob,
+                )
             )
-        )
     return segments
 
 
@@ -82,7 +91,7 @@ def to_verbose_json(transcription: Transcription, task: str) -> dict:
         "text": transcription.text,
         "segments": [
             {
-                "id": s.id, "seek": round(s.start_s * 100), "start": s.start_s, "end": round(s.end_s, 3),
+                "id": s.id, "seek": round(s.start_s * 100), "start": s.start_s, "end": s.end_s,
                 "text": s.text, "tokens": s.tokens, "temperature": s.temperature,
                 "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,

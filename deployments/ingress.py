@@ -285,6 +285,9 @@ class Ingress:
         language = form.get("language") or None
         if task == "translate":
             language = None  # translations detect the spoken language and always output English
-        options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None, temperature=temperature)
+        # Formats with segment times ask the decoder for Whisper's timestamp tokens.
+        timestamps = response_format in ("srt", "vtt", "verbose_json")
+        options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
+                                temperature=temperature, timestamps=timestamps)
         return TranscriptionForm(data, getattr(upload, "filename", "") or "", options, response_format, granularities)
 

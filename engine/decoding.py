@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import RequestRejectedError
-from engine.request import DecodeOptions
+from engine.request import DecodeOptions, TimedText
 from engine.tokenizer import WhisperTokenizer
 from engine.weights import ModelDims
 
@@ -145,3 +145,31 @@ def detect_language(tokenizer: WhisperTokenizer, sot_logits: torch.Tensor) -> tu
     ids = torch.tensor([tokenizer.language_tokens[c] for c in codes], device=sot_logits.device)
     best = int(sot_logits[ids].argmax())
     return codes[best], int(ids[best])
+
+
+def timed_segments(tokenizer: WhisperTokenizer, tokens: list[int], window_s: float) -> list[TimedText]:
+    """Cut a window's sampled tokens at timestamp tokens, as openai-whisper's transcribe does.
+
+    Text between a pair of timestamps is one segment (a pair is two timestamps in a row: the end
+    of one segment and the start of the next). Text after the last timestamp has no end marker
+    and runs to the end of the window's audio (``window_s``).
+    """
+    begin = tokenizer.special.timestamp_begin
+    segments: list[TimedText] = []
+    start_s: float | None = None
+    last_end_s = 0.0
+    text_tokens: list[int] = []
+    for token in tokens:
+        if token < begin:
+            text_tokens.append(token)
+        elif text_tokens:  # the timestamp closing a segment
+            end_s = tokenizer.timestamp_seconds(token)
+            segments.append(TimedText(start_s if start_s is not None else last_end_s, end_s,
+                                      tokenizer.decode(text_tokens), text_tokens))
+            start_s, last_end_s, text_tokens = None, end_s, []
+        else:  # a segment's opening timestamp
+            start_s = tokenizer.timestamp_seconds(token)
+    if text_tokens:
+        start = start_s if start_s is not None else last_end_s
+        segments.append(TimedText(start, max(window_s, start), tokenizer.decode(text_tokens), text_tokens))
+    return [segment for segment in segments if segment.text.strip()]

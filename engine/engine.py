@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.registry import make_attention_backend
-from engine.audio import log_mel_spectrogram
+from engine.audio import CHUNK_LENGTH_S, log_mel_spectrogram
 from engine.config import EngineConfig
+from engine.decoding import LogitRules, build_prompt, detect_language, sample, timed_segments
 from engine.errors import RetriableError
-from engine.decoding import LogitRules, build_prompt, detect_language, sample
 from engine.kv_cache import BlockPool
 from engine.kv_storage import PagedKVStorage
 from engine.model import Whisper
@@ -242,4 +242,6 @@ class DecoderEngine:
             finish_reason=request.finish_reason,
             error=request.error,
             retriable=request.error_retriable,
+            # The tail segment runs to the window's end; the transcript clamps it to the audio's.
+            segments=timed_segments(self.tokenizer, request.output_tokens, CHUNK_LENGTH_S) if request.options.timestamps else None,
         )

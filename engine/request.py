@@ -95,6 +95,17 @@ class Request:
 
 
 @dataclass(frozen=True)
+class TimedText:
+    """A stretch of a window's text between two of Whisper's timestamp tokens; times in seconds
+    from the window's start."""
+
+    start_s: float
+    end_s: float
+    text: str
+    tokens: list[int]
+
+
+@dataclass(frozen=True)
 class DecodeResult:
     request_id: str
     tokens: list[int]  # sampled tokens, timestamps included, end of text excluded
@@ -106,3 +117,4 @@ class DecodeResult:
     finish_reason: FinishReason
     error: str | None = None  # why, when finish_reason is ERROR
     retriable: bool = False  # an ERROR that trying again may cure (e.g. a failed K/V transfer)
+    segments: list[TimedText] | None = None  # with timestamps on: the text cut at timestamp tokens
