@@ -10,7 +10,6 @@ import zlib
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.audio import CHUNK_LENGTH_S
 from engine.request import TimedText
 from engine.transcript import Transcription
 
@@ -41,9 +40,10 @@ def segments_of(transcription: Transcription) -> list[Segment]:
     """The transcript's segments on the file's timeline: Whisper's timestamp segments when the
     windows were decoded with timestamps, else one segment per window."""
     segments: list[Segment] = []
+    starts_s = transcription.window_starts_s
     for index, window in enumerate(transcription.windows):
-        offset_s = index * CHUNK_LENGTH_S
-        window_end_s = min(offset_s + CHUNK_LENGTH_S, transcription.duration_s)
+        offset_s = starts_s[index]
+        window_end_s = starts_s[index + 1] if index + 1 < len(starts_s) else transcription.duration_s
         pieces = window.segments
         if pieces is None:
             pieces = [TimedText(0.0, window_end_s - offset_s, window.text, window.tokens)]

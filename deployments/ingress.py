@@ -194,10 +194,10 @@ class Ingress:
         request_id = uuid.uuid4().hex
         windows = split_windows(samples)
         # All windows of a file go to the encoder at once, so they share its batches.
-        results = await asyncio.gather(
-            *(self._decode_window(f"{request_id}-{index}", window, options) for index, window in enumerate(windows))
-        )
-        return assemble_transcription(samples, list(results))
+        results = await asyncio.gather(*(
+            self._decode_window(f"{request_id}-{index}", window.samples, options) for index, window in enumerate(windows)
+        ))
+        return assemble_transcription(samples, windows, list(results))
 
     async def _decode_window(self, window_id: str, samples, options: DecodeOptions) -> DecodeResult:
         """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed

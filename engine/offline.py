@@ -40,14 +40,15 @@ class Transcriber:
 
     def transcribe(self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions()) -> list[Transcription]:
         samples = [to_samples(audio) for audio in inputs]
+        file_windows = [split_windows(audio) for audio in samples]
         windows = deque(
-            (file_index, window) for file_index, audio in enumerate(samples) for window in split_windows(audio)
+            (file_index, window.samples) for file_index, cut in enumerate(file_windows) for window in cut
         )
         results = self.run_windows(windows, options)
-        transcriptions = []
-        for file_index, audio in enumerate(samples):
-            transcriptions.append(assemble_transcription(audio, results.get(file_index, [])))
-        return transcriptions
+        return [
+            assemble_transcription(audio, file_windows[file_index], results.get(file_index, []))
+            for file_index, audio in enumerate(samples)
+        ]
 
     def run_windows(self, windows: deque, options: DecodeOptions) -> dict[int, list[DecodeResult]]:
         """windows: (key, samples) pairs; returns each key's results in window order."""

@@ -40,7 +40,7 @@ def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_w
     clips = english_clips()
     clip_windows = []
     for clip in clips:
-        windows = np.stack([pad_or_trim(window) for window in split_windows(load_audio_file(clip.path))])
+        windows = np.stack([pad_or_trim(window.samples) for window in split_windows(load_audio_file(clip.path))])
         clip_windows.append(list(log_mel_spectrogram(torch.from_numpy(windows), 80).numpy()))
     theirs = ctranslate2_greedy_transcripts(resolve_model_folder("tiny.en"), clip_windows, threads=2)
     their_wer = word_error_rate([clip.text for clip in clips], theirs)

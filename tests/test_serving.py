@@ -96,7 +96,7 @@ def test_thirty_two_concurrent_requests_each_match_their_single_request_text_and
 
 
 def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
-    path = SPEECH_DIR / "osr_list72.flac"  # 35.5 s: two windows
+    path = SPEECH_DIR / "osr_list72.flac"  # 35.5 s: two windows, cut in a pause near 25 s
     assert _transcribe(client, path, response_format="text").strip() == offline_texts["osr_list72"]
     # Formats with times decode with Whisper's timestamp tokens, as the offline API does when asked.
     offline = Transcriber(loaded=tiny_en).transcribe([path], DecodeOptions(timestamps=True))[0]
@@ -106,7 +106,7 @@ def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
     assert len(times) >= 4, "one segment per sentence or so, not one per window"
     assert all(0 <= start <= end <= verbose.duration for start, end in times)
     assert all(a[1] <= b[0] for a, b in zip(times, times[1:])), "segments are in order and do not overlap"
-    assert any(start >= 30 for start, _ in times), "the second window's segments sit after 30 s"
+    assert times[-1][1] > 34, "the last window's segments sit on the file's timeline, to its end"
     srt = _transcribe(client, path, response_format="srt")
     blocks = [block.splitlines() for block in srt.strip().split("\n\n")]
     assert [int(block[0]) for block in blocks] == list(range(1, len(times) + 1))
