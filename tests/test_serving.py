@@ -15,6 +15,8 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+import srt
+import webvtt
 import yaml
 
 from benchmarks.bench_load import metric_sum, run_load
@@ -95,6 +97,11 @@ def test_thirty_two_concurrent_requests_each_match_their_single_request_text_and
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_free") > 0, "the decoder reported its pool"
 
 
+def _seconds(clock: str) -> float:
+    hours, minutes, seconds = clock.split(":")
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
 def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
     path = SPEECH_DIR / "osr_list72.flac"  # 35.5 s: two windows, cut in a pause near 25 s
     assert _transcribe(client, path, response_format="text").strip() == offline_texts["osr_list72"]
@@ -107,12 +114,20 @@ def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
     assert all(0 <= start <= end <= verbose.duration for start, end in times)
     assert all(a[1] <= b[0] for a, b in zip(times, times[1:])), "segments are in order and do not overlap"
     assert times[-1][1] > 34, "the last window's segments sit on the file's timeline, to its end"
-    srt = _transcribe(client, path, response_format="srt")
-    blocks = [block.splitlines() for block in srt.strip().split("\n\n")]
+    srt_body = _transcribe(client, path, response_format="srt")
+    blocks = [block.splitlines() for block in srt_body.strip().split("\n\n")]
     assert [int(block[0]) for block in blocks] == list(range(1, len(times) + 1))
     assert blocks[0][1] == f"00:00:00,000 --> 00:00:{times[0][1]:06.3f}".replace(".", ",")
     vtt = _transcribe(client, path, response_format="vtt")
     assert vtt.startswith("WEBVTT\n\n00:00:00.000 --> ") and vtt.count(" --> ") == len(times)
+    # Standard parsers read both, with the segments' times and text.
+    subtitles = list(srt.parse(srt_body))
+    parsed_times = [t for s in subtitles for t in (s.start.total_seconds(), s.end.total_seconds())]
+    assert parsed_times == pytest.approx([t for pair in times for t in pair], abs=1e-3)
+    assert " ".join(s.content for s in subtitles).split() == verbose.text.split()
+    captions = webvtt.from_string(vtt).captions
+    assert [_seconds(c.start) for c in captions] == pytest.approx([t[0] for t in times], abs=1e-3)
+    assert " ".join(c.text for c in captions).split() == verbose.text.split()
 
 
 def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
