@@ -85,7 +85,7 @@ class AppConfig(BaseModel):
 
     @field_validator("served_model_names")
     @classmethod
-    def _names_are_not_paths(cls, names: list[str]) -> list[str]:
+    def _at_least_one_name(cls, names: list[str]) -> list[str]:
         if not names:
             raise ValueError("served_model_names needs at least one name")
         return names

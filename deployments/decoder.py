@@ -44,6 +44,9 @@ class DecoderDeployment:
         if config.decoder.torch_threads:
             torch.set_num_threads(config.decoder.torch_threads)
         self.loaded = load_model(config.engine)
+        # Encoding happens in the encoder replicas: free the encoder's weights here (for large-v3,
+        # 1.3 GB of GPU memory this replica would hold and never use).
+        self.loaded.model.encoder = None
         self.engine = DecoderEngine(self.loaded)
         self.receiver = make_receiver(config.transfer, storage=self.engine.runner.storage)
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}

@@ -95,7 +95,6 @@ class TranscriptionForm:
     """The multipart fields of a transcription or translation request, validated."""
 
     data: bytes
-    filename: str
     options: DecodeOptions
     response_format: str
     timestamp_granularities: tuple[str, ...]
@@ -289,5 +288,5 @@ class Ingress:
         timestamps = response_format in ("srt", "vtt", "verbose_json")
         options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
                                 temperature=temperature, timestamps=timestamps)
-        return TranscriptionForm(data, getattr(upload, "filename", "") or "", options, response_format, granularities)
+        return TranscriptionForm(data, options, response_format, granularities)
 
