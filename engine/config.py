@@ -21,6 +21,9 @@ class EngineConfig(BaseModel):
     max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")
     max_num_batched_tokens: int = Field(2048, ge=448, description="most tokens in one decoder step")
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
+    cuda_graphs: bool = Field(
+        True, description="on CUDA, replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs"
+    )
     encoder_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
 
     @field_validator("block_size")

@@ -85,9 +85,7 @@ class LogitRules:
             if token is not None:
                 suppress.add(token)
         self.suppress_token_ids = sorted(t for t in suppress if 0 <= t < vocab_size)
-        mask = torch.zeros(vocab_size, dtype=torch.bool)
-        mask[self.suppress_token_ids] = True
-        self.suppress_mask = mask.to(device)
+        self.suppress_ids = torch.tensor(self.suppress_token_ids, dtype=torch.long, device=device)
         begin = begin_suppress_tokens if begin_suppress_tokens is not None else [tokenizer.encode(" ")[0], special.eot]
         self.begin_suppress_token_ids = [t for t in begin if 0 <= t < vocab_size]
         self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
@@ -95,10 +93,13 @@ class LogitRules:
 
     def apply(self, logits: torch.Tensor, outputs: list[list[int]], timestamps: list[bool]) -> None:
         """logits [B, V] float32; outputs[i]: tokens sampled so far for row i."""
-        logits[:, self.suppress_mask] = -math.inf
+        # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
+        logits.index_fill_(1, self.suppress_ids, -math.inf)
+        first_rows = [row for row, sampled in enumerate(outputs) if not sampled]
+        if first_rows:
+            rows = torch.tensor(first_rows, device=logits.device)
+            logits[rows[:, None], self.begin_suppress[None, :]] = -math.inf
         for row, (sampled, with_timestamps) in enumerate(zip(outputs, timestamps)):
-            if not sampled:
-                logits[row, self.begin_suppress] = -math.inf
             if with_timestamps:
                 self._timestamp_rules(logits[row], sampled)
 

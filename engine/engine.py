@@ -95,7 +95,11 @@ class DecoderEngine:
             config.torch_dtype, self.device,
         )
         backend = make_attention_backend(config.attention_backend, self.device)
-        self.runner = ModelRunner(loaded.model, storage, backend)
+        self.runner = ModelRunner(loaded.model, storage, backend, config.max_num_seqs)
+        if config.cuda_graphs and self.device.type == "cuda" and backend.graph_safe:
+            from engine.cuda_graphs import DecodeGraphs
+
+            self.runner.graphs = DecodeGraphs(self.runner, config.max_num_seqs)
         self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens)
         self.rules = LogitRules(
             self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
@@ -105,8 +109,9 @@ class DecoderEngine:
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._by_id: dict[str, Request] = {}
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MB), backend %s",
-                    num_blocks, config.block_size, num_blocks * block_bytes / 2**20, backend.name)
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MB), backend %s, decode CUDA graphs %s",
+                    num_blocks, config.block_size, num_blocks * block_bytes / 2**20, backend.name,
+                    self.runner.graphs.sizes if self.runner.graphs else "off")
 
     def make_request(self, options: DecodeOptions, cross_source: CrossKVSource | None, request_id: str | None = None) -> Request:
         """Validate options and build a request; raises RequestRejectedError for bad options."""
@@ -204,9 +209,13 @@ class DecoderEngine:
             finished.extend(self._sample(logits.last, batch, sampling_rows))
         return finished
 
+    @torch.inference_mode()
     def _sample(self, all_logits: torch.Tensor, batch: list[Request], rows: list[int]) -> list[DecodeResult]:
         requests = [batch[row] for row in rows]
-        row_logits = all_logits[torch.tensor(rows, device=all_logits.device)]
+        if len(rows) == len(batch):
+            row_logits = all_logits  # the usual decode step: every row samples, no gather
+        else:
+            row_logits = all_logits[torch.tensor(rows, device=all_logits.device)]
         self.rules.apply(row_logits, [r.output_tokens for r in requests], [r.options.timestamps for r in requests])
         tokens, logprobs = sample(
             row_logits, [r.options.temperature for r in requests], [r.generator for r in requests]
@@ -215,7 +224,7 @@ class DecoderEngine:
         eot = self.tokenizer.special.eot
         for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist()):
             request.sum_logprob += logprob
-            if token == eot:
+            if token == eot and not request.options.ignore_eot:
                 self.scheduler.finish(request, FinishReason.STOP)
             else:
                 request.output_tokens.append(token)
@@ -230,6 +239,7 @@ class DecoderEngine:
 
     def _result(self, request: Request) -> DecodeResult:
         self._by_id.pop(request.request_id, None)
+        self.runner.release(request.request_id)
         return DecodeResult(
             request_id=request.request_id,
             tokens=list(request.output_tokens),

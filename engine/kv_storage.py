@@ -35,18 +35,21 @@ class PagedKVStorage:
     ):
         self.block_size = block_size
         self.num_layers = num_layers
+        # One block past the pool's: the null block, which no request owns. Padded rows of a
+        # captured decode batch write there, so they never touch a live request's K/V.
+        self.null_block = num_blocks
         # Zero-filled: padded key slots are masked, but garbage NaNs could still leak through 0 * NaN.
         self.cache = torch.zeros(
-            num_blocks, num_layers, 2, block_size, num_heads, head_dim, dtype=dtype, device=device
+            num_blocks + 1, num_layers, 2, block_size, num_heads, head_dim, dtype=dtype, device=device
         )
 
     @staticmethod
     def bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return num_layers * 2 * block_size * num_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
-    def layer_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Key and value caches of one layer, each [num_blocks, block_size, H, D] (strided)."""
-        return self.cache[:, layer, 0], self.cache[:, layer, 1]
+    def layer_cache(self, layer: int) -> torch.Tensor:
+        """One layer's keys and values, [num_blocks, 2 (k|v), block_size, H, D] (strided)."""
+        return self.cache[:, layer]
 
     def write_sequence(self, block_ids: list[int], kv: torch.Tensor) -> None:
         """Write one request's K/V for all layers, kv [layers, 2, seq_len, H, D], into its blocks."""

@@ -97,16 +97,18 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        key_cache: torch.Tensor,
-        value_cache: torch.Tensor,
+        layer_cache: torch.Tensor,
         meta: DecoderStepMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        """layer_cache: this layer's K/V, [num_blocks, 2 (k|v), block_size, H, D] (a strided view)."""
         tokens, d_model = x.shape
         scale = self.head_dim**-0.5
-        q, k, v = self.self_qkv(self.self_attn_norm(x)).view(tokens, 3, self.num_heads, self.head_dim).unbind(1)
-        key_cache[meta.slot_block_ids, meta.slot_offsets] = k.to(key_cache.dtype)
-        value_cache[meta.slot_block_ids, meta.slot_offsets] = v.to(value_cache.dtype)
+        qkv = self.self_qkv(self.self_attn_norm(x)).view(tokens, 3, self.num_heads, self.head_dim)
+        # K and V land in one indexed write (one kernel per layer, not two).
+        layer_cache[meta.slot_block_ids, :, meta.slot_offsets] = qkv[:, 1:].to(layer_cache.dtype)
+        q = qkv[:, 0]
+        key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
         attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
         x = x + self.self_out(attended.reshape(tokens, d_model))
 
@@ -137,8 +139,7 @@ class TextDecoder(nn.Module):
         """Packed token ids [T] -> final hidden states [T, d_model]; writes their K/V to the cache."""
         x = self.embed_tokens(token_ids) + self.positions[meta.positions]
         for index, layer in enumerate(self.layers):
-            key_cache, value_cache = storage.layer_views(index)
-            x = layer(x, key_cache, value_cache, meta, backend)
+            x = layer(x, storage.layer_cache(index), meta, backend)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

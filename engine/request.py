@@ -25,6 +25,7 @@ class DecodeOptions:
     max_tokens: int | None = None  # new tokens; None: half the text context (224), as openai-whisper
     temperature: float = 0.0
     seed: int | None = None  # for temperature > 0; None draws from torch's default generator
+    ignore_eot: bool = False  # benchmarks only: decode exactly max_tokens, end of text or not
 
 
 class RequestStatus(enum.Enum):

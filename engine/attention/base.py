@@ -43,6 +43,8 @@ class AttentionBackend(ABC):
     """One implementation of paged attention; all backends agree with TorchReferenceBackend."""
 
     name: str
+    # Safe to capture in a CUDA graph: no host synchronization, no host-side reads of device data.
+    graph_safe: bool = False
 
     @abstractmethod
     def paged_attention(

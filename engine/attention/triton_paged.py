@@ -298,6 +298,7 @@ class TritonPagedBackend(AttentionBackend):
     """
 
     name = "triton"
+    graph_safe = True
 
     def __init__(
         self,

@@ -1,0 +1,99 @@
+"""The decode step captured as CUDA graphs, at a ladder of batch sizes.
+
+A decode step launches ~20 small kernels per decoder layer; at large-v3-turbo's 4 layers and at
+large batches the GPU finishes them faster than Python can launch them, so the step is captured
+once per batch size and replayed. What makes a captured step replayable for any requests:
+
+* inputs live in one static device buffer, refilled by a single host-to-device copy per step;
+* block tables are gathered on the device from fixed rows (engine.device_tables);
+* every request's cross-attention length is Whisper's fixed 1500 frames, and the self-attention
+  grid is sized for the whole 448-token text context, so kernel grids never depend on the batch;
+* a batch is padded up to the next captured size with rows that write only the null block.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.model_runner import ModelRunner, StepTensors
+from engine.request import Request
+
+# Rows of the static input buffer.
+_TOKEN, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(5)
+
+
+def capture_sizes(max_batch_size: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16, up to (and including) max_batch_size."""
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch_size]
+    sizes += list(range(16, max_batch_size, 16))
+    return sorted(set(sizes + [max_batch_size]))
+
+
+class DecodeGraphs:
+    def __init__(self, runner: ModelRunner, max_batch_size: int):
+        self.runner = runner
+        self.sizes = capture_sizes(max_batch_size)
+        largest = self.sizes[-1]
+        device = runner.device
+        self._host = torch.zeros((5, largest), dtype=torch.int32, pin_memory=True)
+        self._host_view = self._host.numpy()
+        self._inputs = torch.zeros((5, largest), dtype=torch.int32, device=device)
+        self._token_rows = torch.arange(largest, device=device)
+        self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
+        self._padding = np.array([0, 0, runner.tables.pad_slot, 1, 1], dtype=np.int32)[:, None]
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._logits: dict[int, torch.Tensor] = {}
+        self._capture()
+
+    def _step(self, size: int) -> StepTensors:
+        inputs = self._inputs
+        return StepTensors(
+            token_ids=inputs[_TOKEN, :size].long(),
+            positions=inputs[_POSITION, :size].long(),
+            token_rows=self._token_rows[:size],
+            slots=inputs[_SLOT, :size].long(),
+            query_start_loc=self._query_start[: size + 1],
+            self_lens=inputs[_SELF_LEN, :size],
+            cross_lens=inputs[_CROSS_LEN, :size],
+            max_query_len=1,
+            max_self_len=self.runner.model.dims.n_text_ctx,
+        )
+
+    def _capture(self) -> None:
+        self._host_view[:] = self._padding
+        self._inputs.copy_(self._host)
+        pool = torch.cuda.graph_pool_handle()
+        # Largest first: smaller graphs then reuse the memory pool the largest one reserved.
+        for size in reversed(self.sizes):
+            step = self._step(size)
+            self.runner.forward(step, None)  # warm-up, so Triton compiles outside the capture
+            torch.cuda.synchronize(self.runner.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._logits[size] = self.runner.forward(self._step(size), None)
+            self._graphs[size] = graph
+        torch.cuda.synchronize(self.runner.device)
+
+    def fits(self, requests: list[Request]) -> bool:
+        """A pure decode step (one token each, none of them <|startoftranscript|>) of a captured size."""
+        return len(requests) <= self.sizes[-1] and all(
+            len(r.pending_tokens) == 1 and r.num_computed_tokens > r.sot_index for r in requests
+        )
+
+    def replay(self, requests: list[Request], slots: list[int]) -> torch.Tensor:
+        """Run the step; returns float32 logits [len(requests), vocab] (a view, valid until the next replay)."""
+        count = len(requests)
+        size = next(s for s in self.sizes if s >= count)
+        host = self._host_view
+        positions = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int32, count=count)
+        host[_TOKEN, :count] = [r.pending_tokens[0] for r in requests]
+        host[_POSITION, :count] = positions
+        host[_SLOT, :count] = slots
+        host[_SELF_LEN, :count] = positions + 1
+        host[_CROSS_LEN, :count] = self.runner.cross_len
+        host[:, count:size] = self._padding
+        # The previous step's copy out of this pinned buffer has finished: sampling synchronized.
+        self._inputs.copy_(self._host, non_blocking=True)
+        self._graphs[size].replay()
+        return self._logits[size][:count]

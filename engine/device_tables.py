@@ -1,0 +1,53 @@
+"""Block tables kept on the device: each running request owns one row (its slot) from admission
+to finish, so a decoder step gathers rows by slot instead of re-uploading every request's ~120
+block ids each step, and a captured CUDA graph can read them from a fixed address.
+
+A request's block ids never change while it runs (the scheduler reserves its worst case at
+admission), so a row is written exactly once. Empty entries and the padding slot name the
+storage's null block, a block the pool never hands out: padded rows of a captured batch write
+their K/V there and read nothing else.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.request import Request
+
+
+class DeviceBlockTables:
+    def __init__(self, max_requests: int, self_blocks: int, cross_blocks: int, null_block: int, device: torch.device):
+        self.null_block = null_block
+        self.pad_slot = max_requests  # the extra last row: all null blocks
+        self.self_tables = torch.full((max_requests + 1, self_blocks), null_block, dtype=torch.int32, device=device)
+        self.cross_tables = torch.full((max_requests + 1, cross_blocks), null_block, dtype=torch.int32, device=device)
+        self._slot_by_request: dict[str, int] = {}
+        self._free_slots = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def num_assigned(self) -> int:
+        return len(self._slot_by_request)
+
+    def slot_of(self, request: Request) -> int:
+        """The request's row, assigned (and written) on first use."""
+        slot = self._slot_by_request.get(request.request_id)
+        if slot is None:
+            if not self._free_slots:
+                raise RuntimeError("more running requests than block-table rows (max_num_seqs)")
+            slot = self._free_slots.pop()
+            self._write_row(self.self_tables, slot, request.blocks.self_block_ids)
+            self._write_row(self.cross_tables, slot, request.blocks.cross_block_ids)
+            self._slot_by_request[request.request_id] = slot
+        return slot
+
+    def release(self, request_id: str) -> None:
+        slot = self._slot_by_request.pop(request_id, None)
+        if slot is not None:
+            self._free_slots.append(slot)
+
+    def _write_row(self, tables: torch.Tensor, slot: int, block_ids: list[int]) -> None:
+        if len(block_ids) > tables.shape[1]:
+            raise ValueError(f"{len(block_ids)} blocks do not fit a table row of {tables.shape[1]}")
+        row = torch.full((tables.shape[1],), self.null_block, dtype=torch.int32)
+        row[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        tables[slot].copy_(row)
