@@ -24,6 +24,10 @@ class EngineConfig(BaseModel):
     cuda_graphs: bool = Field(
         True, description="on CUDA, replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs"
     )
+    compile_encoder: bool = Field(
+        True, description="on CUDA, compile the encoder with torch.compile (fuses the norms, GELUs and "
+        "layout copies between the matrix products); start-up takes ~1 min longer"
+    )
     encoder_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
 
     @field_validator("block_size")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention.registry import make_attention_backend
-from engine.audio import CHUNK_LENGTH_S, log_mel_spectrogram
+from engine.audio import CHUNK_LENGTH_S, N_SAMPLES, log_mel_spectrogram
 from engine.config import EngineConfig
 from engine.decoding import LogitRules, build_prompt, detect_language, sample, timed_segments
 from engine.errors import RetriableError
@@ -38,9 +38,10 @@ class LoadedModel:
     config: EngineConfig
 
 
-def load_model(config: EngineConfig) -> LoadedModel:
+def load_model(config: EngineConfig, weights: LoadedWeights | None = None) -> LoadedModel:
+    """Load ``config.model`` (or take ``weights`` already in memory) onto the configured device."""
     config.check_device_present()
-    weights = load_weights(config.model)
+    weights = weights or load_weights(config.model)
     with torch.device("meta"):
         model = Whisper(weights.dims)
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
@@ -58,6 +59,14 @@ class EncoderRunner:
         self.dims = loaded.weights.dims
         self.device = loaded.config.torch_device
         self.dtype = loaded.config.torch_dtype
+        if loaded.config.compile_encoder and self.device.type == "cuda":
+            # Measured on an H100 (large-v3 shape, bf16, 64 windows): 160 -> 209 windows/s compiling
+            # the whole encoder, 197 compiling each layer alone (fusions across layers count).
+            if not getattr(self.model.encoder, "_compiled_call_impl", None):
+                self.model.encoder.compile()
+            # Compile now, not in a request: a second batch size makes the graph batch-dynamic.
+            for batch in (1, 2):
+                self.encode(torch.zeros(batch, N_SAMPLES))
 
     @torch.inference_mode()
     def encode(self, windows: torch.Tensor) -> torch.Tensor:

@@ -169,7 +169,7 @@ class Whisper(nn.Module):
         def fused(prefix: str, parts: str) -> tuple[torch.Tensor, torch.Tensor]:
             weights = [sd[f"{prefix}.{p}_proj.weight"] for p in parts]
             # Whisper's key projection has no bias; a zero bias keeps the fused matmul exact.
-            biases = [sd.get(f"{prefix}.{p}_proj.bias", torch.zeros(weights[0].shape[0])) for p in parts]
+            biases = [sd.get(f"{prefix}.{p}_proj.bias", torch.zeros(weights[0].shape[0], device=weights[0].device)) for p in parts]
             return torch.cat(weights), torch.cat([b.to(weights[0].dtype) for b in biases])
 
         mine: dict[str, torch.Tensor] = {

@@ -177,13 +177,21 @@ def _load_hugging_face(name: str, folder: Path) -> LoadedWeights:
     state_dict: dict[str, torch.Tensor] = {}
     for file in files:
         try:
-            tensors = load_file(str(file))
+            state_dict.update(load_file(str(file)))
         except (SafetensorError, OSError, ValueError) as exc:
             raise WeightsFormatError(f"{file}: not a readable safetensors file ({exc})") from exc
-        for key, tensor in tensors.items():
-            state_dict[key.removeprefix("model.")] = tensor
-    state_dict.pop("proj_out.weight", None)  # tied to decoder.embed_tokens in every Whisper
+    generation = folder / "generation_config.json"
+    hints = _read_json(generation) if generation.is_file() else {}
+    return hugging_face_weights(name, folder, config, state_dict, _find_tokenizer(folder), hints)
 
+
+def hugging_face_weights(
+    name: str, folder: Path, config: dict, state_dict: dict[str, torch.Tensor], tokenizer_file: Path, hints: dict
+) -> LoadedWeights:
+    """A transformers Whisper's config dict and state dict (its own names) -> LoadedWeights.
+    Also serves models built in memory (benchmarks build random weights of the real shapes)."""
+    state_dict = {key.removeprefix("model."): tensor for key, tensor in state_dict.items()}
+    state_dict.pop("proj_out.weight", None)  # tied to decoder.embed_tokens in every Whisper
     dims = ModelDims(
         n_mels=config["num_mel_bins"],
         n_audio_ctx=config["max_source_positions"],
@@ -197,15 +205,13 @@ def _load_hugging_face(name: str, folder: Path) -> LoadedWeights:
         vocab_size=config["vocab_size"],
         n_text_ctx=config["max_target_positions"],
     )
-    generation = folder / "generation_config.json"
-    hints = _read_json(generation) if generation.is_file() else {}
     heads = hints.get("alignment_heads")
     return LoadedWeights(
         name=name,
         folder=folder,
         dims=dims,
         state_dict=state_dict,
-        tokenizer_file=_find_tokenizer(folder),
+        tokenizer_file=tokenizer_file,
         suppress_tokens=hints.get("suppress_tokens", config.get("suppress_tokens")),
         begin_suppress_tokens=hints.get("begin_suppress_tokens", config.get("begin_suppress_tokens")),
         alignment_heads=[tuple(h) for h in heads] if heads else None,

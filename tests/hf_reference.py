@@ -48,7 +48,7 @@ def hf_greedy(
     out = GenerationMixin.generate(
         model,
         input_features=input_features,
-        decoder_input_ids=torch.tensor([prompt_tokens]),
+        decoder_input_ids=torch.tensor([prompt_tokens], device=input_features.device),
         max_new_tokens=max_new_tokens,
         do_sample=False,
         num_beams=1,

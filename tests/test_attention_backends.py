@@ -229,7 +229,7 @@ def test_triton_plan_split_k_heuristic():
     backend = TritonPagedBackend()
     batch = Case(q_lens=[1] * 2, seq_lens=[1500] * 2, causal=False, block_size=16).batch
     plan = backend.plan(batch, num_heads=2, device=torch.device("cpu"))
-    assert plan.block_m == 1 and not plan.use_dot
+    assert plan.block_m == 16 and plan.num_q_tiles == 1  # one padded tensor-core tile per request
     assert plan.num_splits * plan.keys_per_split >= 1500
     assert plan.keys_per_split % plan.block_n == 0
     forced = TritonPagedBackend(num_splits=5).plan(batch, num_heads=2, device=torch.device("cpu"))

@@ -1,0 +1,378 @@
+"""GPU speed, ours vs transformers in one run, on random weights of the real shapes
+(large-v3, large-v3-turbo; bf16; 100 output tokens per request, end of text ignored).
+
+(a) encoder windows/s at batch 1, 8, 32, 64 (ours: log-mel + encoder from raw samples;
+    transformers: encoder from the same log-mel, so its CPU feature extractor does not count);
+(b) decode ms per step at batch 1, 16, 64, 128: ours (CUDA-graph replay, and the whole engine
+    step with sampling) vs transformers' static-batch generate, beside the memory-bandwidth bound
+    (bytes one step must read / the GPU's peak bandwidth);
+(c) engine throughput, requests/s: a Poisson stream of 30 s windows; ours encodes arrived windows
+    in batches and decodes them with continuous batching on the same GPU; transformers takes
+    arrived requests in static batches of up to 64 (encoder + generate).
+
+    python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo] [--sections encoder,decode,engine] [--record]
+
+--record appends the tables to RESULTS.md and writes benchmarks/results/gpu.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.gpu_models import SHAPES, engine_model, random_hf_whisper  # noqa: E402
+from benchmarks.recording import markdown_table, record  # noqa: E402
+from engine.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import DecoderEngine, EncoderRunner  # noqa: E402
+from engine.request import CrossKVTensor, DecodeOptions, EncoderStates  # noqa: E402
+from engine.weights import resolve_model_folder  # noqa: E402
+
+OUTPUT_TOKENS = 100
+# Peak HBM bandwidth by device name (vendor figures), for the decode bound.
+PEAK_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12}
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timed_per_call(fn, device: str, min_seconds: float, warmup: int = 2) -> float:
+    """Seconds per call of fn, after warm-up, repeating until min_seconds have passed."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        sync(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def peak_bandwidth(device: str) -> tuple[float, str]:
+    if not device.startswith("cuda"):
+        return 50e9, "nominal CPU"
+    name = torch.cuda.get_device_name(0)
+    for key, value in PEAK_BANDWIDTH.items():
+        if key in name:
+            return value, f"{name} spec"
+    return measured_read_bandwidth(device), f"{name} measured"
+
+
+def measured_read_bandwidth(device: str) -> float:
+    x = torch.empty(2**30, dtype=torch.float32, device=device).fill_(1.0)  # 4 GiB
+    seconds = timed_per_call(lambda: x.sum(), device, 0.5)
+    return x.numel() * 4 / seconds
+
+
+def prompt(engine: DecoderEngine) -> list[int]:
+    special = engine.tokenizer.special
+    return [special.sot, engine.tokenizer.language_tokens["en"], special.transcribe, special.no_timestamps]
+
+
+def fixed_options() -> DecodeOptions:
+    return DecodeOptions(language="en", max_tokens=OUTPUT_TOKENS, ignore_eot=True)
+
+
+# ----------------------------------------------------------------------------------- (a)
+def bench_encoder(hf, loaded, device: str, batch_sizes: list[int], seconds: float) -> list[dict]:
+    runner = EncoderRunner(loaded)
+    n_mels = loaded.weights.dims.n_mels
+    windows = (torch.randn(max(batch_sizes), N_SAMPLES, device=device) * 0.1).float()
+    rows = []
+    for batch in batch_sizes:
+        audio = windows[:batch]
+        mels = log_mel_spectrogram(audio, n_mels).to(hf.dtype)
+        with torch.inference_mode():
+            ours = timed_per_call(lambda: runner.encode(audio), device, seconds)
+            theirs = timed_per_call(lambda: hf.model.encoder(mels), device, seconds)
+            cross_kv = timed_per_call(lambda: runner.cross_kv(runner.encode(audio)), device, seconds) - ours
+        rows.append(dict(batch=batch, ours=batch / ours, hf=batch / theirs, cross_kv_ms=cross_kv * 1000))
+        print(f"encoder bs{batch}: ours {batch / ours:.1f} windows/s, transformers {batch / theirs:.1f}, "
+              f"cross-K/V projection +{cross_kv * 1000:.1f} ms", flush=True)
+    return rows
+
+
+# ----------------------------------------------------------------------------------- (b)
+def step_bytes(loaded, batch: int, mean_position: int) -> int:
+    """Bytes one decode step must read: the decoder weights it uses (not the cross-K/V projections,
+    applied once per request) and every request's cross- and self-attention K/V."""
+    model, dims = loaded.model, loaded.weights.dims
+    element = next(model.parameters()).element_size()
+    weights = sum(p.numel() for name, p in model.decoder.named_parameters() if "cross_kv" not in name)
+    kv_per_token = dims.decoder_layers * 2 * dims.d_model
+    return (weights + batch * kv_per_token * (dims.n_audio_ctx + mean_position)) * element
+
+
+def engine_at_batch(loaded, batch: int, device: str) -> tuple[DecoderEngine, list]:
+    """An engine with ``batch`` requests admitted and past their prompts, ready to time decode steps."""
+    config = loaded.config.model_copy(update=dict(max_num_seqs=batch))
+    dims = loaded.weights.dims
+    per_request = (dims.n_audio_ctx + dims.n_text_ctx + 2 * config.block_size) * dims.decoder_layers * 2 * dims.d_model * 2
+    config.kv_cache_memory_mb = batch * per_request / 2**20 + 64
+    engine = DecoderEngine(loaded, config)
+    cross_kv = torch.randn(dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim,
+                           device=device, dtype=config.torch_dtype)
+    requests = [engine.make_request(fixed_options(), CrossKVTensor(cross_kv)) for _ in range(batch)]
+    for request in requests:
+        engine.submit(request)
+    engine.step()  # admission + prompt
+    engine.step()  # first sampled token fed back
+    return engine, requests
+
+
+def bench_decode(hf, loaded, device: str, batch_sizes: list[int], seconds: float) -> list[dict]:
+    peak, peak_source = peak_bandwidth(device)
+    rows = []
+    dims = loaded.weights.dims
+    for batch in batch_sizes:
+        engine, requests = engine_at_batch(loaded, batch, device)
+        runner = engine.runner
+        # Forward only: replay the step at fixed positions (it rewrites the same K/V slots).
+        forward = timed_per_call(lambda: runner.execute(requests), device, seconds)
+        graphs = runner.graphs is not None and runner.graphs.fits(requests)
+        steps, start = 0, time.perf_counter()
+        while engine.has_work and steps < OUTPUT_TOKENS - 5:
+            engine.step()
+            steps += 1
+        sync(device)
+        engine_step = (time.perf_counter() - start) / max(steps, 1)
+        del engine, requests, runner
+        gc.collect()
+        torch.cuda.empty_cache() if device.startswith("cuda") else None
+
+        theirs = hf_decode_step_seconds(hf, batch, dims, device)
+        bound = step_bytes(loaded, batch, OUTPUT_TOKENS // 2) / peak
+        rows.append(dict(batch=batch, ours_forward_ms=forward * 1000, ours_engine_step_ms=engine_step * 1000,
+                         hf_ms=theirs * 1000, bound_ms=bound * 1000, cuda_graph=graphs))
+        print(f"decode bs{batch}: ours forward {forward * 1000:.2f} ms (graph {graphs}), engine step "
+              f"{engine_step * 1000:.2f} ms, transformers {theirs * 1000:.2f} ms, bound {bound * 1000:.2f} ms "
+              f"({peak_source} {peak / 1e12:.2f} TB/s)", flush=True)
+    return rows
+
+
+def hf_prompt_ids(batch: int, device: str, tokenizer) -> torch.Tensor:
+    special = tokenizer.special
+    ids = [special.sot, tokenizer.language_tokens["en"], special.transcribe, special.no_timestamps]
+    return torch.tensor([ids] * batch, device=device)
+
+
+@torch.inference_mode()
+def hf_generate(hf, mels_or_states, batch: int, device: str, tokenizer, new_tokens: int, from_states: bool):
+    from transformers.generation import GenerationMixin
+    from transformers.modeling_outputs import BaseModelOutput
+
+    kwargs = dict(encoder_outputs=BaseModelOutput(last_hidden_state=mels_or_states)) if from_states \
+        else dict(input_features=mels_or_states)
+    return GenerationMixin.generate(
+        hf, decoder_input_ids=hf_prompt_ids(batch, device, tokenizer), max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens, do_sample=False, num_beams=1, eos_token_id=tokenizer.special.eot,
+        pad_token_id=tokenizer.special.eot, **kwargs,
+    )
+
+
+_TOKENIZER = None
+
+
+def hf_decode_step_seconds(hf, batch: int, dims, device: str) -> float:
+    """transformers' static batch: (time for 1 + N tokens - time for 1 token) / N, from encoder states."""
+    states = torch.randn(batch, dims.n_audio_ctx, dims.d_model, device=device, dtype=hf.dtype)
+    short = timed_per_call(lambda: hf_generate(hf, states, batch, device, _TOKENIZER, 1, True), device, 0.5, warmup=1)
+    long = timed_per_call(
+        lambda: hf_generate(hf, states, batch, device, _TOKENIZER, 1 + OUTPUT_TOKENS // 2, True), device, 0.5, warmup=1
+    )
+    return (long - short) / (OUTPUT_TOKENS // 2)
+
+
+# ----------------------------------------------------------------------------------- (c)
+def poisson_arrivals(count: int, rate_per_s: float, seed: int = 0) -> np.ndarray:
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_per_s, count))
+
+
+def bench_engine_ours(loaded, device: str, count: int, rate: float, encoder_batch: int, max_num_seqs: int) -> dict:
+    dims = loaded.weights.dims
+    config = loaded.config.model_copy(update=dict(max_num_seqs=max_num_seqs))
+    per_request = (dims.n_audio_ctx + dims.n_text_ctx + 2 * config.block_size) * dims.decoder_layers * 2 * dims.d_model * 2
+    config.kv_cache_memory_mb = max_num_seqs * per_request / 2**20 + 64
+    engine = DecoderEngine(loaded, config)
+    encoder = EncoderRunner(loaded)
+    window = (torch.randn(encoder_batch, N_SAMPLES, device=device) * 0.1).float()
+    encoder.encode(window)  # warm-up at the batch size used most
+    arrivals = poisson_arrivals(count, rate)
+    arrived_at: dict[str, float] = {}
+    latencies: list[float] = []
+    next_arrival = encoded = 0
+    start = time.perf_counter()
+    while len(latencies) < count:
+        now = time.perf_counter() - start
+        while next_arrival < count and arrivals[next_arrival] <= now:
+            next_arrival += 1
+        pending = next_arrival - encoded
+        # Encode when the decoder could admit the batch soon: keeps staged K/V bounded.
+        if pending and engine.num_waiting < encoder_batch:
+            batch = min(pending, encoder_batch)
+            # The decoder projects each request's cross-K/V at admission (transfer mode encoder_states):
+            # 64 staged cross-K/V of large-v3 would hold 15.7 GB, their encoder states 0.25 GB.
+            states = encoder.encode(window[:batch])
+            for index in range(batch):
+                request = engine.make_request(fixed_options(), EncoderStates(states[index]))
+                arrived_at[request.request_id] = start + arrivals[encoded + index]
+                engine.submit(request)
+            encoded += batch
+        if engine.has_work:
+            for result in engine.step():
+                latencies.append(time.perf_counter() - arrived_at[result.request_id])
+        elif next_arrival < count:
+            time.sleep(max(0.0, arrivals[next_arrival] - (time.perf_counter() - start)))
+    seconds = time.perf_counter() - start - arrivals[0]
+    del engine, encoder
+    gc.collect()
+    torch.cuda.empty_cache() if device.startswith("cuda") else None
+    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)))
+
+
+def bench_engine_hf(hf, device: str, count: int, rate: float, batch_size: int, n_mels: int,
+                    batch_wait_s: float = 0.5) -> dict:
+    """Static batching: a batch starts when ``batch_size`` requests wait, or the oldest has waited
+    ``batch_wait_s``, or no more will come; it runs to its end before the next one starts."""
+    window = (torch.randn(batch_size, N_SAMPLES, device=device) * 0.1).float()
+    mels = log_mel_spectrogram(window, n_mels).to(hf.dtype)
+    hf_generate(hf, mels, batch_size, device, _TOKENIZER, 2, False)  # warm-up at the full batch
+    arrivals = poisson_arrivals(count, rate)
+    latencies: list[float] = []
+    done = 0
+    start = time.perf_counter()
+    while done < count:
+        now = time.perf_counter() - start
+        arrived = int(np.searchsorted(arrivals, now, side="right"))
+        full = arrived - done >= batch_size or arrived == count
+        if arrived == done or not (full or now - arrivals[done] >= batch_wait_s):
+            time.sleep(0.001)
+            continue
+        batch = min(arrived - done, batch_size)
+        mels = log_mel_spectrogram(window[:batch], n_mels).to(hf.dtype)
+        hf_generate(hf, mels, batch, device, _TOKENIZER, OUTPUT_TOKENS, False)
+        sync(device)
+        finished = time.perf_counter()
+        latencies += [finished - (start + arrivals[done + i]) for i in range(batch)]
+        done += batch
+    seconds = time.perf_counter() - start - arrivals[0]
+    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)))
+
+
+def roofline_req_per_s(loaded, device: str, encoder_windows_per_s: float | None) -> tuple[float, float]:
+    """Upper bounds from cross-attention K/V reads alone: decode only, and with the encoder sharing the GPU."""
+    dims = loaded.weights.dims
+    peak, _ = peak_bandwidth(device)
+    per_request = OUTPUT_TOKENS * dims.decoder_layers * 2 * dims.n_audio_ctx * dims.d_model * 2
+    decode_only = peak / per_request
+    if not encoder_windows_per_s:
+        return decode_only, float("nan")
+    return decode_only, 1.0 / (1.0 / decode_only + 1.0 / encoder_windows_per_s)
+
+
+# ----------------------------------------------------------------------------------- main
+def main() -> None:
+    global _TOKENIZER
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="large-v3,large-v3-turbo")
+    parser.add_argument("--sections", default="encoder,decode,engine")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
+    parser.add_argument("--encoder-batches", default="1,8,32,64")
+    parser.add_argument("--decode-batches", default="1,16,64,128")
+    parser.add_argument("--requests", type=int, default=256, help="requests in the engine stream")
+    parser.add_argument("--rate", type=float, default=400.0, help="Poisson arrival rate, requests/s")
+    parser.add_argument("--max-num-seqs", type=int, default=128)
+    parser.add_argument("--seconds", type=float, default=1.0, help="least time per timed measurement")
+    parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    device = args.device
+    tokenizer_file = args.tokenizer or resolve_model_folder("base") / "tokenizer.json"
+    sections = set(args.sections.split(","))
+    metrics: dict[str, float] = {}
+    tables: list[tuple[str, str]] = []
+
+    for shape in args.shapes.split(","):
+        prefix = "" if shape == "large-v3" else shape.replace("large-v3-", "") + "_"
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        hf = random_hf_whisper(shape, device, dtype)
+        config = EngineConfig(model=shape, device=device, dtype=str(dtype).removeprefix("torch."),
+                              attention_backend=args.attention_backend, cuda_graphs=not args.no_cuda_graphs)
+        loaded = engine_model(hf, tokenizer_file, config)
+        _TOKENIZER = loaded.tokenizer
+        encoder_rate = None
+        if "encoder" in sections:
+            rows = bench_encoder(hf, loaded, device, [int(b) for b in args.encoder_batches.split(",")], args.seconds)
+            tables.append((f"{shape}: encoder windows/s (a)", markdown_table(
+                ["batch", "ours (log-mel + encoder)", "transformers (encoder)", "ours / transformers",
+                 "+ cross-K/V projection, ms"],
+                [[r["batch"], round(r["ours"], 1), round(r["hf"], 1), round(r["ours"] / r["hf"], 2),
+                  round(r["cross_kv_ms"], 1)] for r in rows])))
+            last = rows[-1]
+            encoder_rate = last["ours"]
+            metrics[f"{prefix}encoder_windows_per_s_bs{last['batch']}"] = round(last["ours"], 1)
+            metrics[f"{prefix}hf_encoder_windows_per_s_bs{last['batch']}"] = round(last["hf"], 1)
+            metrics[f"{prefix}encoder_speedup_vs_hf_bs{last['batch']}"] = round(last["ours"] / last["hf"], 2)
+        if "decode" in sections:
+            rows = bench_decode(hf, loaded, device, [int(b) for b in args.decode_batches.split(",")], args.seconds)
+            tables.append((f"{shape}: decode ms per step (b)", markdown_table(
+                ["batch", "ours: forward (CUDA graph)", "ours: engine step", "transformers", "bandwidth bound",
+                 "ours forward / bound", "transformers / ours step"],
+                [[r["batch"], round(r["ours_forward_ms"], 2), round(r["ours_engine_step_ms"], 2), round(r["hf_ms"], 2),
+                  round(r["bound_ms"], 2), round(r["ours_forward_ms"] / r["bound_ms"], 2),
+                  round(r["hf_ms"] / r["ours_engine_step_ms"], 2)] for r in rows])))
+            for r in rows:
+                metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}"] = round(r["ours_forward_ms"], 3)
+                metrics[f"{prefix}decode_engine_step_ms_bs{r['batch']}"] = round(r["ours_engine_step_ms"], 3)
+                metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}_bound"] = round(r["bound_ms"], 3)
+                metrics[f"{prefix}hf_decode_ms_per_step_bs{r['batch']}"] = round(r["hf_ms"], 3)
+        if "engine" in sections:
+            ours = bench_engine_ours(loaded, device, args.requests, args.rate, 64, args.max_num_seqs)
+            print(f"engine ours: {ours}", flush=True)
+            theirs = bench_engine_hf(hf, device, args.requests, args.rate, 64, loaded.weights.dims.n_mels)
+            print(f"engine transformers: {theirs}", flush=True)
+            decode_only, with_encoder = roofline_req_per_s(loaded, device, encoder_rate)
+            tables.append((f"{shape}: engine requests/s, Poisson stream at {args.rate:g}/s, {OUTPUT_TOKENS} tokens each (c)",
+                           markdown_table(
+                ["", "requests/s", "p50 latency s", "cross-K/V roofline, decode only", "roofline with the encoder"],
+                [["ours (continuous batching)", round(ours["req_per_s"], 1), round(ours["p50_latency_s"], 2),
+                  round(decode_only, 1), round(with_encoder, 1)],
+                 ["transformers (static batches of up to 64, 0.5 s batch wait)", round(theirs["req_per_s"], 1),
+                  round(theirs["p50_latency_s"], 2), "", ""],
+                 ["ours / transformers", round(ours["req_per_s"] / theirs["req_per_s"], 2), "", "", ""]])))
+            metrics[f"{prefix}engine_req_per_s"] = round(ours["req_per_s"], 1)
+            metrics[f"{prefix}hf_engine_req_per_s"] = round(theirs["req_per_s"], 1)
+            metrics[f"{prefix}engine_speedup_vs_hf"] = round(ours["req_per_s"] / theirs["req_per_s"], 2)
+            metrics[f"{prefix}engine_roofline_req_per_s"] = round(with_encoder, 1)
+        del hf, loaded
+        gc.collect()
+        torch.cuda.empty_cache() if device.startswith("cuda") else None
+
+    for title, table in tables:
+        print(f"\n### {title}\n\n{table}")
+    print(metrics)
+    if args.record:
+        body = "\n\n".join(f"### {title}\n\n{table}" for title, table in tables)
+        record("GPU: ours vs transformers on random weights of the large shapes (bench_gpu.py)", body,
+               "bf16, SDPA in transformers; ours: Triton paged attention, decode steps from CUDA graphs. "
+               "Bandwidth bound: decoder weights + every request's cross- and self-attention K/V, over the GPU's peak "
+               "bandwidth.", json_path=Path(__file__).parent / "results" / "gpu.json", metrics=metrics)
+
+
+if __name__ == "__main__":
+    main()
