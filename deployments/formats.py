@@ -6,10 +6,10 @@ Segment times are on the file's timeline: Whisper's timestamp tokens offset by t
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.decoding import compression_ratio
 from engine.request import TimedText
 from engine.transcript import Transcription
 
@@ -28,12 +28,6 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
-
-
-def compression_ratio(text: str) -> float:
-    """openai-whisper's repetition signal: raw bytes / zlib-compressed bytes."""
-    raw = text.encode("utf-8")
-    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
