@@ -18,6 +18,13 @@ RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json
 
 
 @dataclass(frozen=True)
+class Word:
+    word: str
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True)
 class Segment:
     id: int
     start_s: float
@@ -28,6 +35,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
+    words: list[Word] | None  # with word timestamps: on the file's timeline, inside the segment
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -46,11 +54,19 @@ def segments_of(transcription: Transcription) -> list[Segment]:
                 continue
             start_s = min(offset_s + piece.start_s, window_end_s)
             end_s = min(max(offset_s + piece.end_s, start_s), window_end_s)
+            words = None
+            if piece.words is not None:
+                words = []
+                for word in piece.words:
+                    word_start_s = min(max(offset_s + word.start_s, start_s), end_s)
+                    word_end_s = min(max(offset_s + word.end_s, word_start_s), end_s)
+                    words.append(Word(word.word, round(word_start_s, 3), round(word_end_s, 3)))
             segments.append(
                 Segment(
                     id=len(segments), start_s=round(start_s, 3), end_s=round(end_s, 3), text=piece.text,
                     tokens=piece.tokens, temperature=window.temperature, avg_logprob=window.avg_logprob,
                     compression_ratio=compression_ratio(piece.text), no_speech_prob=window.no_speech_prob,
+                    words=words,
                 )
             )
     return segments
@@ -78,7 +94,8 @@ def to_vtt(segments: list[Segment]) -> str:
 
 
 def to_verbose_json(transcription: Transcription, task: str) -> dict:
-    return {
+    segments = segments_of(transcription)
+    body = {
         "task": task,
         "language": transcription.language or "",
         "duration": round(transcription.duration_s, 3),
@@ -90,6 +107,10 @@ def to_verbose_json(transcription: Transcription, task: str) -> dict:
                 "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,
             }
-            for s in segments_of(transcription)
+            for s in segments
         ],
     }
+    if any(s.words is not None for s in segments):
+        # OpenAI's shape: one list for the whole file, each word without its leading space.
+        body["words"] = [{"word": w.word.strip(), "start": w.start_s, "end": w.end_s} for s in segments for w in s.words or []]
+    return body

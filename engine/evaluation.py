@@ -60,6 +60,16 @@ def concatenate_clips(clips: list[SpeechClip], silence_s: float) -> Concatenated
     return ConcatenatedSpeech(np.concatenate(pieces), " ".join(clip.text for clip in clips), starts, ends)
 
 
+# The long-form test file (tests/test_long_form.py, benchmarks/bench_long_form.py): 73 s, three
+# windows; real speech (JFK, the Harvard sentences) and synthetic.
+LONG_FORM_CLIP_IDS = ["jfk", *(f"osr72_{i:02d}" for i in range(1, 11)), *(f"tts_{i:02d}" for i in range(1, 7))]
+
+
+def long_form_file(folder: Path) -> ConcatenatedSpeech:
+    clips = {clip.id: clip for clip in load_manifest(folder)}
+    return concatenate_clips([clips[clip_id] for clip_id in LONG_FORM_CLIP_IDS], silence_s=1.0)
+
+
 @lru_cache(maxsize=1)
 def _normalizer():
     from whisper_normalizer.english import EnglishTextNormalizer

@@ -7,20 +7,18 @@ from __future__ import annotations
 
 import pytest
 
-from engine.evaluation import ConcatenatedSpeech, concatenate_clips, word_error_rate
+from engine.evaluation import LONG_FORM_CLIP_IDS, ConcatenatedSpeech, long_form_file, word_error_rate
 from engine.offline import Transcriber
 from engine.request import DecodeOptions
 from engine.transcript import Transcription, split_windows
-from tests.conftest import english_clips
+from tests.conftest import SPEECH_DIR, english_clips
 
-LONG_FILE_CLIPS = ["jfk", *(f"osr72_{i:02d}" for i in range(1, 11)), *(f"tts_{i:02d}" for i in range(1, 7))]
 WITH_WORDS = DecodeOptions(timestamps=True, word_timestamps=True)
 
 
 @pytest.fixture(scope="module")
 def long_file() -> ConcatenatedSpeech:
-    clips = {clip.id: clip for clip in english_clips()}
-    return concatenate_clips([clips[clip_id] for clip_id in LONG_FILE_CLIPS], silence_s=1.0)
+    return long_form_file(SPEECH_DIR)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +56,7 @@ def test_the_long_file_lasts_over_a_minute_and_is_cut_inside_its_silences(long_f
 
 def test_parallel_long_form_wer_is_within_a_point_of_the_clips_transcribed_one_by_one(transcriber, long_file, parallel):
     clips = {clip.id: clip for clip in english_clips()}
-    one_by_one = transcriber.transcribe([clips[clip_id].path for clip_id in LONG_FILE_CLIPS], WITH_WORDS)
+    one_by_one = transcriber.transcribe([clips[clip_id].path for clip_id in LONG_FORM_CLIP_IDS], WITH_WORDS)
     clips_wer = word_error_rate([long_file.text], [" ".join(t.text for t in one_by_one)])
     long_wer = word_error_rate([long_file.text], [parallel.text])
     print(f"WER: long-form parallel {long_wer:.2%}, clips one by one {clips_wer:.2%} ({long_file.duration_s:.0f} s)")
