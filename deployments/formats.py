@@ -93,7 +93,7 @@ def to_vtt(segments: list[Segment]) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-def to_verbose_json(transcription: Transcription, task: str) -> dict:
+def to_verbose_json(transcription: Transcription, task: str, with_words: bool = False) -> dict:
     segments = segments_of(transcription)
     body = {
         "task": task,
@@ -110,7 +110,7 @@ def to_verbose_json(transcription: Transcription, task: str) -> dict:
             for s in segments
         ],
     }
-    if any(s.words is not None for s in segments):
+    if with_words:
         # OpenAI's shape: one list for the whole file, each word without its leading space.
         body["words"] = [{"word": w.word.strip(), "start": w.start_s, "end": w.end_s} for s in segments for w in s.words or []]
     return body

@@ -306,7 +306,7 @@ class Ingress:
         if form.response_format == "vtt":
             return PlainTextResponse(to_vtt(segments_of(transcription)), media_type="text/vtt")
         if form.response_format == "verbose_json":
-            return JSONResponse(to_verbose_json(transcription, task))
+            return JSONResponse(to_verbose_json(transcription, task, with_words=form.options.word_timestamps))
         return JSONResponse({"text": transcription.text})
 
     # ---- validation ---------------------------------------------------------------------------

@@ -244,11 +244,13 @@ def test_other_rates_channels_depths_and_formats_are_converted_and_transcribed(c
 @pytest.mark.parametrize("name, samples", [("nothing.wav", np.zeros(0, np.float32)), ("silence.wav", np.zeros(32000, np.float32))])
 def test_zero_length_and_silent_audio_get_a_valid_transcript_not_an_error(client, name, samples):
     verbose = client.audio.transcriptions.create(
-        model="whisper-1", file=(name, _encoded(samples, 16000, "WAV", "PCM_16")), response_format="verbose_json"
+        model="whisper-1", file=(name, _encoded(samples, 16000, "WAV", "PCM_16")), response_format="verbose_json",
+        timestamp_granularities=["word"],
     )
     assert isinstance(verbose.text, str) and abs(verbose.duration - len(samples) / 16000) < 0.01
+    assert isinstance(verbose.words, list)
     if len(samples) == 0:
-        assert verbose.text == "" and verbose.segments == []
+        assert verbose.text == "" and verbose.segments == [] and verbose.words == []
 
 
 def test_translation_on_an_english_only_model_is_a_clear_400(server_url):
