@@ -232,7 +232,10 @@ class Ingress:
 
     async def _events(self, samples, form: TranscriptionForm, route: str, started: float) -> AsyncIterator[str]:
         """OpenAI's transcription stream: a ``transcript.text.delta`` as each window's text is
-        ready, in order, then ``transcript.text.done``; the deltas join to the final text."""
+        ready, in order, then ``transcript.text.done``; the deltas join to the final text.
+
+        A streamed request counts against ``max_in_flight_requests`` until its stream starts, not
+        to its end: a generator that a vanished client never starts could not give its place back."""
         windows, results, streamed = [], [], ""
         try:
             async for window, result in self._decoded_windows(samples, form):
@@ -379,11 +382,10 @@ class Ingress:
         fallback = None
         if _parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
             defaults = FallbackOptions()
-            fallback = FallbackOptions(
-                compression_ratio_threshold=_parse_threshold(form.get("compression_ratio_threshold"), "compression_ratio_threshold", defaults.compression_ratio_threshold),
-                logprob_threshold=_parse_threshold(form.get("logprob_threshold"), "logprob_threshold", defaults.logprob_threshold),
-                no_speech_threshold=_parse_threshold(form.get("no_speech_threshold"), "no_speech_threshold", defaults.no_speech_threshold),
-            )
+            fallback = FallbackOptions(**{
+                name: _parse_threshold(form.get(name), name, getattr(defaults, name))
+                for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
+            })
         # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
         # sequential long-form, which seeks by them); words are only shown in verbose_json.
         timestamps = response_format in ("srt", "vtt", "verbose_json")

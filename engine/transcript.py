@@ -1,5 +1,6 @@
 """A file's audio -> windows of at most 30 s cut at quiet points, and the windows' decode results
--> one transcript on the file's timeline.
+-> one transcript on the file's timeline; or, in sequential mode, openai-whisper's loop, where each
+window starts where the previous one's finished text ended.
 
 Shared by the offline API and the HTTP ingress so both cut and join audio the same way.
 """

@@ -77,7 +77,9 @@ def test_sequential_windows_each_start_where_the_previous_ones_finished_text_end
     starts = sequential.window_starts_s
     assert starts[0] == 0 and all(b > a for a, b in zip(starts, starts[1:]))
     assert all(b - a <= 30 for a, b in zip(starts, starts[1:] + [sequential.duration_s]))
-    assert all(s.closed for window in sequential.windows[:-1] for s in window.segments), "an open tail is decoded again"
+    # A window's unfinished last segment is dropped and decoded again from the next window's start;
+    # it stays only when it is the window's one segment (no timestamp to seek by, as openai-whisper).
+    assert all(w.segments[-1].closed or len(w.segments) == 1 for w in sequential.windows if w.segments)
     wer = word_error_rate([long_file.text], [sequential.text])
     print(f"WER: long-form sequential {wer:.2%}")
     assert wer <= 0.25, "sequential mode transcribes the file, not a part of it"
