@@ -32,6 +32,8 @@ from engine.weights import LoadedWeights, load_weights
 
 logger = logging.getLogger(__name__)
 
+FALLBACK_SEED = 0
+
 
 @dataclass
 class LoadedModel:
@@ -133,8 +135,12 @@ class DecoderEngine:
         )
         # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
         request.pending_tokens = list(prompt.tokens[: prompt.sot_index + 1] if prompt.detect_language else prompt.tokens)
-        if options.seed is not None and max(options.temperatures()) > 0:
-            request.generator = torch.Generator(device=self.device).manual_seed(options.seed)
+        # A greedy decode's fallback samples from a fixed seed unless given one, so its transcript
+        # is the same on every run and replica, offline and over HTTP; a temperature asked for
+        # stays random.
+        seed = options.seed if options.seed is not None or options.temperature > 0 else FALLBACK_SEED
+        if seed is not None and max(options.temperatures()) > 0:
+            request.generator = torch.Generator(device=self.device).manual_seed(seed)
         if not self.dims.is_multilingual:
             request.language = "en"
         elif options.language is not None:

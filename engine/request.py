@@ -40,7 +40,7 @@ class DecodeOptions:
     prompt: str | tuple[int, ...] | None = None
     max_tokens: int | None = None  # new tokens; None: half the text context (224), as openai-whisper
     temperature: float = 0.0
-    seed: int | None = None  # for temperature > 0; None draws from torch's default generator
+    seed: int | None = None  # for temperature > 0; None: torch's default generator (fallback: a fixed seed)
     fallback: FallbackOptions | None = None
     word_timestamps: bool = False  # needs timestamps; aligns words with the cross-attention heads
 

@@ -62,7 +62,7 @@ def test_a_window_that_passes_the_thresholds_decodes_exactly_as_without_fallback
 def test_a_window_that_always_fails_is_tried_at_every_temperature_on_the_same_blocks(tiny_en, jfk_kv):
     engine = DecoderEngine(tiny_en)
     never_sure = FallbackOptions(logprob_threshold=0.0, no_speech_threshold=None)  # every text fails
-    request, result, loads = decode(engine, jfk_kv, DecodeOptions(fallback=never_sure, seed=3, max_tokens=30))
+    request, result, loads = decode(engine, jfk_kv, DecodeOptions(fallback=never_sure, seed=3, max_tokens=12))
     assert request.attempt == 5 and result.temperature == 1.0
     assert loads == 1, "the cross-attention K/V was loaded once and kept for every attempt"
     assert engine.pool.num_used_blocks == 0 and engine.pool.num_free_blocks == engine.pool.num_blocks
@@ -83,9 +83,9 @@ def test_a_random_model_repeating_itself_falls_back_and_reports_the_hotter_tempe
     loaded = load_model(EngineConfig(model=str(random_whisper_folder), block_size=8, kv_cache_memory_mb=64))
     engine = DecoderEngine(loaded)
     kv = cross_kv_of(loaded, load_audio_file(SPEECH_DIR / "jfk.flac"))
-    _, greedy, _ = decode(engine, kv, DecodeOptions(max_tokens=100))
+    _, greedy, _ = decode(engine, kv, DecodeOptions(max_tokens=60))
     assert greedy.compression_ratio > 2.4, "random weights repeat a token: the case fallback is for"
-    _, result, _ = decode(engine, kv, DecodeOptions(max_tokens=100, fallback=FallbackOptions(), seed=1))
+    _, result, _ = decode(engine, kv, DecodeOptions(max_tokens=60, fallback=FallbackOptions(), seed=1))
     assert result.temperature > 0.0
     assert engine.pool.num_used_blocks == 0
 
@@ -102,3 +102,11 @@ def test_silence_is_judged_no_speech_and_returns_no_text_without_retrying(tiny_e
     assert heard.no_speech_prob > 0.6 and heard.avg_logprob > -1.0 and heard.text.strip() and not heard.no_speech
     _, result, _ = decode(engine, kv, DecodeOptions(fallback=FallbackOptions(logprob_threshold=heard.avg_logprob + 0.1)))
     assert result.no_speech and result.text == "" and result.tokens == [] and result.temperature == 0.0
+
+
+def test_fallback_from_greedy_is_reproducible_without_a_seed(tiny_en, jfk_kv):
+    """The same transcript on every run and replica (offline and over HTTP alike)."""
+    engine = DecoderEngine(tiny_en)
+    never_sure = DecodeOptions(fallback=FallbackOptions(logprob_threshold=0.0, no_speech_threshold=None), max_tokens=10)
+    first, second = (decode(engine, jfk_kv, never_sure)[1] for _ in range(2))
+    assert first.temperature == second.temperature == 1.0 and first.tokens == second.tokens
