@@ -64,9 +64,11 @@ class DecoderDeployment:
         any window is encoded, so a bad request costs no encoder work)."""
         self.engine.make_request(options, cross_source=None)
 
-    async def decode(self, handle: TransferHandle, options: DecodeOptions) -> DecodeResult:
-        """Decode one window whose cross-attention K/V (or states) the handle points at."""
-        request = self.engine.make_request(options, TransferredCrossKV(handle, self.receiver), request_id=handle.request_id)
+    async def decode(self, handle: TransferHandle, options: DecodeOptions, audio_duration_s: float | None = None) -> DecodeResult:
+        """Decode one window whose cross-attention K/V (or states) the handle points at;
+        ``audio_duration_s``: how much of the window is audio (word timestamps look only there)."""
+        request = self.engine.make_request(options, TransferredCrossKV(handle, self.receiver), request_id=handle.request_id,
+                                           audio_duration_s=audio_duration_s)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._waiters_lock:

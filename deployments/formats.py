@@ -6,15 +6,22 @@ Segment times are on the file's timeline: Whisper's timestamp tokens offset by t
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.decoding import compression_ratio
 from engine.request import TimedText
 from engine.transcript import Transcription
 
 ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str
+    start_s: float
+    end_s: float
 
 
 @dataclass(frozen=True)
@@ -28,12 +35,7 @@ class Segment:
     avg_logprob: float
     compression_ratio: float
     no_speech_prob: float
-
-
-def compression_ratio(text: str) -> float:
-    """openai-whisper's repetition signal: raw bytes / zlib-compressed bytes."""
-    raw = text.encode("utf-8")
-    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+    words: list[Word] | None  # with word timestamps: on the file's timeline, inside the segment
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -52,11 +54,19 @@ def segments_of(transcription: Transcription) -> list[Segment]:
                 continue
             start_s = min(offset_s + piece.start_s, window_end_s)
             end_s = min(max(offset_s + piece.end_s, start_s), window_end_s)
+            words = None
+            if piece.words is not None:
+                words = []
+                for word in piece.words:
+                    word_start_s = min(max(offset_s + word.start_s, start_s), end_s)
+                    word_end_s = min(max(offset_s + word.end_s, word_start_s), end_s)
+                    words.append(Word(word.word, round(word_start_s, 3), round(word_end_s, 3)))
             segments.append(
                 Segment(
                     id=len(segments), start_s=round(start_s, 3), end_s=round(end_s, 3), text=piece.text,
                     tokens=piece.tokens, temperature=window.temperature, avg_logprob=window.avg_logprob,
                     compression_ratio=compression_ratio(piece.text), no_speech_prob=window.no_speech_prob,
+                    words=words,
                 )
             )
     return segments
@@ -83,8 +93,9 @@ def to_vtt(segments: list[Segment]) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-def to_verbose_json(transcription: Transcription, task: str) -> dict:
-    return {
+def to_verbose_json(transcription: Transcription, task: str, with_words: bool = False) -> dict:
+    segments = segments_of(transcription)
+    body = {
         "task": task,
         "language": transcription.language or "",
         "duration": round(transcription.duration_s, 3),
@@ -96,6 +107,10 @@ def to_verbose_json(transcription: Transcription, task: str) -> dict:
                 "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,
             }
-            for s in segments_of(transcription)
+            for s in segments
         ],
     }
+    if with_words:
+        # OpenAI's shape: one list for the whole file, each word without its leading space.
+        body["words"] = [{"word": w.word.strip(), "start": w.start_s, "end": w.end_s} for s in segments for w in s.words or []]
+    return body

@@ -7,14 +7,16 @@ Every error type raised anywhere below is turned into a status code here, in one
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run time.
 
 import asyncio
+import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from ray import serve
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
@@ -26,8 +28,10 @@ from deployments.metrics import ServingMetrics
 from deployments.encoder import WindowJob
 from engine.audio import SAMPLE_RATE, decode_audio
 from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
-from engine.request import DecodeOptions, DecodeResult, FinishReason
-from engine.transcript import Transcription, assemble_transcription, split_windows
+from engine.request import DecodeOptions, DecodeResult, FallbackOptions, FinishReason
+from engine.transcript import (
+    AudioWindow, LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows,
+)
 from kv_transfer.base import StagingFullError
 
 logger = logging.getLogger("ray.serve")
@@ -98,6 +102,34 @@ class TranscriptionForm:
     options: DecodeOptions
     response_format: str
     timestamp_granularities: tuple[str, ...]
+    long_form: LongFormMode
+    stream: bool
+
+
+def _parse_flag(raw, name: str, default: bool) -> bool:
+    if raw in (None, ""):
+        return default
+    if str(raw).lower() in ("true", "1"):
+        return True
+    if str(raw).lower() in ("false", "0"):
+        return False
+    raise APIError(400, f"Invalid {name} '{raw}'; expected true or false.", param=name)
+
+
+def _parse_threshold(raw, name: str, default: float | None) -> float | None:
+    """A fallback threshold (a vendor field): a number, or 'none' to not check it."""
+    if raw in (None, ""):
+        return default
+    if str(raw).lower() == "none":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid {name} '{raw}'; expected a number or 'none'.", param=name) from None
+
+
+def _sse(event: dict) -> str:
+    return f"data: {json.dumps(event)}\n\n"
 
 
 def _parse_temperature(raw) -> float:
@@ -180,7 +212,9 @@ class Ingress:
             if duration_s > self.config.http.max_audio_duration_s:
                 raise APIError(413, f"Audio is {duration_s:.0f} s long; this server accepts at most "
                                f"{self.config.http.max_audio_duration_s:.0f} s.", param="file", code="audio_too_long")
-            transcription = await self._transcribe(samples, form.options)
+            if form.stream:
+                return StreamingResponse(self._events(samples, form, route, started), media_type="text/event-stream")
+            transcription = await self._transcribe(samples, form)
             response = self._format(transcription, form, task)
         except Exception as error:  # every failure answers, in OpenAI's error format
             api_error = _status_of(error)
@@ -189,14 +223,62 @@ class Ingress:
         self.metrics.observe_request(route, 200, time.perf_counter() - started, transcription.duration_s)
         return response
 
-    async def _transcribe(self, samples, options: DecodeOptions) -> Transcription:
+    async def _transcribe(self, samples, form: TranscriptionForm) -> Transcription:
+        windows, results = [], []
+        async for window, result in self._decoded_windows(samples, form):
+            windows.append(window)
+            results.append(result)
+        return assemble_transcription(samples, windows, results)
+
+    async def _events(self, samples, form: TranscriptionForm, route: str, started: float) -> AsyncIterator[str]:
+        """OpenAI's transcription stream: a ``transcript.text.delta`` as each window's text is
+        ready, in order, then ``transcript.text.done``; the deltas join to the final text.
+
+        A streamed request counts against ``max_in_flight_requests`` until its stream starts, not
+        to its end: a generator that a vanished client never starts could not give its place back."""
+        windows, results, streamed = [], [], ""
+        try:
+            async for window, result in self._decoded_windows(samples, form):
+                windows.append(window)
+                results.append(result)
+                # The final text is the windows' text stripped at both ends; holding back trailing
+                # spaces keeps every delta a piece of it.
+                shown = "".join(r.text for r in results).strip()
+                if len(shown) > len(streamed):
+                    yield _sse({"type": "transcript.text.delta", "delta": shown[len(streamed):]})
+                    streamed = shown
+            transcription = assemble_transcription(samples, windows, results)
+            yield _sse({"type": "transcript.text.done", "text": transcription.text})
+        except Exception as error:  # the status line has gone out: the error travels as an event
+            api_error = _status_of(error)
+            self.metrics.observe_request(route, api_error.status, time.perf_counter() - started, 0.0)
+            yield _sse({"type": "error", "error": {"message": api_error.message, "type": api_error.error_type,
+                                                   "param": api_error.param, "code": api_error.code}})
+            return
+        self.metrics.observe_request(route, 200, time.perf_counter() - started, transcription.duration_s)
+
+    async def _decoded_windows(self, samples, form: TranscriptionForm) -> AsyncIterator[tuple[AudioWindow, DecodeResult]]:
+        """The file's windows and their results, in order, each as soon as it and those before it
+        are decoded. Parallel: every window is in flight at once, so they share encoder batches
+        and decoder steps. Sequential: one window at a time, each prompted by the text before it."""
         request_id = uuid.uuid4().hex
+        if form.long_form == "sequential":
+            cursor = SequentialCursor(samples, form.options)
+            while (step := cursor.next_window()) is not None:
+                window, options = step
+                result = await self._decode_window(f"{request_id}-{len(cursor.results)}", window.samples, options)
+                cursor.accept(window, result)
+                yield cursor.windows[-1], cursor.results[-1]
+            return
         windows = split_windows(samples)
-        # All windows of a file go to the encoder at once, so they share its batches.
-        results = await asyncio.gather(*(
-            self._decode_window(f"{request_id}-{index}", window.samples, options) for index, window in enumerate(windows)
-        ))
-        return assemble_transcription(samples, windows, list(results))
+        tasks = [asyncio.ensure_future(self._decode_window(f"{request_id}-{index}", window.samples, form.options))
+                 for index, window in enumerate(windows)]
+        try:
+            for window, task in zip(windows, tasks):
+                yield window, await task
+        finally:
+            for task in tasks:
+                task.cancel()  # a failed window or a client gone: stop decoding the others
 
     async def _decode_window(self, window_id: str, samples, options: DecodeOptions) -> DecodeResult:
         """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
@@ -206,7 +288,7 @@ class Ingress:
         for attempt in range(WINDOW_ATTEMPTS):
             try:
                 handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples))
-                result: DecodeResult = await self.decoder.decode.remote(handle, options)
+                result: DecodeResult = await self.decoder.decode.remote(handle, options, len(samples) / SAMPLE_RATE)
             except REPLICA_LOST as error:
                 failure = f"a replica was lost ({type(error).__name__})"
                 logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)
@@ -227,7 +309,7 @@ class Ingress:
         if form.response_format == "vtt":
             return PlainTextResponse(to_vtt(segments_of(transcription)), media_type="text/vtt")
         if form.response_format == "verbose_json":
-            return JSONResponse(to_verbose_json(transcription, task))
+            return JSONResponse(to_verbose_json(transcription, task, with_words=form.options.word_timestamps))
         return JSONResponse({"text": transcription.text})
 
     # ---- validation ---------------------------------------------------------------------------
@@ -284,9 +366,31 @@ class Ingress:
         language = form.get("language") or None
         if task == "translate":
             language = None  # translations detect the spoken language and always output English
-        # Formats with segment times ask the decoder for Whisper's timestamp tokens.
+        stream = _parse_flag(form.get("stream"), "stream", False)
+        if stream and response_format not in ("json", "text"):
+            raise APIError(400, f"stream=true gives text events; response_format '{response_format}' cannot be "
+                           "streamed (use json or text).", param="stream")
+        long_form = form.get("long_form") or "parallel"  # vendor field
+        if long_form not in ("parallel", "sequential"):
+            raise APIError(400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.", param="long_form")
+        beam_size = form.get("beam_size")  # vendor field
+        if beam_size not in (None, "", "1"):
+            raise APIError(400, "beam_size > 1 is not supported yet (greedy or sampled decoding only; see the README).",
+                           param="beam_size")
+        # As OpenAI's API: temperature 0 falls back to higher temperatures when a window's text
+        # fails openai-whisper's thresholds; the vendor fields tune or switch that off.
+        fallback = None
+        if _parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
+            defaults = FallbackOptions()
+            fallback = FallbackOptions(**{
+                name: _parse_threshold(form.get(name), name, getattr(defaults, name))
+                for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
+            })
+        # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
+        # sequential long-form, which seeks by them); words are only shown in verbose_json.
         timestamps = response_format in ("srt", "vtt", "verbose_json")
+        words = "word" in granularities and response_format == "verbose_json"
         options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
-                                temperature=temperature, timestamps=timestamps)
-        return TranscriptionForm(data, options, response_format, granularities)
+                                temperature=temperature, timestamps=timestamps, fallback=fallback, word_timestamps=words)
+        return TranscriptionForm(data, options, response_format, granularities, long_form, stream)
 

@@ -9,7 +9,7 @@ import sys
 
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.request import DecodeOptions
+from engine.request import DecodeOptions, FallbackOptions
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     transcribe.add_argument("--device", default="cpu")
     transcribe.add_argument("--temperature", type=float, default=0.0)
+    transcribe.add_argument("--no-fallback", action="store_true", help="decode each window once (no temperature fallback)")
+    transcribe.add_argument("--long-form", choices=("parallel", "sequential"), default="parallel")
     transcribe.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -30,8 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         transcriber = Transcriber(EngineConfig(model=args.model, device=args.device))
-        options = DecodeOptions(language=args.language, task=args.task, temperature=args.temperature)
-        results = transcriber.transcribe(args.files, options)
+        options = DecodeOptions(language=args.language, task=args.task, temperature=args.temperature,
+                                fallback=None if args.no_fallback else FallbackOptions())
+        results = transcriber.transcribe(args.files, options, long_form=args.long_form)
     except (EngineError, OSError, ValueError) as exc:
         print(f"whisper-disagg: error: {exc}", file=sys.stderr)
         return 2

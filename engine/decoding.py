@@ -8,12 +8,13 @@ monotonicity rules. Each rule is a small function over one row of logits, so the
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 
 import torch
 
 from engine.errors import RequestRejectedError
-from engine.request import DecodeOptions, TimedText
+from engine.request import DecodeOptions, FallbackOptions, TimedText
 from engine.tokenizer import WhisperTokenizer
 from engine.weights import ModelDims
 
@@ -34,7 +35,8 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
     tokens: list[int] = []
     if options.prompt:
         # openai-whisper keeps at most half the context for previous text, most recent last.
-        previous = tokenizer.encode(" " + options.prompt.strip())[-(dims.n_text_ctx // 2 - 1) :]
+        previous = tokenizer.encode(" " + options.prompt.strip()) if isinstance(options.prompt, str) else list(options.prompt)
+        previous = previous[-(dims.n_text_ctx // 2 - 1) :]
         tokens = [special.sot_prev, *previous]
     sot_index = len(tokens)
     tokens.append(special.sot)
@@ -55,6 +57,8 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
             )
         if options.task == "translate":
             raise RequestRejectedError("model is English-only; it cannot translate", param="task")
+    if options.word_timestamps and not options.timestamps:
+        raise RequestRejectedError("word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]")
     if not options.timestamps:
         tokens.append(special.no_timestamps)
     room = dims.n_text_ctx - len(tokens)
@@ -172,5 +176,27 @@ def timed_segments(tokenizer: WhisperTokenizer, tokens: list[int], window_s: flo
             start_s = tokenizer.timestamp_seconds(token)
     if text_tokens:
         start = start_s if start_s is not None else last_end_s
-        segments.append(TimedText(start, max(window_s, start), tokenizer.decode(text_tokens), text_tokens))
+        segments.append(TimedText(start, max(window_s, start), tokenizer.decode(text_tokens), text_tokens, closed=False))
     return [segment for segment in segments if segment.text.strip()]
+
+
+def compression_ratio(text: str) -> float:
+    """openai-whisper's repetition signal: raw bytes / zlib-compressed bytes."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+def is_silence(fallback: FallbackOptions, avg_logprob: float, no_speech_prob: float) -> bool:
+    """openai-whisper's rule: <|nospeech|> is likely and the text unsure, so the window holds no speech."""
+    if fallback.no_speech_threshold is None or no_speech_prob <= fallback.no_speech_threshold:
+        return False
+    return fallback.logprob_threshold is None or avg_logprob <= fallback.logprob_threshold
+
+
+def needs_fallback(fallback: FallbackOptions, text: str, avg_logprob: float, no_speech_prob: float) -> bool:
+    """Whether a decoded window fails the thresholds and should be decoded again, hotter."""
+    if is_silence(fallback, avg_logprob, no_speech_prob) and fallback.logprob_threshold is not None:
+        return False  # silence is not retried (openai-whisper: low log-probability is expected there)
+    too_repetitive = fallback.compression_ratio_threshold is not None and compression_ratio(text) > fallback.compression_ratio_threshold
+    too_unsure = fallback.logprob_threshold is not None and avg_logprob < fallback.logprob_threshold
+    return too_repetitive or too_unsure

@@ -13,10 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.alignment import align_words, alignment_heads_of
 from engine.attention.registry import make_attention_backend
 from engine.audio import CHUNK_LENGTH_S, N_SAMPLES, log_mel_spectrogram
 from engine.config import EngineConfig
-from engine.decoding import LogitRules, build_prompt, detect_language, sample, timed_segments
+from engine.decoding import (
+    LogitRules, build_prompt, compression_ratio, detect_language, is_silence, needs_fallback, sample, timed_segments,
+)
 from engine.errors import RetriableError
 from engine.kv_cache import BlockPool
 from engine.kv_storage import PagedKVStorage
@@ -28,6 +31,8 @@ from engine.tokenizer import WhisperTokenizer
 from engine.weights import LoadedWeights, load_weights
 
 logger = logging.getLogger(__name__)
+
+FALLBACK_SEED = 0
 
 
 @dataclass
@@ -114,6 +119,7 @@ class DecoderEngine:
             self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
             loaded.weights.begin_suppress_tokens, self.device,
         )
+        self.alignment_heads = alignment_heads_of(loaded.weights)
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._ids = itertools.count()
@@ -122,8 +128,13 @@ class DecoderEngine:
                     num_blocks, config.block_size, num_blocks * block_bytes / 2**20, backend.name,
                     self.runner.graphs.sizes if self.runner.graphs else "off")
 
-    def make_request(self, options: DecodeOptions, cross_source: CrossKVSource | None, request_id: str | None = None) -> Request:
-        """Validate options and build a request; raises RequestRejectedError for bad options."""
+    def make_request(
+        self, options: DecodeOptions, cross_source: CrossKVSource | None, request_id: str | None = None,
+        audio_duration_s: float | None = None,
+    ) -> Request:
+        """Validate options and build a request; raises RequestRejectedError for bad options.
+
+        ``audio_duration_s``: how much of the 30 s window is audio (word alignment looks only there)."""
         prompt = build_prompt(self.tokenizer, self.dims, options)
         request = Request(
             request_id=request_id or f"req-{next(self._ids)}",
@@ -133,11 +144,17 @@ class DecoderEngine:
             options=options,
             cross_source=cross_source,
             detect_language=prompt.detect_language,
+            temperature=options.temperature,
+            audio_duration_s=audio_duration_s,
         )
         # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
         request.pending_tokens = list(prompt.tokens[: prompt.sot_index + 1] if prompt.detect_language else prompt.tokens)
-        if options.temperature > 0 and options.seed is not None:
-            request.generator = torch.Generator(device=self.device).manual_seed(options.seed)
+        # A greedy decode's fallback samples from a fixed seed unless given one, so its transcript
+        # is the same on every run and replica, offline and over HTTP; a temperature asked for
+        # stays random.
+        seed = options.seed if options.seed is not None or options.temperature > 0 else FALLBACK_SEED
+        if seed is not None and max(options.temperatures()) > 0:
+            request.generator = torch.Generator(device=self.device).manual_seed(seed)
         if not self.dims.is_multilingual:
             request.language = "en"
         elif options.language is not None:
@@ -227,40 +244,78 @@ class DecoderEngine:
             row_logits = all_logits[torch.tensor(rows, device=all_logits.device)]
         self.rules.apply(row_logits, [r.output_tokens for r in requests], [r.options.timestamps for r in requests])
         tokens, logprobs = sample(
-            row_logits, [r.options.temperature for r in requests], [r.generator for r in requests]
+            row_logits, [r.temperature for r in requests], [r.generator for r in requests]
         )
         finished = []
         eot = self.tokenizer.special.eot
         for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist()):
             request.sum_logprob += logprob
             if token == eot and not request.options.ignore_eot:
-                self.scheduler.finish(request, FinishReason.STOP)
+                done = FinishReason.STOP
             else:
                 request.output_tokens.append(token)
                 full = request.num_computed_tokens + 1 >= self.dims.n_text_ctx
-                if len(request.output_tokens) >= request.max_tokens or full:
-                    self.scheduler.finish(request, FinishReason.LENGTH)
-                else:
-                    request.pending_tokens = [token]
-            if request.finish_reason is not None:
-                finished.append(self._result(request))
+                done = FinishReason.LENGTH if len(request.output_tokens) >= request.max_tokens or full else None
+                request.pending_tokens = [token]
+            if done is not None and not self._retry_hotter(request):
+                result = self._result(request, done)
+                self.scheduler.finish(request, done)
+                finished.append(result)
         return finished
 
-    def _result(self, request: Request) -> DecodeResult:
+    def _avg_logprob(self, request: Request) -> float:
+        # openai-whisper divides by (sampled tokens + 1): the end-of-text token counts too.
+        return request.sum_logprob / (len(request.output_tokens) + 1)
+
+    def _retry_hotter(self, request: Request) -> bool:
+        """Temperature fallback: if the window's text fails the thresholds and a hotter temperature
+        is left, start its text again at that temperature and return True.
+
+        The request keeps its blocks: the cross-attention K/V is unchanged (no re-encode) and so is
+        the prompt's self-attention K/V, so only the last prompt token is fed again for its logits."""
+        fallback = request.options.fallback
+        temperatures = request.options.temperatures()
+        if fallback is None or request.attempt + 1 >= len(temperatures):
+            return False
+        text = self.tokenizer.decode(request.output_tokens)
+        if not needs_fallback(fallback, text, self._avg_logprob(request), request.no_speech_prob or 0.0):
+            return False
+        request.attempt += 1
+        request.temperature = temperatures[request.attempt]
+        request.output_tokens, request.sum_logprob = [], 0.0
+        request.num_computed_tokens = len(request.prompt_tokens) - 1
+        request.pending_tokens = request.prompt_tokens[-1:]
+        return True
+
+    def _result(self, request: Request, reason: FinishReason | None = None) -> DecodeResult:
+        """The request's result; for a decoded one (``reason`` given), called while it still holds
+        its blocks, since word alignment reads its cross-attention K/V."""
         self._by_id.pop(request.request_id, None)
         self.runner.release(request.request_id)
+        options = request.options
+        tokens = list(request.output_tokens)
+        text = self.tokenizer.decode(tokens)
+        avg_logprob = self._avg_logprob(request)
+        no_speech_prob = request.no_speech_prob if request.no_speech_prob is not None else float("nan")
+        silent = options.fallback is not None and reason is not None and is_silence(options.fallback, avg_logprob, no_speech_prob)
+        if silent:
+            tokens, text = [], ""  # openai-whisper skips a window it judges silent
+        # The tail segment runs to the window's end; the transcript clamps it to the audio's.
+        segments = timed_segments(self.tokenizer, tokens, CHUNK_LENGTH_S) if options.timestamps else None
+        if options.word_timestamps and reason is not None:
+            segments = align_words(self.runner.model, self.runner.storage, self.tokenizer, self.alignment_heads, request, segments)
         return DecodeResult(
             request_id=request.request_id,
-            tokens=list(request.output_tokens),
-            text=self.tokenizer.decode(request.output_tokens),
-            # openai-whisper divides by (sampled tokens + 1): the end-of-text token counts too.
-            avg_logprob=request.sum_logprob / (len(request.output_tokens) + 1),
-            no_speech_prob=request.no_speech_prob if request.no_speech_prob is not None else float("nan"),
+            tokens=tokens,
+            text=text,
+            avg_logprob=avg_logprob,
+            no_speech_prob=no_speech_prob,
             language=request.language,
-            temperature=request.options.temperature,
-            finish_reason=request.finish_reason,
+            temperature=request.temperature,
+            finish_reason=reason or request.finish_reason,
             error=request.error,
             retriable=request.error_retriable,
-            # The tail segment runs to the window's end; the transcript clamps it to the audio's.
-            segments=timed_segments(self.tokenizer, request.output_tokens, CHUNK_LENGTH_S) if request.options.timestamps else None,
+            segments=segments,
+            compression_ratio=compression_ratio(text),
+            no_speech=silent,
         )

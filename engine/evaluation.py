@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class SpeechClip:
@@ -27,6 +29,45 @@ def load_manifest(folder: Path) -> list[SpeechClip]:
             item = json.loads(line)
             clips.append(SpeechClip(item["id"], folder / item["audio"], item.get("text"), item["duration_s"]))
     return clips
+
+
+@dataclass(frozen=True)
+class ConcatenatedSpeech:
+    """Clips played one after another with silence between them: a long file with a known text."""
+
+    samples: np.ndarray  # float32, 16 kHz
+    text: str
+    clip_starts_s: list[float]  # where each clip begins in ``samples``
+    clip_ends_s: list[float]  # and ends; silence follows it
+
+    @property
+    def duration_s(self) -> float:
+        return len(self.samples) / 16000
+
+
+def concatenate_clips(clips: list[SpeechClip], silence_s: float) -> ConcatenatedSpeech:
+    """Built when needed from the speech set, so no long audio sits in the repository."""
+    from engine.audio import SAMPLE_RATE, load_audio_file
+
+    silence = np.zeros(round(silence_s * SAMPLE_RATE), dtype=np.float32)
+    pieces, starts, ends, position = [], [], [], 0
+    for clip in clips:
+        audio = load_audio_file(clip.path)
+        starts.append(position / SAMPLE_RATE)
+        ends.append((position + len(audio)) / SAMPLE_RATE)
+        pieces += [audio, silence]
+        position += len(audio) + len(silence)
+    return ConcatenatedSpeech(np.concatenate(pieces), " ".join(clip.text for clip in clips), starts, ends)
+
+
+# The long-form test file (tests/test_long_form.py, benchmarks/bench_long_form.py): 73 s, three
+# windows; real speech (JFK, the Harvard sentences) and synthetic.
+LONG_FORM_CLIP_IDS = ["jfk", *(f"osr72_{i:02d}" for i in range(1, 11)), *(f"tts_{i:02d}" for i in range(1, 7))]
+
+
+def long_form_file(folder: Path) -> ConcatenatedSpeech:
+    clips = {clip.id: clip for clip in load_manifest(folder)}
+    return concatenate_clips([clips[clip_id] for clip_id in LONG_FORM_CLIP_IDS], silence_s=1.0)
 
 
 @lru_cache(maxsize=1)

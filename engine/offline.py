@@ -13,11 +13,11 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-from engine.audio import decode_audio, load_audio_file, pad_or_trim
+from engine.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
 from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FinishReason
-from engine.transcript import Transcription, assemble_transcription, split_windows
+from engine.transcript import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
 
 AudioInput = Union[bytes, str, os.PathLike, np.ndarray]
 
@@ -38,21 +38,37 @@ class Transcriber:
         self.encoder = EncoderRunner(self.loaded)
         self.decoder = DecoderEngine(self.loaded)
 
-    def transcribe(self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions()) -> list[Transcription]:
+    def transcribe(
+        self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions(), long_form: LongFormMode = "parallel",
+    ) -> list[Transcription]:
+        self.decoder.make_request(options, cross_source=None)  # fail fast on bad options
         samples = [to_samples(audio) for audio in inputs]
+        if long_form == "sequential":
+            return self._transcribe_sequentially(samples, options)
         file_windows = [split_windows(audio) for audio in samples]
         windows = deque(
-            (file_index, window.samples) for file_index, cut in enumerate(file_windows) for window in cut
+            (file_index, window.samples, options) for file_index, cut in enumerate(file_windows) for window in cut
         )
-        results = self.run_windows(windows, options)
+        results = self.run_windows(windows)
         return [
             assemble_transcription(audio, file_windows[file_index], results.get(file_index, []))
             for file_index, audio in enumerate(samples)
         ]
 
-    def run_windows(self, windows: deque, options: DecodeOptions) -> dict[int, list[DecodeResult]]:
-        """windows: (key, samples) pairs; returns each key's results in window order."""
-        self.decoder.make_request(options, cross_source=None)  # fail fast on bad options
+    def _transcribe_sequentially(self, samples: list[np.ndarray], options: DecodeOptions) -> list[Transcription]:
+        """Each file's windows one after another; the files' current windows share batches."""
+        cursors = [SequentialCursor(audio, options) for audio in samples]
+        while True:
+            current = {index: step for index, cursor in enumerate(cursors) if (step := cursor.next_window()) is not None}
+            if not current:
+                return [cursor.transcription() for cursor in cursors]
+            results = self.run_windows(deque((index, window.samples, window_options)
+                                             for index, (window, window_options) in current.items()))
+            for index, (window, _) in current.items():
+                cursors[index].accept(window, results[index][0])
+
+    def run_windows(self, windows: deque) -> dict[int, list[DecodeResult]]:
+        """windows: (key, samples, options); returns each key's results in window order."""
         order: dict[str, tuple[int, int]] = {}
         results: dict[int, dict[int, DecodeResult]] = {}
         batch_size = self.config.encoder_batch_size
@@ -60,10 +76,12 @@ class Transcriber:
         while windows or self.decoder.has_work:
             if windows and self.decoder.num_waiting < batch_size:
                 batch = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
-                audio = torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples in batch]))
+                audio = torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in batch]))
                 cross_kv = self.encoder.cross_kv(self.encoder.encode(audio))
-                for (key, _), request_kv in zip(batch, cross_kv):
-                    request = self.decoder.make_request(options, CrossKVTensor(request_kv))
+                for (key, samples, options), request_kv in zip(batch, cross_kv):
+                    request = self.decoder.make_request(
+                        options, CrossKVTensor(request_kv), audio_duration_s=len(samples) / SAMPLE_RATE
+                    )
                     order[request.request_id] = (key, counter)
                     counter += 1
                     self.decoder.submit(request)

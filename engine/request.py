@@ -15,17 +15,41 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class FallbackOptions:
+    """openai-whisper's temperature fallback: a window whose output looks wrong is decoded again at
+    the next temperature. Defaults are openai-whisper's; a threshold of None is not checked."""
+
+    # Tried in order, from the first one above DecodeOptions.temperature.
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    compression_ratio_threshold: float | None = 2.4  # above it the text repeats itself
+    logprob_threshold: float | None = -1.0  # below it the model was unsure of its text
+    # Above it, with the log-probability below its threshold, the window is silence: no retry, no text.
+    no_speech_threshold: float | None = 0.6
+
+
+@dataclass(frozen=True)
 class DecodeOptions:
-    """How to decode one 30 s window; defaults follow openai-whisper's."""
+    """How to decode one 30 s window; defaults follow openai-whisper's DecodingOptions (so no
+    fallback: pass ``fallback=FallbackOptions()`` for transcribe()'s retries)."""
 
     language: str | None = None  # None: English for .en models, detected for multilingual ones
     task: Literal["transcribe", "translate"] = "transcribe"
     timestamps: bool = False
-    prompt: str | None = None  # previous text, conditions the decoder (<|startofprev|> ...)
+    # Previous text, conditions the decoder (<|startofprev|> ...): words, or token ids as decoded
+    # (sequential long-form passes the previous window's tokens, timestamps included).
+    prompt: str | tuple[int, ...] | None = None
     max_tokens: int | None = None  # new tokens; None: half the text context (224), as openai-whisper
     temperature: float = 0.0
-    seed: int | None = None  # for temperature > 0; None draws from torch's default generator
+    seed: int | None = None  # for temperature > 0; None: torch's default generator (fallback: a fixed seed)
     ignore_eot: bool = False  # benchmarks only: decode exactly max_tokens, end of text or not
+    fallback: FallbackOptions | None = None
+    word_timestamps: bool = False  # needs timestamps; aligns words with the cross-attention heads
+
+    def temperatures(self) -> tuple[float, ...]:
+        """The temperatures a window may be decoded at, in the order they are tried."""
+        if self.fallback is None:
+            return (self.temperature,)
+        return (self.temperature, *(t for t in self.fallback.temperatures if t > self.temperature))
 
 
 class RequestStatus(enum.Enum):
@@ -86,13 +110,28 @@ class Request:
     no_speech_prob: float | None = None
     language: str | None = None
     generator: torch.Generator | None = None
+    temperature: float = 0.0  # of the current attempt: options.temperatures()[attempt]
+    attempt: int = 0  # how many times fallback has restarted this window
+    audio_duration_s: float | None = None  # of the window's audio, for word alignment; None: 30 s
     finish_reason: FinishReason | None = None
     error: str | None = None
     error_retriable: bool = False
 
     @property
     def max_total_tokens(self) -> int:
-        return len(self.prompt_tokens) + self.max_tokens
+        # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
+        return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    """A word (with its leading space and any punctuation) and when it is spoken, in seconds from
+    the window's start."""
+
+    word: str
+    start_s: float
+    end_s: float
+    tokens: list[int]
 
 
 @dataclass(frozen=True)
@@ -104,6 +143,8 @@ class TimedText:
     end_s: float
     text: str
     tokens: list[int]
+    closed: bool = True  # False for text after the last timestamp: it may go on past the window
+    words: list[TimedWord] | None = None  # with word timestamps on; their text joins to ``text``
 
 
 @dataclass(frozen=True)
@@ -119,3 +160,5 @@ class DecodeResult:
     error: str | None = None  # why, when finish_reason is ERROR
     retriable: bool = False  # an ERROR that trying again may cure (e.g. a failed K/V transfer)
     segments: list[TimedText] | None = None  # with timestamps on: the text cut at timestamp tokens
+    compression_ratio: float = 0.0  # of the text: openai-whisper's repetition signal
+    no_speech: bool = False  # judged silence by the fallback thresholds: no text is returned

@@ -47,3 +47,21 @@ def random_whisper_folder(tmp_path_factory) -> Path:
     WhisperForConditionalGeneration(config).save_pretrained(folder)
     shutil.copy(resolve_model_folder("tiny.en") / "tokenizer.json", folder / "tokenizer.json")
     return folder
+
+
+@pytest.fixture(scope="session")
+def random_multilingual_whisper_folder(tmp_path_factory) -> Path:
+    """A small random multilingual Whisper (99 languages, translate), with base's tokenizer: the
+    multilingual plumbing (language detection, the task token) at the cost of a tiny model."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    torch.manual_seed(1)
+    config = WhisperConfig(
+        vocab_size=51865, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=1500, max_target_positions=448,
+    )
+    folder = tmp_path_factory.mktemp("random-multilingual-whisper")
+    WhisperForConditionalGeneration(config).save_pretrained(folder)
+    shutil.copy(resolve_model_folder("base") / "tokenizer.json", folder / "tokenizer.json")
+    return folder

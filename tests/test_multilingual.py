@@ -1,5 +1,5 @@
 """Multilingual Whisper (bundled base): language detection, transcription in the detected
-language, and translation to English."""
+language, and translation to English; and the same plumbing on a small random multilingual model."""
 
 from __future__ import annotations
 
@@ -80,3 +80,33 @@ def test_english_only_models_refuse_other_languages_and_translation(tiny_en):
         engine.make_request(DecodeOptions(language="de"), None)
     with pytest.raises(RequestRejectedError, match="English-only"):
         engine.make_request(DecodeOptions(task="translate"), None)
+
+
+@pytest.mark.parametrize("language, task", [(None, "transcribe"), ("de", "translate")], ids=["detect", "translate"])
+def test_a_random_multilingual_model_detects_the_language_transformers_ranks_first_and_decodes_its_tokens(
+    random_multilingual_whisper_folder, language, task
+):
+    loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder), block_size=8, kv_cache_memory_mb=64))
+    reference, _ = hf_model(str(random_multilingual_whisper_folder))
+    tokenizer = loaded.tokenizer
+    audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
+    encoder = EncoderRunner(loaded)
+    engine = DecoderEngine(loaded)
+    mels = log_mel_spectrogram(audio, 80)
+    request = engine.make_request(DecodeOptions(language=language, task=task, max_tokens=12),
+                                  CrossKVTensor(encoder.cross_kv(encoder.encode(audio))[0]))
+    engine.submit(request)
+    results = []
+    while engine.has_work:
+        results += engine.step()
+    with torch.inference_mode():
+        sot_logits = reference(input_features=mels, decoder_input_ids=torch.tensor([[tokenizer.special.sot]])).logits[0, -1]
+    codes = list(tokenizer.language_tokens)
+    their_language = codes[int(sot_logits[[tokenizer.language_tokens[c] for c in codes]].argmax())]
+    expected_language = language or their_language
+    task_token = tokenizer.special.translate if task == "translate" else tokenizer.special.transcribe
+    assert results[0].language == expected_language
+    assert request.prompt_tokens[1:3] == [tokenizer.language_tokens[expected_language], task_token]
+    expected = hf_greedy(reference, mels, request.prompt_tokens, request.max_tokens, tokenizer.special.eot,
+                         engine.rules.suppress_token_ids, engine.rules.begin_suppress_token_ids)
+    assert results[0].tokens == expected and engine.pool.num_used_blocks == 0

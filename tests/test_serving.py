@@ -21,7 +21,7 @@ import yaml
 
 from benchmarks.bench_load import metric_sum, run_load
 from engine.audio import load_audio_file
-from engine.request import DecodeOptions
+from engine.request import DecodeOptions, FallbackOptions
 
 from engine.offline import Transcriber
 from tests.conftest import SPEECH_DIR, english_clips
@@ -69,7 +69,8 @@ def client(server_url) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def offline_texts(tiny_en) -> dict[str, str]:
     clips = english_clips()
-    transcriptions = Transcriber(loaded=tiny_en).transcribe([clip.path for clip in clips])
+    # The API's defaults: temperature 0 with openai-whisper's fallback.
+    transcriptions = Transcriber(loaded=tiny_en).transcribe([clip.path for clip in clips], DecodeOptions(fallback=FallbackOptions()))
     return {clip.id: result.text for clip, result in zip(clips, transcriptions)}
 
 
@@ -106,7 +107,7 @@ def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
     path = SPEECH_DIR / "osr_list72.flac"  # 35.5 s: two windows, cut in a pause near 25 s
     assert _transcribe(client, path, response_format="text").strip() == offline_texts["osr_list72"]
     # Formats with times decode with Whisper's timestamp tokens, as the offline API does when asked.
-    offline = Transcriber(loaded=tiny_en).transcribe([path], DecodeOptions(timestamps=True))[0]
+    offline = Transcriber(loaded=tiny_en).transcribe([path], DecodeOptions(timestamps=True, fallback=FallbackOptions()))[0]
     verbose = _transcribe(client, path, response_format="verbose_json")
     assert verbose.text == offline.text and verbose.language == "en" and abs(verbose.duration - 35.55) < 0.01
     times = [(s.start, s.end) for s in verbose.segments]
@@ -128,6 +129,34 @@ def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
     captions = webvtt.from_string(vtt).captions
     assert [_seconds(c.start) for c in captions] == pytest.approx([t[0] for t in times], abs=1e-3)
     assert " ".join(c.text for c in captions).split() == verbose.text.split()
+
+
+def test_a_streamed_long_file_gets_a_delta_per_window_that_join_to_the_final_text(client, offline_texts):
+    path = SPEECH_DIR / "osr_list72.flac"  # 35.5 s: two windows
+    with open(path, "rb") as audio:
+        events = list(client.audio.transcriptions.create(model="whisper-1", file=audio, stream=True))
+    deltas = [event.delta for event in events if event.type == "transcript.text.delta"]
+    assert [event.type for event in events[len(deltas):]] == ["transcript.text.done"], "deltas, then one done"
+    assert len(deltas) >= 2
+    assert "".join(deltas) == events[-1].text == offline_texts["osr_list72"]
+
+
+def test_word_timestamps_come_in_verbose_json_inside_their_segments(client):
+    verbose = _transcribe(client, SPEECH_DIR / "osr_list72.flac", response_format="verbose_json",
+                          timestamp_granularities=["word", "segment"])
+    words = verbose.words
+    assert len(words) == len(verbose.text.split())
+    assert [w.word for w in words] == verbose.text.split()
+    assert all(a.start <= b.start for a, b in zip(words, words[1:])) and all(w.start <= w.end for w in words)
+    assert all(any(s.start <= w.start <= w.end <= s.end for s in verbose.segments) for w in words)
+
+
+def test_sequential_long_form_over_http_matches_the_offline_sequential_transcript(client, tiny_en):
+    path = SPEECH_DIR / "osr_list72.flac"
+    offline = Transcriber(loaded=tiny_en).transcribe([path], DecodeOptions(fallback=FallbackOptions()), long_form="sequential")[0]
+    verbose = _transcribe(client, path, response_format="verbose_json", extra_body={"long_form": "sequential"})
+    assert verbose.text == offline.text
+    assert all(a.end <= b.start for a, b in zip(verbose.segments, verbose.segments[1:]))
 
 
 def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
@@ -179,6 +208,10 @@ BAD_REQUESTS = [
     ("nan-temperature", ("jfk.flac", JFK), {"temperature": "warm"}, 400, "temperature"),
     ("bad-granularity", ("jfk.flac", JFK), {"timestamp_granularities[]": "sentence"}, 400, "timestamp_granularities[]"),
     ("bad-language", ("jfk.flac", JFK), {"language": "klingon"}, 400, "language"),
+    ("bad-long-form", ("jfk.flac", JFK), {"long_form": "sideways"}, 400, "long_form"),
+    ("beam-search", ("jfk.flac", JFK), {"beam_size": "5"}, 400, "beam_size"),
+    ("streamed-srt", ("jfk.flac", JFK), {"stream": "true", "response_format": "srt"}, 400, "stream"),
+    ("bad-threshold", ("jfk.flac", JFK), {"logprob_threshold": "low"}, 400, "logprob_threshold"),
     ("over-duration-limit", ("long.wav", LONG_WAV), {}, 413, "file"),
     ("over-size-limit", ("huge.wav", b"\x00" * (26 * 2**20)), {}, 413, "file"),
 ]
@@ -211,11 +244,13 @@ def test_other_rates_channels_depths_and_formats_are_converted_and_transcribed(c
 @pytest.mark.parametrize("name, samples", [("nothing.wav", np.zeros(0, np.float32)), ("silence.wav", np.zeros(32000, np.float32))])
 def test_zero_length_and_silent_audio_get_a_valid_transcript_not_an_error(client, name, samples):
     verbose = client.audio.transcriptions.create(
-        model="whisper-1", file=(name, _encoded(samples, 16000, "WAV", "PCM_16")), response_format="verbose_json"
+        model="whisper-1", file=(name, _encoded(samples, 16000, "WAV", "PCM_16")), response_format="verbose_json",
+        timestamp_granularities=["word"],
     )
     assert isinstance(verbose.text, str) and abs(verbose.duration - len(samples) / 16000) < 0.01
+    assert isinstance(verbose.words, list)
     if len(samples) == 0:
-        assert verbose.text == "" and verbose.segments == []
+        assert verbose.text == "" and verbose.segments == [] and verbose.words == []
 
 
 def test_translation_on_an_english_only_model_is_a_clear_400(server_url):

@@ -1,5 +1,5 @@
-"""Long audio is cut into windows at quiet points, and timestamp tokens cut a window's text into
-timed segments."""
+"""Long audio is cut into windows at quiet points, timestamp tokens cut a window's text into
+timed segments, and sequential mode seeks by them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from engine.audio import N_SAMPLES, SAMPLE_RATE, load_audio_file
 from engine.decoding import timed_segments
 from engine.evaluation import word_error_rate
 from engine.offline import Transcriber
-from engine.transcript import split_windows
+from engine.request import DecodeOptions, DecodeResult, FinishReason, TimedText
+from engine.transcript import SequentialCursor, split_windows
 from tests.conftest import english_clips
 
 
@@ -51,3 +52,31 @@ def test_pairs_of_timestamps_close_and_open_segments_and_the_tail_runs_to_the_wi
 def test_text_without_any_timestamp_is_one_segment_over_the_window(tiny_en):
     segments = timed_segments(tiny_en.tokenizer, tiny_en.tokenizer.encode(" just words"), window_s=12.0)
     assert [(s.start_s, s.end_s, s.text) for s in segments] == [(0.0, 12.0, " just words")]
+
+
+def _result(tokens: list[int], segments: list[TimedText], temperature: float = 0.0) -> DecodeResult:
+    return DecodeResult("w", tokens, "".join(s.text for s in segments), -0.2, 0.01, "en", temperature,
+                        FinishReason.STOP, segments=segments)
+
+
+def test_sequential_mode_drops_an_unfinished_last_segment_and_starts_the_next_window_at_it():
+    samples = np.zeros(SAMPLE_RATE * 65, dtype=np.float32)
+    cursor = SequentialCursor(samples, DecodeOptions(prompt="earlier words"))
+    window, options = cursor.next_window()
+    assert window.start_sample == 0 and len(window.samples) == N_SAMPLES
+    assert options.timestamps and options.prompt == "earlier words", "the caller's prompt conditions the first window"
+    ts = {0.0: 50363, 5.0: 50613}  # timestamp tokens (ids do not matter here)
+    tokens = [ts[0.0], 11, 12, ts[5.0], ts[5.0], 13, 14]
+    segments = [TimedText(0.0, 5.0, " one two", [11, 12]), TimedText(5.0, 30.0, " three four", [13, 14], closed=False)]
+    kept = cursor.accept(window, _result(tokens, segments))
+    assert kept.text == " one two" and kept.segments == segments[:1] and kept.tokens == tokens[:4]
+    window, options = cursor.next_window()
+    assert window.start_sample == 5 * SAMPLE_RATE, "the next window starts where the dropped segment began"
+    assert options.prompt == tuple(tokens[:4]), "and is conditioned on the kept tokens, timestamps included"
+    # A hot window (temperature > 0.5) is not passed on as a prompt, and a closed window is kept whole.
+    cursor.accept(window, _result([ts[0.0], 15, ts[5.0]], [TimedText(0.0, 5.0, " five", [15])], temperature=0.8))
+    window, options = cursor.next_window()
+    assert window.start_sample == 35 * SAMPLE_RATE and options.prompt is None
+    cursor.accept(window, _result([], []))
+    assert cursor.next_window() is None
+    assert cursor.transcription().window_starts_s == [0.0, 5.0, 35.0]
