@@ -26,7 +26,7 @@ from deployments.metrics import ServingMetrics
 from deployments.encoder import WindowJob
 from engine.audio import SAMPLE_RATE, decode_audio
 from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
-from engine.request import DecodeOptions, DecodeResult, FinishReason
+from engine.request import DecodeOptions, DecodeResult, FinishReason, Priority
 from engine.transcript import Transcription, assemble_transcription, split_windows
 from kv_transfer.base import StagingFullError
 
@@ -98,6 +98,7 @@ class TranscriptionForm:
     options: DecodeOptions
     response_format: str
     timestamp_granularities: tuple[str, ...]
+    priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
 
 
 def _parse_temperature(raw) -> float:
@@ -110,6 +111,16 @@ def _parse_temperature(raw) -> float:
     if not 0.0 <= value <= 1.0:
         raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature")
     return value
+
+
+def _parse_priority(raw) -> Priority | None:
+    """The vendor field `priority` (interactive | batch); absent: chosen by the audio's length."""
+    if raw in (None, ""):
+        return None
+    try:
+        return Priority(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid priority '{raw}'; expected 'interactive' or 'batch'.", param="priority") from None
 
 
 @serve.ingress(app)
@@ -180,7 +191,9 @@ class Ingress:
             if duration_s > self.config.http.max_audio_duration_s:
                 raise APIError(413, f"Audio is {duration_s:.0f} s long; this server accepts at most "
                                f"{self.config.http.max_audio_duration_s:.0f} s.", param="file", code="audio_too_long")
-            transcription = await self._transcribe(samples, form.options)
+            priority = form.priority or (Priority.INTERACTIVE if duration_s <= self.config.http.interactive_max_duration_s
+                                         else Priority.BATCH)
+            transcription = await self._transcribe(samples, form.options, priority)
             response = self._format(transcription, form, task)
         except Exception as error:  # every failure answers, in OpenAI's error format
             api_error = _status_of(error)
@@ -189,24 +202,24 @@ class Ingress:
         self.metrics.observe_request(route, 200, time.perf_counter() - started, transcription.duration_s)
         return response
 
-    async def _transcribe(self, samples, options: DecodeOptions) -> Transcription:
+    async def _transcribe(self, samples, options: DecodeOptions, priority: Priority) -> Transcription:
         request_id = uuid.uuid4().hex
         windows = split_windows(samples)
         # All windows of a file go to the encoder at once, so they share its batches.
         results = await asyncio.gather(*(
-            self._decode_window(f"{request_id}-{index}", window.samples, options) for index, window in enumerate(windows)
+            self._decode_window(f"{request_id}-{index}", window.samples, options, priority) for index, window in enumerate(windows)
         ))
         return assemble_transcription(samples, windows, list(results))
 
-    async def _decode_window(self, window_id: str, samples, options: DecodeOptions) -> DecodeResult:
+    async def _decode_window(self, window_id: str, samples, options: DecodeOptions, priority: Priority) -> DecodeResult:
         """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
         K/V transfer sends the window through the encoder again, to whichever replicas Serve
         routes it to now; only when every attempt fails does the request get a 503."""
         failure = "no attempt made"
         for attempt in range(WINDOW_ATTEMPTS):
             try:
-                handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples))
-                result: DecodeResult = await self.decoder.decode.remote(handle, options)
+                handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples, priority))
+                result: DecodeResult = await self.decoder.decode.remote(handle, options, priority)
             except REPLICA_LOST as error:
                 failure = f"a replica was lost ({type(error).__name__})"
                 logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)
@@ -288,5 +301,5 @@ class Ingress:
         timestamps = response_format in ("srt", "vtt", "verbose_json")
         options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
                                 temperature=temperature, timestamps=timestamps)
-        return TranscriptionForm(data, options, response_format, granularities)
+        return TranscriptionForm(data, options, response_format, granularities, _parse_priority(form.get("priority")))
 

@@ -96,7 +96,8 @@ class DecoderEngine:
         )
         backend = make_attention_backend(config.attention_backend, self.device)
         self.runner = ModelRunner(loaded.model, storage, backend)
-        self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.interactive_reserved_seqs, config.batch_aging_s)
         self.rules = LogitRules(
             self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
             loaded.weights.begin_suppress_tokens, self.device,
