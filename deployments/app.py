@@ -52,7 +52,8 @@ def build_whisper_app(config: AppConfig) -> Application:
         "WhisperEncoder", config.encoder, EncoderPolicy, {"target_pending_windows": config.encoder.target_pending_windows}))
     decoder = serve.deployment(DecoderDeployment).options(
         **_deployment_options("WhisperDecoder", config.decoder, DecoderPolicy,
-                              {"target_kv_utilization": config.decoder.target_kv_utilization}),
+                              {"target_kv_utilization": config.decoder.target_kv_utilization,
+                               "interactive_slots_reserved": config.engine.interactive_reserved_seqs > 0}),
         request_router_config=RequestRouterConfig(
             request_router_class=MostFreeKVBlocksRouter,
             request_routing_stats_period_s=config.decoder.routing_stats_period_s,

@@ -47,13 +47,16 @@ class DecoderPolicy:
     blocks a replica should fill. (A decoder replica accepts windows up to its generous
     max_ongoing_requests, so windows wait inside replicas, where their blocks are counted.)
 
-    Both priorities count in the blocks. Interactive windows waiting for admission also mean the
-    slots kept for them (engine.interactive_reserved_seqs) are used up: then the policy asks for at
-    least one more replica, whatever the block arithmetic says, because latency is what suffers.
+    Both priorities count in the blocks. When slots are kept for interactive work
+    (engine.interactive_reserved_seqs > 0), an interactive window waiting for admission means those
+    slots are used up: then the policy asks for at least one more replica, whatever the block
+    arithmetic says, because interactive latency is what suffers. (Without reserved slots, windows
+    wait briefly for a free slot all the time, and that alone is no reason to scale.)
     """
 
-    def __init__(self, target_kv_utilization: float):
+    def __init__(self, target_kv_utilization: float, interactive_slots_reserved: bool):
         self.target_kv_utilization = target_kv_utilization
+        self.interactive_slots_reserved = interactive_slots_reserved
 
     def __call__(self, ctx: AutoscalingContext) -> tuple[float, dict[str, Any]]:
         pool_sizes = list((ctx.aggregated_metrics or {}).get(KV_TOTAL_BLOCKS, {}).values())
@@ -62,6 +65,6 @@ class DecoderPolicy:
         blocks_per_replica = sum(pool_sizes) / len(pool_sizes)
         demand_blocks = _sum_over_replicas(ctx, KV_DEMAND_BLOCKS)
         desired = demand_blocks / (blocks_per_replica * self.target_kv_utilization)
-        if _sum_over_replicas(ctx, INTERACTIVE_WAITING) >= 1.0:
+        if self.interactive_slots_reserved and _sum_over_replicas(ctx, INTERACTIVE_WAITING) >= 1.0:
             desired = max(desired, ctx.current_num_replicas + 1)
         return desired, {}

@@ -14,6 +14,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
+import ray
 import torch
 
 from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TOTAL_BLOCKS
@@ -40,6 +41,7 @@ class DecoderStats:
     windows_decoded: int
     windows_aborted: int  # callers that went away (disconnects, timeouts) before their result
     tokens_generated: int
+    node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
 
 
 class DecoderDeployment:
@@ -168,6 +170,7 @@ class DecoderDeployment:
             windows_decoded=self.windows_decoded,
             windows_aborted=self.windows_aborted,
             tokens_generated=self.tokens_generated,
+            node_id=ray.get_runtime_context().get_node_id(),
         )
 
     def __del__(self):

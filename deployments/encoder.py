@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import ray
 import torch
 
 from deployments.autoscaling import PENDING_WINDOWS
@@ -52,6 +53,7 @@ class EncoderStats:
     mean_batch_size: float
     num_staged: int
     num_pending: int  # windows queued or in the forward now
+    node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
     connector: str  # the transfer connector really in use ("nixl", "object_store", "local")
     payload: str  # what is shipped: "cross_kv" or "encoder_states"
 
@@ -163,6 +165,7 @@ class EncoderDeployment:
             mean_batch_size=self.windows_encoded / self.batches if self.batches else 0.0,
             num_staged=self.sender.num_staged,
             num_pending=self.num_pending,
+            node_id=ray.get_runtime_context().get_node_id(),
             connector=self.config.transfer.resolved_connector(),
             payload=self.payload,
         )
