@@ -56,7 +56,7 @@ def scenario_config(upscale_delay_s: float = 2.0, downscale_delay_s: float = 6.0
         "engine": {"model": "tiny.en", "device": "cpu", "max_num_seqs": 2, "kv_cache_memory_mb": 300},
         # The object store works between raylets with no further setup; NIXL would need UCX networking.
         "transfer": {"connector": "object_store", "staging_memory_mb": 256},
-        "encoder": {"num_cpus": 0.5, "torch_threads": 1, "max_batch_size": 2, "target_pending_windows": 4,
+        "encoder": {"num_cpus": 0.5, "torch_threads": 1, "max_batch_size": 2, "target_pending_windows": 6,
                     "resources": {NODE_RESOURCE[ENCODER]: 1}, "autoscaling": scaling, "drain_timeout_s": 60},
         "decoder": {"num_cpus": 0.5, "torch_threads": 1, "target_kv_utilization": 0.5, "routing_stats_period_s": 0.5,
                     "resources": {NODE_RESOURCE[DECODER]: 1}, "autoscaling": scaling, "drain_timeout_s": 60},
@@ -239,7 +239,7 @@ class ScenarioResult:
         }
 
 
-def run_scenario(url: str, burst_s: float, load_s: float, burst_clients: int = 16, load_clients: int = 6,
+def run_scenario(url: str, burst_s: float, load_s: float, burst_clients: int = 16, load_clients: int = 5,
                  idle_timeout_s: float = 90) -> ScenarioResult:
     timeline, outcome = Timeline(), LoadOutcome()
     silent = [near_silent_clip(seed) for seed in range(8)]
@@ -313,7 +313,7 @@ def main() -> None:
     if args.record:
         notes = (f"Replica counts over time: `benchmarks/autoscaling.png`. Placement by custom resource: "
                  f"{ {name: sorted(r) for name, r in result.placement.items()} }. Encoder burst: 16 clients "
-                 f"sending 2 s near-silent clips back to back for {args.burst_s:g} s; decoder load: 6 clients sending "
+                 f"sending 2 s near-silent clips back to back for {args.burst_s:g} s; decoder load: 5 clients sending "
                  f"85 s dense-speech files for {args.load_s:g} s (client starts spread over the first half); autoscaling delays 2 s up / 6 s down.")
         record("Autoscaling on a local 3-raylet cluster (bench_autoscaling.py)", table, notes,
                json_path=ROOT / "benchmarks" / "results" / "autoscaling.json", metrics=metrics)
