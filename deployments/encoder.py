@@ -38,7 +38,7 @@ class WindowJob:
     priority: Priority = Priority.INTERACTIVE
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the queue removes exactly this window
 class QueuedWindow:
     job: WindowJob
     done: asyncio.Future  # the staged handle, or the exception that failed this window
