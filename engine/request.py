@@ -29,8 +29,8 @@ class DecodeOptions:
 
 class Priority(str, enum.Enum):
     """Who waits for a request: a person (interactive) or a job (batch). Interactive work is
-    scheduled first; batch work that has waited ``batch_aging_s`` is scheduled as interactive,
-    so a steady interactive stream cannot starve it."""
+    scheduled first; batch work that has waited ``batch_aging_s`` (to be admitted, or to run a
+    step) is scheduled as interactive, so a steady interactive stream cannot starve it."""
 
     INTERACTIVE = "interactive"
     BATCH = "batch"
@@ -93,7 +93,8 @@ class Request:
     priority: Priority = Priority.INTERACTIVE
 
     status: RequestStatus = RequestStatus.WAITING
-    arrived_s: float = 0.0  # time.monotonic() when the scheduler got it: the age that batch aging counts
+    # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch aging counts it.
+    waiting_since_s: float = 0.0
     blocks: RequestBlocks = field(default_factory=RequestBlocks)
     num_computed_tokens: int = 0  # tokens whose K/V sit in the self-attention blocks
     pending_tokens: list[int] = field(default_factory=list)  # fed at the next step

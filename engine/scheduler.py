@@ -12,6 +12,9 @@ to finish.
 Priorities: the next request to admit is the oldest interactive one, or the oldest batch one when
 no interactive request waits. A batch request that has waited ``batch_aging_s`` ranks as
 interactive (so an interactive stream delays batch work by at most that long, never forever).
+While interactive requests decode, admitted batch requests sit out the steps (keeping their
+blocks) until they too have waited ``batch_aging_s``: a step's time grows with every sequence in
+it, so this is what keeps an interactive request's decode as fast behind a batch backlog as alone.
 ``interactive_reserved_seqs`` keeps that many sequence slots, and room in the pool for that many
 more requests of the same size, out of batch work's reach, so an interactive request arriving
 behind a batch backlog is admitted at the next step instead of waiting for batch windows to finish.
@@ -62,7 +65,7 @@ class Scheduler:
                 f"cache has {self.pool.num_blocks}: raise kv_cache_memory_mb"
             )
         request.status = RequestStatus.WAITING
-        request.arrived_s = time.monotonic()
+        request.waiting_since_s = time.monotonic()
         self.waiting.append(request)
 
     @property
@@ -85,17 +88,22 @@ class Scheduler:
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        return ScheduledStep(admitted=admitted, batch=list(self.running))
+        batch = [r for r in self.running if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)]
+        if not batch:
+            batch = list(self.running)  # only batch work: all of it runs
+        for request in batch:
+            request.waiting_since_s = now
+        return ScheduledStep(admitted=admitted, batch=batch)
 
     def _next_to_admit(self, now: float) -> Request:
         """The oldest request that ranks as interactive now, else the oldest (batch) one."""
         for request in self.waiting:
-            if is_promoted(request.priority, now - request.arrived_s, self.batch_aging_s):
+            if is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s):
                 return request
         return self.waiting[0]
 
     def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
-        if is_promoted(request.priority, now - request.arrived_s, self.batch_aging_s):
+        if is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s):
             return len(self.running) < self.max_num_seqs and self.pool.can_allocate(needed_blocks)
         reserved = self.interactive_reserved_seqs
         return (len(self.running) < self.max_num_seqs - reserved

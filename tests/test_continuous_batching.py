@@ -169,6 +169,25 @@ def test_reserved_slots_admit_an_interactive_request_at_once_behind_a_batch_back
     assert len(results) == 6 and engine.pool.num_used_blocks == 0, "the batch backlog finishes too"
 
 
+def test_while_an_interactive_request_decodes_admitted_batch_requests_sit_out_the_steps(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=3, batch_aging_s=60)
+    for i in range(2):
+        _submit(engine, cross_kvs[i], f"batch{i}", Priority.BATCH)
+    engine.step()
+    engine.step()
+    _submit(engine, cross_kvs[2], "interactive", Priority.INTERACTIVE)
+    engine.step()  # admitted
+    progress = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
+    finished = []
+    while not finished:
+        finished = engine.step()
+        if not finished:
+            assert {r.request_id: r.num_computed_tokens for r in engine.scheduler.running if r.request_id != "interactive"} \
+                == {k: v for k, v in progress.items() if k != "interactive"}, "batch requests were stepped"
+    assert [r.request_id for r in finished] == ["interactive"]
+    assert len(run_to_completion(engine)) == 2, "then the batch requests finish"
+
+
 def test_block_pool_refuses_double_frees_and_over_allocation():
     pool = BlockPool(num_blocks=4, block_size=16)
     blocks = pool.allocate(3)
