@@ -13,8 +13,9 @@ Priorities: the next request to admit is the oldest interactive one, or the olde
 no interactive request waits. A batch request that has waited ``batch_aging_s`` ranks as
 interactive (so an interactive stream delays batch work by at most that long, never forever).
 While interactive requests decode, admitted batch requests sit out the steps (keeping their
-blocks) until they too have waited ``batch_aging_s``: a step's time grows with every sequence in
-it, so this is what keeps an interactive request's decode as fast behind a batch backlog as alone.
+blocks) until they have waited ``batch_aging_s``, then run at every step with them: a step's time
+grows with every sequence in it, so this is what keeps an interactive request's decode as fast
+behind a batch backlog as alone, while batch work loses at most ``batch_aging_s`` to it.
 ``interactive_reserved_seqs`` keeps that many sequence slots, and room in the pool for that many
 more requests of the same size, out of batch work's reach, so an interactive request arriving
 behind a batch backlog is admitted at the next step instead of waiting for batch windows to finish.
@@ -90,9 +91,11 @@ class Scheduler:
             admitted.append(request)
         batch = [r for r in self.running if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)]
         if not batch:
-            batch = list(self.running)  # only batch work: all of it runs
-        for request in batch:
-            request.waiting_since_s = now
+            # Only batch work runs: all of it, and nothing of it waits now. (While interactive work
+            # runs, a batch request's wait is not reset: once aged it runs at every step until then.)
+            batch = list(self.running)
+            for request in batch:
+                request.waiting_since_s = now
         return ScheduledStep(admitted=admitted, batch=batch)
 
     def _next_to_admit(self, now: float) -> Request:

@@ -76,7 +76,7 @@ def test_an_unknown_priority_is_rejected_with_its_field_named(server_url):
 
 def test_interactive_p99_latency_behind_a_batch_backlog_stays_within_twice_the_idle_latency(server_url):
     _interactive_latencies_s(server_url)  # warm-up: first requests pay one-off costs
-    idle = _interactive_latencies_s(server_url)
+    idle = _interactive_latencies_s(server_url)  # more idle samples follow the backlog
 
     long_file = dense_speech_file()
     stop = threading.Event()
@@ -95,6 +95,9 @@ def test_interactive_p99_latency_behind_a_batch_backlog_stays_within_twice_the_i
     stop.set()
     for client in clients:
         client.join()
+    # Idle again: the CI machine is shared, and its other load drifts over the test's minute, so the
+    # idle figure is sampled on both sides of the backlog.
+    idle += _interactive_latencies_s(server_url)
 
     print(f"interactive p99: idle {_p99(idle):.2f} s, behind the batch backlog {_p99(loaded):.2f} s; "
           f"{len(batch_done)} batch files done meanwhile")
