@@ -10,8 +10,9 @@ starve); every step runs every admitted request, so a short request never waits 
 to finish.
 
 Priorities: the next request to admit is the oldest interactive one, or the oldest batch one when
-no interactive request waits. A batch request that has waited ``batch_aging_s`` ranks as
-interactive (so an interactive stream delays batch work by at most that long, never forever).
+no interactive request waits. A batch request that has waited ``batch_aging_s`` while no batch
+request runs ranks as interactive (so an interactive stream delays batch work by at most that
+long, never forever).
 While interactive requests decode, admitted batch requests sit out the steps (keeping their
 blocks) until they have waited ``batch_aging_s``, then run at every step with them: a step's time
 grows with every sequence in it, so this is what keeps an interactive request's decode as fast
@@ -98,15 +99,22 @@ class Scheduler:
                 request.waiting_since_s = now
         return ScheduledStep(admitted=admitted, batch=batch)
 
+    def _admits_as_interactive(self, request: Request, now: float) -> bool:
+        # Aging is against starvation: while batch requests are running, batch work makes progress
+        # and its waiting requests keep their rank (or a long backlog would age into interactive's).
+        if request.priority == Priority.BATCH and any(r.priority == Priority.BATCH for r in self.running):
+            return False
+        return is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s)
+
     def _next_to_admit(self, now: float) -> Request:
         """The oldest request that ranks as interactive now, else the oldest (batch) one."""
         for request in self.waiting:
-            if is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s):
+            if self._admits_as_interactive(request, now):
                 return request
         return self.waiting[0]
 
     def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
-        if is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s):
+        if self._admits_as_interactive(request, now):
             return len(self.running) < self.max_num_seqs and self.pool.can_allocate(needed_blocks)
         reserved = self.interactive_reserved_seqs
         return (len(self.running) < self.max_num_seqs - reserved

@@ -189,7 +189,7 @@ def test_while_an_interactive_request_decodes_admitted_batch_requests_sit_out_th
 
 
 def test_a_batch_request_sitting_out_past_its_aging_runs_at_every_step_beside_interactive_ones(tiny_en, cross_kvs):
-    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=0.2)
+    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=1.5)
     _submit(engine, cross_kvs[0], "batch", Priority.BATCH)
     engine.step()
     _submit(engine, cross_kvs[1], "interactive", Priority.INTERACTIVE)
@@ -198,7 +198,7 @@ def test_a_batch_request_sitting_out_past_its_aging_runs_at_every_step_beside_in
     sat_out_at = batch.num_computed_tokens
     engine.step()
     assert batch.num_computed_tokens == sat_out_at, "it sits out while young"
-    time.sleep(0.3)
+    time.sleep(1.6)
     for expected_steps in (1, 2, 3):
         engine.step()
         assert batch.num_computed_tokens == sat_out_at + expected_steps, "aged: it runs at every step"
