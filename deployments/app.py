@@ -7,26 +7,58 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
+from deployments.autoscaling import DecoderPolicy, EncoderPolicy
 from deployments.config import AppConfig, ReplicaOptions, parse_app_config
 from deployments.decoder import DecoderDeployment
 from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
+from deployments.routing import MostFreeKVBlocksRouter
 
 
-def _deployment_options(name: str, options: ReplicaOptions) -> dict[str, Any]:
-    return {
+def _deployment_options(name: str, options: ReplicaOptions, policy: type | None = None,
+                        policy_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    deployment = {
         "name": name,
-        "num_replicas": options.num_replicas,
         "ray_actor_options": options.ray_actor_options(),
         "max_ongoing_requests": options.max_ongoing_requests,
         "max_queued_requests": options.max_queued_requests,
+        # Scale-down and redeploys drain: the replica leaves the router's set, then Serve waits for
+        # its ongoing calls (and its __del__) up to drain_timeout_s before stopping it.
+        "graceful_shutdown_timeout_s": options.drain_timeout_s,
+        "graceful_shutdown_wait_loop_s": 0.5,
     }
+    scaling = options.autoscaling
+    if scaling is None:
+        deployment["num_replicas"] = options.num_replicas
+        return deployment
+    deployment["autoscaling_config"] = AutoscalingConfig(
+        min_replicas=scaling.min_replicas,
+        max_replicas=scaling.max_replicas,
+        initial_replicas=scaling.initial_replicas if scaling.initial_replicas is not None else max(1, scaling.min_replicas),
+        upscale_delay_s=scaling.upscale_delay_s,
+        downscale_delay_s=scaling.downscale_delay_s,
+        metrics_interval_s=scaling.metrics_interval_s,
+        look_back_period_s=scaling.look_back_period_s,
+        # Serve's default policy (requests per replica) for the ingress; the sides' own signal otherwise.
+        **({"policy": AutoscalingPolicy(policy_function=policy, policy_kwargs=policy_kwargs or {})} if policy else {}),
+    )
+    return deployment
 
 
 def build_whisper_app(config: AppConfig) -> Application:
-    encoder = serve.deployment(EncoderDeployment).options(**_deployment_options("WhisperEncoder", config.encoder))
-    decoder = serve.deployment(DecoderDeployment).options(**_deployment_options("WhisperDecoder", config.decoder))
+    encoder = serve.deployment(EncoderDeployment).options(**_deployment_options(
+        "WhisperEncoder", config.encoder, EncoderPolicy, {"target_pending_windows": config.encoder.target_pending_windows}))
+    decoder = serve.deployment(DecoderDeployment).options(
+        **_deployment_options("WhisperDecoder", config.decoder, DecoderPolicy,
+                              {"target_kv_utilization": config.decoder.target_kv_utilization,
+                               "interactive_slots_reserved": config.engine.interactive_reserved_seqs > 0}),
+        request_router_config=RequestRouterConfig(
+            request_router_class=MostFreeKVBlocksRouter,
+            request_routing_stats_period_s=config.decoder.routing_stats_period_s,
+        ),
+    )
     ingress = serve.deployment(Ingress).options(**_deployment_options("WhisperIngress", config.ingress))
     return ingress.bind(config, encoder.bind(config), decoder.bind(config))
 

@@ -9,15 +9,19 @@ timeout) cancels its coroutine, which aborts the request and frees its blocks.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 from dataclasses import dataclass
 
+import ray
 import torch
 
+from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TOTAL_BLOCKS
 from deployments.config import AppConfig
+from deployments.routing import KVRoutingStats
 from engine.engine import DecoderEngine, load_model
-from engine.request import DecodeOptions, DecodeResult, FinishReason
+from engine.request import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
 from kv_transfer.base import TransferHandle
 from kv_transfer.source import TransferredCrossKV
@@ -37,6 +41,7 @@ class DecoderStats:
     windows_decoded: int
     windows_aborted: int  # callers that went away (disconnects, timeouts) before their result
     tokens_generated: int
+    node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
 
 
 class DecoderDeployment:
@@ -56,6 +61,9 @@ class DecoderDeployment:
         self.windows_decoded = 0
         self.windows_aborted = 0
         self.tokens_generated = 0
+        # A window with default options: what one more routed window reserves.
+        self.blocks_per_window = self.engine.scheduler.blocks_for(self.engine.make_request(DecodeOptions(), None))
+        self._routing_reports = itertools.count()
         self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
         self._loop_thread.start()
 
@@ -64,11 +72,13 @@ class DecoderDeployment:
         any window is encoded, so a bad request costs no encoder work)."""
         self.engine.make_request(options, cross_source=None)
 
-    async def decode(self, handle: TransferHandle, options: DecodeOptions, audio_duration_s: float | None = None) -> DecodeResult:
+    async def decode(self, handle: TransferHandle, options: DecodeOptions, audio_duration_s: float | None = None,
+                     priority: Priority = Priority.INTERACTIVE) -> DecodeResult:
         """Decode one window whose cross-attention K/V (or states) the handle points at;
         ``audio_duration_s``: how much of the window is audio (word timestamps look only there)."""
         request = self.engine.make_request(options, TransferredCrossKV(handle, self.receiver), request_id=handle.request_id,
                                            audio_duration_s=audio_duration_s)
+        request.priority = priority
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._waiters_lock:
@@ -123,6 +133,34 @@ class DecoderDeployment:
         for loop, future in waiters:
             loop.call_soon_threadsafe(_fail, future, RuntimeError(message))
 
+    def _waiting_blocks(self) -> int:
+        """Reservations of windows submitted and not admitted yet (those still in the engine's inbox
+        are counted at a default window's size; they reach the scheduler at the next step)."""
+        scheduler = self.engine.scheduler
+        waiting = list(scheduler.waiting)  # a copy: the loop thread changes the list
+        in_inbox = max(0, self.engine.num_waiting - len(waiting))
+        return sum(scheduler.blocks_for(request) for request in waiting) + in_inbox * self.blocks_per_window
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve calls this every metrics interval; deployments/autoscaling.py reads it."""
+        pool = self.engine.pool
+        return {
+            KV_DEMAND_BLOCKS: pool.num_used_blocks + self._waiting_blocks(),
+            KV_TOTAL_BLOCKS: pool.num_blocks,
+            INTERACTIVE_WAITING: self.engine.scheduler.num_waiting_of(Priority.INTERACTIVE),
+        }
+
+    def record_routing_stats(self) -> dict[str, int]:
+        """Serve calls this every routing_stats_period_s; deployments/routing.py ranks replicas by it."""
+        pool = self.engine.pool
+        return KVRoutingStats(
+            report_id=next(self._routing_reports),
+            num_total_blocks=pool.num_blocks,
+            num_free_blocks=pool.num_free_blocks,
+            waiting_blocks=self._waiting_blocks(),
+            blocks_per_window=self.blocks_per_window,
+        ).as_dict()
+
     def stats(self) -> DecoderStats:
         pool = self.engine.pool
         return DecoderStats(
@@ -134,9 +172,12 @@ class DecoderDeployment:
             windows_decoded=self.windows_decoded,
             windows_aborted=self.windows_aborted,
             tokens_generated=self.tokens_generated,
+            node_id=ray.get_runtime_context().get_node_id(),
         )
 
     def __del__(self):
+        # On scale-down Serve calls this only after every decode call has returned (the replica is
+        # out of the router's set and Serve waits up to decoder.drain_timeout_s): nothing is running.
         self._stopping = True
         self._work.set()
 

@@ -1,5 +1,11 @@
 """EncoderDeployment: batches 30 s windows from many requests into one encoder forward, then
-stages each window's cross-attention K/V (or encoder states) with the transfer layer."""
+stages each window's cross-attention K/V (or encoder states) with the transfer layer.
+
+Windows wait in a queue inside the replica where interactive ones go first (Serve's own
+``serve.batch`` is first come, first served). A batch holds windows of one rank only: on a
+compute-bound device a forward's time grows with its size, so batch windows riding along would
+lengthen every interactive forward.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +15,14 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
+import ray
 import torch
-from ray import serve
 
+from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
 from engine.audio import pad_or_trim
 from engine.engine import EncoderRunner, load_model
+from engine.request import Priority, is_promoted
 from kv_transfer import make_sender
 from kv_transfer.base import TransferHandle
 
@@ -27,6 +35,14 @@ class WindowJob:
 
     request_id: str  # unique per window; the transfer handle carries it to the decoder
     samples: np.ndarray  # float32, 16 kHz mono, at most 30 s
+    priority: Priority = Priority.INTERACTIVE
+
+
+@dataclass(eq=False)  # compared by identity: the queue removes exactly this window
+class QueuedWindow:
+    job: WindowJob
+    done: asyncio.Future  # the staged handle, or the exception that failed this window
+    arrived_s: float  # time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,8 @@ class EncoderStats:
     last_batch_size: int
     mean_batch_size: float
     num_staged: int
+    num_pending: int  # windows queued or in the forward now
+    node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
     connector: str  # the transfer connector really in use ("nixl", "object_store", "local")
     payload: str  # what is shipped: "cross_kv" or "encoder_states"
 
@@ -50,24 +68,77 @@ class EncoderDeployment:
         self.payload = config.transfer.resolved_mode()
         self.sender = make_sender(config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device)
         logger.info("encoder: %s transfer, shipping %s", config.transfer.resolved_connector(), self.payload)
-        self._encode_batch.set_max_batch_size(config.encoder.max_batch_size)
-        self._encode_batch.set_batch_wait_timeout_s(config.encoder.batch_wait_timeout_ms / 1000)
         self.windows_encoded = 0
         self.batches = 0
         self.last_batch_size = 0
+        self._queue: list[QueuedWindow] = []  # in arrival order
+        self._in_forward = 0
+        self._window_arrived: asyncio.Event | None = None  # made on the replica's event loop, at first use
+        self._batch_loop: asyncio.Task | None = None
 
     async def encode(self, job: WindowJob) -> TransferHandle:
-        """Encode one window (batched with others arriving meanwhile) and stage its payload."""
-        outcome = await self._encode_batch(job)
-        if isinstance(outcome, Exception):
-            raise outcome
-        return outcome
+        """Encode one window (batched with others waiting meanwhile) and stage its payload."""
+        if self._batch_loop is None:
+            self._window_arrived = asyncio.Event()
+            self._batch_loop = asyncio.create_task(self._run_batches())
+        window = QueuedWindow(job, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._queue.append(window)
+        self._window_arrived.set()
+        try:
+            return await window.done
+        finally:
+            if window in self._queue:  # the caller went away before its forward: drop the window
+                self._queue.remove(window)
 
-    @serve.batch
-    async def _encode_batch(self, jobs: list[WindowJob]) -> list[TransferHandle | Exception]:
-        # The forward runs in a worker thread so this replica's event loop keeps answering
-        # health checks and queueing the next batch while the encoder computes.
-        return await asyncio.to_thread(self._encode_and_stage, jobs)
+    async def _run_batches(self) -> None:
+        max_batch_size = self.config.encoder.max_batch_size
+        while True:
+            await self._window_arrived.wait()
+            self._window_arrived.clear()
+            if len(self._queue) < max_batch_size:
+                await asyncio.sleep(self.config.encoder.batch_wait_timeout_ms / 1000)  # let a batch fill
+            while self._queue:
+                batch = self._next_batch(max_batch_size)
+                self._in_forward = len(batch)
+                try:
+                    # In a worker thread, so this replica's event loop keeps answering health checks
+                    # and queueing windows while the encoder computes.
+                    outcomes = await asyncio.to_thread(self._encode_and_stage, [w.job for w in batch])
+                except Exception as error:  # the forward failed: every window of it fails, loudly
+                    logger.exception("encoder forward failed")
+                    outcomes = [error] * len(batch)
+                finally:
+                    self._in_forward = 0
+                for window, outcome in zip(batch, outcomes):
+                    if window.done.done():
+                        continue
+                    if isinstance(outcome, Exception):
+                        window.done.set_exception(outcome)
+                    else:
+                        window.done.set_result(outcome)
+
+    def _next_batch(self, max_batch_size: int) -> list[QueuedWindow]:
+        """The oldest windows of the best rank waiting: interactive (or aged batch) ones first."""
+        now = time.monotonic()
+        aging_s = self.config.engine.batch_aging_s
+
+        def promoted(window: QueuedWindow) -> bool:
+            return is_promoted(window.job.priority, now - window.arrived_s, aging_s)
+
+        rank = any(promoted(window) for window in self._queue)
+        batch = [window for window in self._queue if promoted(window) == rank][:max_batch_size]
+        for window in batch:
+            self._queue.remove(window)
+        return batch
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve calls this every metrics interval; deployments/autoscaling.py reads it."""
+        return {PENDING_WINDOWS: self.num_pending}
+
+    @property
+    def num_pending(self) -> int:
+        """Windows queued or in the forward now."""
+        return len(self._queue) + self._in_forward
 
     def _encode_and_stage(self, jobs: list[WindowJob]) -> list[TransferHandle | Exception]:
         started = time.perf_counter()
@@ -93,11 +164,20 @@ class EncoderDeployment:
             last_batch_size=self.last_batch_size,
             mean_batch_size=self.windows_encoded / self.batches if self.batches else 0.0,
             num_staged=self.sender.num_staged,
+            num_pending=self.num_pending,
+            node_id=ray.get_runtime_context().get_node_id(),
             connector=self.config.transfer.resolved_connector(),
             payload=self.payload,
         )
 
-    def __del__(self):
+    async def __del__(self):
+        """Serve calls this on scale-down after the replica's encode calls have finished. Decoders
+        may not have pulled the last windows' K/V yet: wait for them (up to drain_timeout_s), so
+        scaling down never sends a window back through the encoder."""
         sender = getattr(self, "sender", None)
-        if sender is not None:
-            sender.close()
+        if sender is None:
+            return
+        deadline = time.monotonic() + self.config.encoder.drain_timeout_s
+        while sender.num_staged and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        sender.close()

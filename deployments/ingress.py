@@ -7,6 +7,7 @@ Every error type raised anywhere below is turned into a status code here, in one
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run time.
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -28,7 +29,7 @@ from deployments.metrics import ServingMetrics
 from deployments.encoder import WindowJob
 from engine.audio import SAMPLE_RATE, decode_audio
 from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
-from engine.request import DecodeOptions, DecodeResult, FallbackOptions, FinishReason
+from engine.request import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
 from engine.transcript import (
     AudioWindow, LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows,
 )
@@ -104,6 +105,7 @@ class TranscriptionForm:
     timestamp_granularities: tuple[str, ...]
     long_form: LongFormMode
     stream: bool
+    priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
 
 
 def _parse_flag(raw, name: str, default: bool) -> bool:
@@ -142,6 +144,16 @@ def _parse_temperature(raw) -> float:
     if not 0.0 <= value <= 1.0:
         raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature")
     return value
+
+
+def _parse_priority(raw) -> Priority | None:
+    """The vendor field `priority` (interactive | batch); absent: chosen by the audio's length."""
+    if raw in (None, ""):
+        return None
+    try:
+        return Priority(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid priority '{raw}'; expected 'interactive' or 'batch'.", param="priority") from None
 
 
 @serve.ingress(app)
@@ -212,6 +224,9 @@ class Ingress:
             if duration_s > self.config.http.max_audio_duration_s:
                 raise APIError(413, f"Audio is {duration_s:.0f} s long; this server accepts at most "
                                f"{self.config.http.max_audio_duration_s:.0f} s.", param="file", code="audio_too_long")
+            if form.priority is None:
+                interactive = duration_s <= self.config.http.interactive_max_duration_s
+                form = dataclasses.replace(form, priority=Priority.INTERACTIVE if interactive else Priority.BATCH)
             if form.stream:
                 return StreamingResponse(self._events(samples, form, route, started), media_type="text/event-stream")
             transcription = await self._transcribe(samples, form)
@@ -266,12 +281,12 @@ class Ingress:
             cursor = SequentialCursor(samples, form.options)
             while (step := cursor.next_window()) is not None:
                 window, options = step
-                result = await self._decode_window(f"{request_id}-{len(cursor.results)}", window.samples, options)
+                result = await self._decode_window(f"{request_id}-{len(cursor.results)}", window.samples, options, form.priority)
                 cursor.accept(window, result)
                 yield cursor.windows[-1], cursor.results[-1]
             return
         windows = split_windows(samples)
-        tasks = [asyncio.ensure_future(self._decode_window(f"{request_id}-{index}", window.samples, form.options))
+        tasks = [asyncio.ensure_future(self._decode_window(f"{request_id}-{index}", window.samples, form.options, form.priority))
                  for index, window in enumerate(windows)]
         try:
             for window, task in zip(windows, tasks):
@@ -280,15 +295,15 @@ class Ingress:
             for task in tasks:
                 task.cancel()  # a failed window or a client gone: stop decoding the others
 
-    async def _decode_window(self, window_id: str, samples, options: DecodeOptions) -> DecodeResult:
+    async def _decode_window(self, window_id: str, samples, options: DecodeOptions, priority: Priority) -> DecodeResult:
         """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
         K/V transfer sends the window through the encoder again, to whichever replicas Serve
         routes it to now; only when every attempt fails does the request get a 503."""
         failure = "no attempt made"
         for attempt in range(WINDOW_ATTEMPTS):
             try:
-                handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples))
-                result: DecodeResult = await self.decoder.decode.remote(handle, options, len(samples) / SAMPLE_RATE)
+                handle = await self.encoder.encode.remote(WindowJob(f"{window_id}-a{attempt}", samples, priority))
+                result: DecodeResult = await self.decoder.decode.remote(handle, options, len(samples) / SAMPLE_RATE, priority)
             except REPLICA_LOST as error:
                 failure = f"a replica was lost ({type(error).__name__})"
                 logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)
@@ -392,5 +407,6 @@ class Ingress:
         words = "word" in granularities and response_format == "verbose_json"
         options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
                                 temperature=temperature, timestamps=timestamps, fallback=fallback, word_timestamps=words)
-        return TranscriptionForm(data, options, response_format, granularities, long_form, stream)
+        return TranscriptionForm(data, options, response_format, granularities, long_form, stream,
+                                 _parse_priority(form.get("priority")))
 

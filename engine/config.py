@@ -20,6 +20,13 @@ class EngineConfig(BaseModel):
     kv_cache_memory_mb: float = Field(512, gt=0, description="memory for the paged KV cache")
     max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")
     max_num_batched_tokens: int = Field(2048, ge=448, description="most tokens in one decoder step")
+    interactive_reserved_seqs: int = Field(
+        0, ge=0, description="sequence slots (and room for as many requests in the KV pool) that batch-priority "
+        "work may not take, so interactive requests are admitted at once behind a batch backlog",
+    )
+    batch_aging_s: float = Field(
+        30.0, gt=0, description="a batch-priority window waiting this long is scheduled as interactive (no starvation)"
+    )
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
     cuda_graphs: bool = Field(
         True, description="on CUDA, replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs"
@@ -47,6 +54,15 @@ class EngineConfig(BaseModel):
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"device type {device.type!r} is not supported (cpu or cuda)")
         return value
+
+    @model_validator(mode="after")
+    def _reservation_leaves_room_for_batch_work(self) -> "EngineConfig":
+        if self.interactive_reserved_seqs >= self.max_num_seqs:
+            raise ValueError(
+                f"interactive_reserved_seqs ({self.interactive_reserved_seqs}) must be below max_num_seqs "
+                f"({self.max_num_seqs}), or batch-priority work could never be admitted before it ages"
+            )
+        return self
 
     @model_validator(mode="after")
     def _resolve_dtype(self) -> "EngineConfig":

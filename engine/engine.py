@@ -114,7 +114,8 @@ class DecoderEngine:
             from engine.cuda_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(self.runner, config.max_num_seqs)
-        self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens,
+                                   config.interactive_reserved_seqs, config.batch_aging_s)
         self.rules = LogitRules(
             self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
             loaded.weights.begin_suppress_tokens, self.device,

@@ -52,6 +52,21 @@ class DecodeOptions:
         return (self.temperature, *(t for t in self.fallback.temperatures if t > self.temperature))
 
 
+class Priority(str, enum.Enum):
+    """Who waits for a request: a person (interactive) or a job (batch). Interactive work is
+    scheduled first; batch work that has waited ``batch_aging_s`` (to be admitted, or to run a
+    step) is scheduled as interactive, so a steady interactive stream cannot starve it."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
+
+
+def is_promoted(priority: Priority, waited_s: float, batch_aging_s: float) -> bool:
+    """Whether a piece of work ranks as interactive now: it is, or it is batch work that has aged.
+    One rule for the encoder's batches and the decoder's admissions."""
+    return priority == Priority.INTERACTIVE or waited_s >= batch_aging_s
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -100,8 +115,11 @@ class Request:
     options: DecodeOptions
     cross_source: CrossKVSource | None
     detect_language: bool = False  # prompt_tokens[sot_index + 1] is a placeholder until detected
+    priority: Priority = Priority.INTERACTIVE
 
     status: RequestStatus = RequestStatus.WAITING
+    # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch aging counts it.
+    waiting_since_s: float = 0.0
     blocks: RequestBlocks = field(default_factory=RequestBlocks)
     num_computed_tokens: int = 0  # tokens whose K/V sit in the self-attention blocks
     pending_tokens: list[int] = field(default_factory=list)  # fed at the next step

@@ -5,19 +5,31 @@ cross-attention blocks and self-attention blocks for its prompt plus ``max_token
 448-token text context caps that at ~28 blocks of 16 beside the ~94 cross blocks it needs anyway,
 so reserving costs little memory, and in exchange no running request can ever run out of blocks:
 no preemption, no recomputation, no deadlock when the pool is full. Waiting requests are admitted
-in arrival order (the head waits for room rather than being overtaken, so large prompts cannot
+in order (the next one waits for room rather than being overtaken, so large prompts cannot
 starve); every step runs every admitted request, so a short request never waits for a long one
 to finish.
+
+Priorities: the next request to admit is the oldest interactive one, or the oldest batch one when
+no interactive request waits. A batch request that has waited ``batch_aging_s`` while no batch
+request runs ranks as interactive (so an interactive stream delays batch work by at most that
+long, never forever).
+While interactive requests decode, admitted batch requests sit out the steps (keeping their
+blocks) until they have waited ``batch_aging_s``, then run at every step with them: a step's time
+grows with every sequence in it, so this is what keeps an interactive request's decode as fast
+behind a batch backlog as alone, while batch work loses at most ``batch_aging_s`` to it.
+``interactive_reserved_seqs`` keeps that many sequence slots, and room in the pool for that many
+more requests of the same size, out of batch work's reach, so an interactive request arriving
+behind a batch backlog is admitted at the next step instead of waiting for batch windows to finish.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
 from dataclasses import dataclass
 
 from engine.errors import CacheFullError
 from engine.kv_cache import BlockPool, blocks_needed
-from engine.request import FinishReason, Request, RequestStatus
+from engine.request import FinishReason, Priority, Request, RequestStatus, is_promoted
 
 
 @dataclass
@@ -33,12 +45,16 @@ class Scheduler:
         cross_tokens_per_request: int,
         max_num_seqs: int,
         max_num_batched_tokens: int,
+        interactive_reserved_seqs: int = 0,
+        batch_aging_s: float = 30.0,
     ):
         self.pool = pool
         self.cross_blocks_per_request = blocks_needed(cross_tokens_per_request, pool.block_size)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.waiting: deque[Request] = deque()
+        self.interactive_reserved_seqs = interactive_reserved_seqs
+        self.batch_aging_s = batch_aging_s
+        self.waiting: list[Request] = []  # in arrival order
         self.running: list[Request] = []
 
     def blocks_for(self, request: Request) -> int:
@@ -51,6 +67,7 @@ class Scheduler:
                 f"cache has {self.pool.num_blocks}: raise kv_cache_memory_mb"
             )
         request.status = RequestStatus.WAITING
+        request.waiting_since_s = time.monotonic()
         self.waiting.append(request)
 
     @property
@@ -60,19 +77,51 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         budget = self.max_num_batched_tokens - sum(len(r.pending_tokens) for r in self.running)
         admitted: list[Request] = []
-        while self.waiting and len(self.running) < self.max_num_seqs:
-            request = self.waiting[0]
+        now = time.monotonic()
+        while self.waiting:
+            request = self._next_to_admit(now)
             needed = self.blocks_for(request)
-            if not self.pool.can_allocate(needed) or len(request.pending_tokens) > budget:
+            if not self._fits(request, needed, now) or len(request.pending_tokens) > budget:
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.blocks.cross_block_ids = self.pool.allocate(self.cross_blocks_per_request)
             request.blocks.self_block_ids = self.pool.allocate(needed - self.cross_blocks_per_request)
             request.status = RequestStatus.RUNNING
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        return ScheduledStep(admitted=admitted, batch=list(self.running))
+        batch = [r for r in self.running if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)]
+        if not batch:
+            # Only batch work runs: all of it, and nothing of it waits now. (While interactive work
+            # runs, a batch request's wait is not reset: once aged it runs at every step until then.)
+            batch = list(self.running)
+            for request in batch:
+                request.waiting_since_s = now
+        return ScheduledStep(admitted=admitted, batch=batch)
+
+    def _admits_as_interactive(self, request: Request, now: float) -> bool:
+        # Aging is against starvation: while batch requests are running, batch work makes progress
+        # and its waiting requests keep their rank (or a long backlog would age into interactive's).
+        if request.priority == Priority.BATCH and any(r.priority == Priority.BATCH for r in self.running):
+            return False
+        return is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s)
+
+    def _next_to_admit(self, now: float) -> Request:
+        """The oldest request that ranks as interactive now, else the oldest (batch) one."""
+        for request in self.waiting:
+            if self._admits_as_interactive(request, now):
+                return request
+        return self.waiting[0]
+
+    def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
+        if self._admits_as_interactive(request, now):
+            return len(self.running) < self.max_num_seqs and self.pool.can_allocate(needed_blocks)
+        reserved = self.interactive_reserved_seqs
+        return (len(self.running) < self.max_num_seqs - reserved
+                and self.pool.can_allocate(needed_blocks * (1 + reserved)))
+
+    def num_waiting_of(self, priority: Priority) -> int:
+        return sum(1 for request in self.waiting if request.priority == priority)
 
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Take a request out, wherever it is, and return its blocks; safe to call once per request."""

@@ -38,6 +38,9 @@ def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000(
         ({"encoder": {"max_batch_size": 0}}, "encoder.max_batch_size", "greater than or equal to 1"),
         ({"transfer": {"connector": "carrier-pigeon"}}, "transfer.connector", "nixl"),
         ({"served_model_names": []}, "served_model_names", "at least one"),
+        ({"decoder": {"autoscaling": {"min_replicas": 0}}}, "decoder.autoscaling", "scale_to_zero"),
+        ({"encoder": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "encoder.autoscaling", "below min_replicas"),
+        ({"engine": {"max_num_seqs": 4, "interactive_reserved_seqs": 4}}, "engine", "batch-priority work"),
     ],
 )
 def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason):
@@ -50,3 +53,18 @@ def test_api_keys_come_from_the_environment_when_the_config_gives_none(monkeypat
     monkeypatch.setenv("WHISPER_DISAGG_API_KEYS", "key-one, key-two")
     assert parse_app_config({}).http.api_keys == ["key-one", "key-two"]
     assert parse_app_config({"http": {"api_keys": ["from-yaml"]}}).http.api_keys == ["from-yaml"]
+
+
+def test_scale_to_zero_is_off_by_default_and_allowed_when_asked():
+    assert parse_app_config({"decoder": {"autoscaling": {}}}).decoder.autoscaling.scale_to_zero is False
+    allowed = parse_app_config({"decoder": {"autoscaling": {"min_replicas": 0, "scale_to_zero": True}}})
+    assert allowed.decoder.autoscaling.min_replicas == 0
+
+
+def test_the_kuberay_example_serves_valid_args_and_its_worker_groups_offer_the_resources_asked_for():
+    manifest = yaml.safe_load((CONFIGS[0].parents[1] / "docs" / "kuberay-rayservice.yaml").read_text())
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    config = parse_app_config(serve_config["applications"][0]["args"])
+    offered = {key for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+               for key in yaml.safe_load(group["rayStartParams"]["resources"].strip('"').replace('\\"', '"'))}
+    assert set(config.encoder.resources) | set(config.decoder.resources) <= offered

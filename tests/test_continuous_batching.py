@@ -12,7 +12,9 @@ from engine.config import EngineConfig
 from engine.engine import DecoderEngine, EncoderRunner
 from engine.errors import CacheFullError
 from engine.kv_cache import BlockPool
-from engine.request import CrossKVTensor, DecodeOptions, FinishReason
+import time
+
+from engine.request import CrossKVTensor, DecodeOptions, FinishReason, Priority
 from tests.conftest import short_english_clips
 
 
@@ -122,6 +124,84 @@ def test_seeded_temperature_sampling_is_reproducible_and_differs_from_greedy(tin
     hot = DecodeOptions(temperature=1.0, seed=7, max_tokens=30)
     assert decode(hot) == decode(hot)
     assert decode(hot) != decode(DecodeOptions(max_tokens=30))
+
+
+def _submit(engine: DecoderEngine, kv: torch.Tensor, request_id: str, priority: Priority) -> None:
+    request = engine.make_request(DecodeOptions(max_tokens=20), CrossKVTensor(kv), request_id=request_id)
+    request.priority = priority
+    engine.submit(request)
+
+
+def _finish_order(engine: DecoderEngine) -> list[str]:
+    return [result.request_id for result in run_to_completion(engine)]
+
+
+def test_interactive_requests_are_admitted_before_batch_requests_that_came_first(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=1)  # one at a time: the finish order is the admission order
+    for i in range(3):
+        _submit(engine, cross_kvs[i], f"batch{i}", Priority.BATCH)
+    _submit(engine, cross_kvs[3], "interactive", Priority.INTERACTIVE)
+    assert _finish_order(engine) == ["interactive", "batch0", "batch1", "batch2"]
+
+
+def test_a_batch_request_that_waited_past_its_aging_goes_before_later_interactive_ones(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=1, batch_aging_s=0.2)
+    _submit(engine, cross_kvs[0], "running", Priority.INTERACTIVE)
+    engine.step()  # admitted: the one slot is taken
+    _submit(engine, cross_kvs[1], "old-batch", Priority.BATCH)
+    engine.step()  # waits for the slot
+    time.sleep(0.3)  # ages past batch_aging_s
+    _submit(engine, cross_kvs[2], "new-interactive", Priority.INTERACTIVE)
+    order = _finish_order(engine)
+    assert order.index("old-batch") < order.index("new-interactive"), order
+
+
+def test_reserved_slots_admit_an_interactive_request_at_once_behind_a_batch_backlog(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=3, interactive_reserved_seqs=1)
+    for i in range(5):
+        _submit(engine, cross_kvs[i], f"batch{i}", Priority.BATCH)
+    engine.step()
+    assert len(engine.scheduler.running) == 2, "batch work leaves the reserved slot free"
+    _submit(engine, cross_kvs[5], "interactive", Priority.INTERACTIVE)
+    engine.step()
+    assert "interactive" in [r.request_id for r in engine.scheduler.running]
+    results = run_to_completion(engine)
+    assert len(results) == 6 and engine.pool.num_used_blocks == 0, "the batch backlog finishes too"
+
+
+def test_while_an_interactive_request_decodes_admitted_batch_requests_sit_out_the_steps(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=3, batch_aging_s=60)
+    for i in range(2):
+        _submit(engine, cross_kvs[i], f"batch{i}", Priority.BATCH)
+    engine.step()
+    engine.step()
+    _submit(engine, cross_kvs[2], "interactive", Priority.INTERACTIVE)
+    engine.step()  # admitted
+    progress = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
+    finished = []
+    while not finished:
+        finished = engine.step()
+        if not finished:
+            assert {r.request_id: r.num_computed_tokens for r in engine.scheduler.running if r.request_id != "interactive"} \
+                == {k: v for k, v in progress.items() if k != "interactive"}, "batch requests were stepped"
+    assert [r.request_id for r in finished] == ["interactive"]
+    assert len(run_to_completion(engine)) == 2, "then the batch requests finish"
+
+
+def test_a_batch_request_sitting_out_past_its_aging_runs_at_every_step_beside_interactive_ones(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=1.5)
+    _submit(engine, cross_kvs[0], "batch", Priority.BATCH)
+    engine.step()
+    _submit(engine, cross_kvs[1], "interactive", Priority.INTERACTIVE)
+    engine.step()
+    batch = next(r for r in engine.scheduler.running if r.request_id == "batch")
+    sat_out_at = batch.num_computed_tokens
+    engine.step()
+    assert batch.num_computed_tokens == sat_out_at, "it sits out while young"
+    time.sleep(1.6)
+    for expected_steps in (1, 2, 3):
+        engine.step()
+        assert batch.num_computed_tokens == sat_out_at + expected_steps, "aged: it runs at every step"
 
 
 def test_block_pool_refuses_double_frees_and_over_allocation():
