@@ -112,6 +112,10 @@ class HTTPLimits(BaseModel):
         256, ge=1, description="requests one ingress replica works on at once; beyond it new ones get 503 + Retry-After"
     )
     upload_timeout_s: float = Field(60.0, gt=0, description="longest a client may take to send its request body (408 after)")
+    max_windows_in_flight: int = Field(
+        16, ge=1, description="30 s windows of one file encoded or decoded at once (parallel long-form); the next "
+        "starts as the oldest is answered, so an hour-long file holds at most this many windows' K/V",
+    )
     interactive_max_duration_s: float = Field(
         30.0, ge=0, description="requests without a `priority` field are interactive up to this audio length, "
         "batch beyond it",

@@ -274,8 +274,8 @@ class Ingress:
 
     async def _decoded_windows(self, samples, form: TranscriptionForm) -> AsyncIterator[tuple[AudioWindow, DecodeResult]]:
         """The file's windows and their results, in order, each as soon as it and those before it
-        are decoded. Parallel: every window is in flight at once, so they share encoder batches
-        and decoder steps. Sequential: one window at a time, each prompted by the text before it."""
+        are decoded. Parallel: up to ``http.max_windows_in_flight`` windows are in flight at once,
+        so they share encoder batches and decoder steps. Sequential: one window at a time, each prompted by the text before it."""
         request_id = uuid.uuid4().hex
         if form.long_form == "sequential":
             cursor = SequentialCursor(samples, form.options)
@@ -286,13 +286,23 @@ class Ingress:
                 yield cursor.windows[-1], cursor.results[-1]
             return
         windows = split_windows(samples)
-        tasks = [asyncio.ensure_future(self._decode_window(f"{request_id}-{index}", window.samples, form.options, form.priority))
-                 for index, window in enumerate(windows)]
+        limit = self.config.http.max_windows_in_flight
+        tasks: dict[int, asyncio.Future] = {}
+
+        def start(index: int) -> None:
+            if index < len(windows):
+                tasks[index] = asyncio.ensure_future(
+                    self._decode_window(f"{request_id}-{index}", windows[index].samples, form.options, form.priority))
+
+        for index in range(limit):
+            start(index)
         try:
-            for window, task in zip(windows, tasks):
-                yield window, await task
+            for index, window in enumerate(windows):
+                result = await tasks.pop(index)
+                start(index + limit)  # a sliding window: memory stays flat however long the file
+                yield window, result
         finally:
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()  # a failed window or a client gone: stop decoding the others
 
     async def _decode_window(self, window_id: str, samples, options: DecodeOptions, priority: Priority) -> DecodeResult:

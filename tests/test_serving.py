@@ -49,9 +49,10 @@ def server_url():
     # As `serve run` does: Ray sees this machine's cores, and the default app must fit in them.
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    # API keys on, a 60 s duration limit, 40 requests in flight and a 3 s upload timeout, to test them.
+    # API keys on, a 60 s duration limit, 40 requests in flight and a 3 s upload timeout, to test them;
+    # one window of a file in flight at a time, so the two-window files run the sliding window.
     http_limits = {**app_spec["args"].get("http", {}), "api_keys": [API_KEY], "max_audio_duration_s": 60,
-                   "max_in_flight_requests": 40, "upload_timeout_s": 3}
+                   "max_in_flight_requests": 40, "upload_timeout_s": 3, "max_windows_in_flight": 1}
     # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
     transfer = {**app_spec["args"]["transfer"], "unclaimed_timeout_s": 10}
     args = {**app_spec["args"], "http": http_limits, "transfer": transfer}
