@@ -33,6 +33,8 @@ from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.engine import DecoderEngine, EncoderRunner  # noqa: E402
+from engine.kv_cache import blocks_needed  # noqa: E402
+from engine.kv_storage import PagedKVStorage  # noqa: E402
 from engine.request import CrossKVTensor, DecodeOptions, EncoderStates  # noqa: E402
 from engine.weights import resolve_model_folder  # noqa: E402
 
@@ -77,11 +79,6 @@ def measured_read_bandwidth(device: str) -> float:
     return x.numel() * 4 / seconds
 
 
-def prompt(engine: DecoderEngine) -> list[int]:
-    special = engine.tokenizer.special
-    return [special.sot, engine.tokenizer.language_tokens["en"], special.transcribe, special.no_timestamps]
-
-
 def fixed_options() -> DecodeOptions:
     return DecodeOptions(language="en", max_tokens=OUTPUT_TOKENS, ignore_eot=True)
 
@@ -116,12 +113,21 @@ def step_bytes(loaded, batch: int, mean_position: int) -> int:
     return (weights + batch * kv_per_token * (dims.n_audio_ctx + mean_position)) * element
 
 
+def config_for(loaded, max_num_seqs: int) -> EngineConfig:
+    """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case requests."""
+    config = loaded.config.model_copy(update=dict(max_num_seqs=max_num_seqs))
+    dims = loaded.weights.dims
+    blocks = blocks_needed(dims.n_audio_ctx, config.block_size) + blocks_needed(dims.n_text_ctx, config.block_size)
+    block_bytes = PagedKVStorage.bytes_per_block(dims.decoder_layers, config.block_size, dims.decoder_heads,
+                                                 dims.head_dim, config.torch_dtype)
+    config.kv_cache_memory_mb = max_num_seqs * blocks * block_bytes / 2**20 + 64
+    return config
+
+
 def engine_at_batch(loaded, batch: int, device: str) -> tuple[DecoderEngine, list]:
     """An engine with ``batch`` requests admitted and past their prompts, ready to time decode steps."""
-    config = loaded.config.model_copy(update=dict(max_num_seqs=batch))
+    config = config_for(loaded, batch)
     dims = loaded.weights.dims
-    per_request = (dims.n_audio_ctx + dims.n_text_ctx + 2 * config.block_size) * dims.decoder_layers * 2 * dims.d_model * 2
-    config.kv_cache_memory_mb = batch * per_request / 2**20 + 64
     engine = DecoderEngine(loaded, config)
     cross_kv = torch.randn(dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim,
                            device=device, dtype=config.torch_dtype)
@@ -202,11 +208,7 @@ def poisson_arrivals(count: int, rate_per_s: float, seed: int = 0) -> np.ndarray
 
 
 def bench_engine_ours(loaded, device: str, count: int, rate: float, encoder_batch: int, max_num_seqs: int) -> dict:
-    dims = loaded.weights.dims
-    config = loaded.config.model_copy(update=dict(max_num_seqs=max_num_seqs))
-    per_request = (dims.n_audio_ctx + dims.n_text_ctx + 2 * config.block_size) * dims.decoder_layers * 2 * dims.d_model * 2
-    config.kv_cache_memory_mb = max_num_seqs * per_request / 2**20 + 64
-    engine = DecoderEngine(loaded, config)
+    engine = DecoderEngine(loaded, config_for(loaded, max_num_seqs))
     encoder = EncoderRunner(loaded)
     window = (torch.randn(encoder_batch, N_SAMPLES, device=device) * 0.1).float()
     encoder.encode(window)  # warm-up at the batch size used most

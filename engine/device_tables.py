@@ -24,10 +24,6 @@ class DeviceBlockTables:
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 
-    @property
-    def num_assigned(self) -> int:
-        return len(self._slot_by_request)
-
     def slot_of(self, request: Request) -> int:
         """The request's row, assigned (and written) on first use."""
         slot = self._slot_by_request.get(request.request_id)
