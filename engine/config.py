@@ -35,6 +35,10 @@ class EngineConfig(BaseModel):
         True, description="on CUDA, compile the encoder with torch.compile (fuses the norms, GELUs and "
         "layout copies between the matrix products); start-up takes ~1 min longer"
     )
+    fused_decoder_norms: bool = Field(
+        True, description="on CUDA, run each residual add in the decoder and the layer norm after it as "
+        "one Triton kernel: 97 kernels fewer per large-v3 decode step"
+    )
     encoder_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
 
     @field_validator("block_size")

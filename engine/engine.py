@@ -109,6 +109,11 @@ class DecoderEngine:
             config.torch_dtype, self.device,
         )
         backend = make_attention_backend(config.attention_backend, self.device)
+        if config.fused_decoder_norms and self.device.type == "cuda":
+            from engine.attention.triton_paged import triton_available
+
+            if triton_available():
+                loaded.model.decoder.fuse_residual_norms()  # before the decode graphs capture the step
         self.runner = ModelRunner(loaded.model, storage, backend, config.max_num_seqs)
         if config.cuda_graphs and self.device.type == "cuda" and backend.graph_safe:
             from engine.cuda_graphs import DecodeGraphs

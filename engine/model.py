@@ -29,6 +29,22 @@ class DecoderStepMetadata:
     cross_attention: PagedAttentionBatch
 
 
+def add_layer_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``x + delta``, and that sum layer-normed (the next sublayer's input).
+
+    The decoder calls it through ``TextDecoder.add_norm``, which ``fuse_residual_norms`` swaps
+    for one Triton kernel with the same contract (engine/fused_norm.py).
+    """
+    x = x + delta
+    return x, F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def norm_params(norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, float]:
+    return norm.weight, norm.bias, norm.eps
+
+
 class MLP(nn.Module):
     def __init__(self, d_model: int, ffn_dim: int):
         super().__init__()
@@ -97,25 +113,32 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        pending: torch.Tensor,
         layer_cache: torch.Tensor,
         meta: DecoderStepMetadata,
         backend: AttentionBackend,
-    ) -> torch.Tensor:
-        """layer_cache: this layer's K/V, [num_blocks, 2 (k|v), block_size, H, D] (a strided view)."""
+        add_norm=add_layer_norm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer on the residual stream ``x`` plus ``pending``, the previous sublayer's output
+        not yet added (so that the add and this layer's first norm fuse). Returns the stream and
+        this layer's MLP output, again pending.
+
+        layer_cache: this layer's K/V, [num_blocks, 2 (k|v), block_size, H, D] (a strided view)."""
         tokens, d_model = x.shape
         scale = self.head_dim**-0.5
-        qkv = self.self_qkv(self.self_attn_norm(x)).view(tokens, 3, self.num_heads, self.head_dim)
+        x, h = add_norm(x, pending, *norm_params(self.self_attn_norm))
+        qkv = self.self_qkv(h).view(tokens, 3, self.num_heads, self.head_dim)
         # K and V land in one indexed write (one kernel per layer, not two).
         layer_cache[meta.slot_block_ids, :, meta.slot_offsets] = qkv[:, 1:].to(layer_cache.dtype)
         q = qkv[:, 0]
         key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
         attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
-        x = x + self.self_out(attended.reshape(tokens, d_model))
+        x, h = add_norm(x, self.self_out(attended.reshape(tokens, d_model)), *norm_params(self.cross_attn_norm))
 
-        q = self.cross_q(self.cross_attn_norm(x)).view(tokens, self.num_heads, self.head_dim)
+        q = self.cross_q(h).view(tokens, self.num_heads, self.head_dim)
         attended = backend.paged_attention(q, key_cache, value_cache, meta.cross_attention, scale)
-        x = x + self.cross_out(attended.reshape(tokens, d_model))
-        return x + self.mlp(self.mlp_norm(x))
+        x, h = add_norm(x, self.cross_out(attended.reshape(tokens, d_model)), *norm_params(self.mlp_norm))
+        return x, self.mlp(h)
 
 
 class TextDecoder(nn.Module):
@@ -128,6 +151,13 @@ class TextDecoder(nn.Module):
             DecoderLayer(dims.d_model, dims.decoder_heads, dims.decoder_ffn_dim) for _ in range(dims.decoder_layers)
         )
         self.norm = nn.LayerNorm(dims.d_model)
+        self.add_norm = add_layer_norm
+
+    def fuse_residual_norms(self) -> None:
+        """Run each residual add and the layer norm after it as one Triton kernel (CUDA)."""
+        from engine.fused_norm import triton_add_layer_norm
+
+        self.add_norm = triton_add_layer_norm
 
     def forward(
         self,
@@ -137,10 +167,10 @@ class TextDecoder(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Packed token ids [T] -> final hidden states [T, d_model]; writes their K/V to the cache."""
-        x = self.embed_tokens(token_ids) + self.positions[meta.positions]
+        x, pending = self.embed_tokens(token_ids), self.positions[meta.positions]
         for index, layer in enumerate(self.layers):
-            x = layer(x, storage.layer_cache(index), meta, backend)
-        return self.norm(x)
+            x, pending = layer(x, pending, storage.layer_cache(index), meta, backend, self.add_norm)
+        return self.add_norm(x, pending, *norm_params(self.norm))[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.embed_tokens.weight.T  # output projection tied to the embedding

@@ -4,6 +4,8 @@
     validates the oracle every other backend is compared with.
 (b) TritonPagedBackend == reference (and == the dense oracle), fp32 / fp16 / bf16.
 (c) FlashAttnBackend == reference, only where flash_attn imports (CUDA); skipped elsewhere.
+(d) The decoder's other Triton kernel, the residual add fused with the layer norm after it
+    (engine/fused_norm.py), == the eager ops, and greedy decoding through it == transformers.
 
 Triton on a machine without CUDA runs under its interpreter, TRITON_INTERPRET=1. Triton reads
 that variable when a kernel function is *decorated* (triton.jit), not when triton is imported;
@@ -30,6 +32,15 @@ from engine.attention.flash_attn_backend import FlashAttnBackend, flash_attn_ava
 from engine.attention.registry import make_attention_backend  # noqa: E402
 from engine.attention.torch_ref import TorchReferenceBackend  # noqa: E402
 from engine.attention.triton_paged import TritonPagedBackend, triton_available  # noqa: E402
+from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import DecoderEngine, EncoderRunner, load_model  # noqa: E402
+from engine.fused_norm import triton_add_layer_norm  # noqa: E402
+from engine.model import add_layer_norm  # noqa: E402
+from engine.request import DecodeOptions  # noqa: E402
+from tests.conftest import SPEECH_DIR  # noqa: E402
+from tests.hf_reference import hf_greedy, hf_model  # noqa: E402
+from tests.test_parity_hf import decode_alone  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 N_LAYERS = 3
@@ -286,3 +297,37 @@ def test_flash_attn_matches_reference(name, dtype):
     )
     out = case.run(FlashAttnBackend(block_size=256))
     assert_close(out, case.run(TorchReferenceBackend()), dtype)
+
+
+def test_fused_residual_norm_matches_eager():
+    """engine.fused_norm's kernel == the eager add + layer norm, on ragged widths too."""
+    generator = torch.Generator().manual_seed(0)
+    for rows, cols in ((1, 64), (5, 100), (3, 384)):
+        x, delta = torch.randn(2, rows, cols, generator=generator) * 3
+        weight, bias = torch.randn(2, cols, generator=generator)
+        fused_sum, fused_norm = triton_add_layer_norm(x, delta, weight, bias, 1e-5)
+        eager_sum, eager_norm = add_layer_norm(x, delta, weight, bias, 1e-5)
+        assert torch.equal(fused_sum, eager_sum)
+        torch.testing.assert_close(fused_norm, eager_norm, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whisper_folder):
+    """The decoder with engine.fused_decoder_norms' kernel stays token-exact with transformers."""
+    reference, _ = hf_model(str(random_whisper_folder))
+    loaded = load_model(EngineConfig(model=str(random_whisper_folder), block_size=8, kv_cache_memory_mb=64))
+    loaded.model.decoder.fuse_residual_norms()
+    assert loaded.model.decoder.add_norm is triton_add_layer_norm
+    engine = DecoderEngine(loaded)
+    audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
+    with torch.inference_mode():
+        mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
+        cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels))[0]
+    request, result = decode_alone(engine, cross_kv, DecodeOptions(max_tokens=40))
+    special = loaded.tokenizer.special
+    expected = hf_greedy(
+        reference, mels, request.prompt_tokens, request.max_tokens, special.eot,
+        engine.rules.suppress_token_ids, engine.rules.begin_suppress_token_ids,
+        timestamps=False, no_timestamps_token=special.no_timestamps,
+    )
+    assert len(result.tokens) > 0
+    assert result.tokens == expected

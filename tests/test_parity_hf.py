@@ -8,6 +8,7 @@ import torch
 from engine.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
 from engine.engine import DecoderEngine, EncoderRunner, load_model
+from engine.model import add_layer_norm
 from engine.request import CrossKVTensor, DecodeOptions
 from tests.conftest import SPEECH_DIR, short_english_clips
 from tests.hf_reference import hf_greedy, hf_model
@@ -85,3 +86,5 @@ def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
     print(f"tiny.en token-exact with transformers on {len(clips) - len(mismatches)}/{len(clips)} clips")
     assert len(clips) >= 40
     assert len(mismatches) <= 0.05 * len(clips), mismatches
+
+
