@@ -15,9 +15,10 @@ import torch
 
 def to_cache_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``kv`` in the KV cache's ``dtype``. Into fp8 the cast saturates: values beyond the format's
-    finite range (+-448 for e4m3) clamp to it, where a plain ``.to`` may give NaN (c10's scalar
-    conversion, used on CUDA, maps |x| >= 480 to NaN) and one NaN key poisons every query reading
-    it. Device ops only, no host sync: it runs inside captured CUDA graphs."""
+    finite range (+-448 for e4m3) clamp to it, where a plain ``.to`` gives NaN (seen with torch
+    2.11 on CUDA and CPU from 470 up; torch 2.13's CPU cast happens to saturate) and one NaN key
+    poisons every query that reads it. Device ops only, no host sync: it runs inside captured CUDA
+    graphs (checked on an H100)."""
     if kv.dtype == dtype:
         return kv
     if dtype.is_floating_point and dtype.itemsize == 1:
