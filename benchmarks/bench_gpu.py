@@ -105,12 +105,13 @@ def bench_encoder(hf, loaded, device: str, batch_sizes: list[int], seconds: floa
 # ----------------------------------------------------------------------------------- (b)
 def step_bytes(loaded, batch: int, mean_position: int) -> int:
     """Bytes one decode step must read: the decoder weights it uses (not the cross-K/V projections,
-    applied once per request) and every request's cross- and self-attention K/V."""
+    applied once per request) and every request's cross- and self-attention K/V (in the cache's dtype)."""
     model, dims = loaded.model, loaded.weights.dims
     element = next(model.parameters()).element_size()
+    kv_element = loaded.config.kv_cache_torch_dtype.itemsize
     weights = sum(p.numel() for name, p in model.decoder.named_parameters() if "cross_kv" not in name)
     kv_per_token = dims.decoder_layers * 2 * dims.d_model
-    return (weights + batch * kv_per_token * (dims.n_audio_ctx + mean_position)) * element
+    return weights * element + batch * kv_per_token * (dims.n_audio_ctx + mean_position) * kv_element
 
 
 def config_for(loaded, max_num_seqs: int) -> EngineConfig:
@@ -119,7 +120,7 @@ def config_for(loaded, max_num_seqs: int) -> EngineConfig:
     dims = loaded.weights.dims
     blocks = blocks_needed(dims.n_audio_ctx, config.block_size) + blocks_needed(dims.n_text_ctx, config.block_size)
     block_bytes = PagedKVStorage.bytes_per_block(dims.decoder_layers, config.block_size, dims.decoder_heads,
-                                                 dims.head_dim, config.torch_dtype)
+                                                 dims.head_dim, config.kv_cache_torch_dtype)
     config.kv_cache_memory_mb = max_num_seqs * blocks * block_bytes / 2**20 + 64
     return config
 
@@ -300,6 +301,7 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--seconds", type=float, default=1.0, help="least time per timed measurement")
     parser.add_argument("--attention-backend", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
@@ -311,10 +313,12 @@ def main() -> None:
 
     for shape in args.shapes.split(","):
         prefix = "" if shape == "large-v3" else shape.replace("large-v3-", "") + "_"
+        prefix += "fp8kv_" if args.kv_cache_dtype == "fp8_e4m3" else ""
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
         hf = random_hf_whisper(shape, device, dtype)
         config = EngineConfig(model=shape, device=device, dtype=str(dtype).removeprefix("torch."),
-                              attention_backend=args.attention_backend, cuda_graphs=not args.no_cuda_graphs)
+                              attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
+                              cuda_graphs=not args.no_cuda_graphs)
         loaded = engine_model(hf, tokenizer_file, config)
         _TOKENIZER = loaded.tokenizer
         encoder_rate = None

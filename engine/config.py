@@ -7,6 +7,11 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.attention.registry import kv_cache_dtype_problem
+
+# kv_cache_dtype names -> the cache's torch dtype ("auto" is the model's dtype).
+KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
+
 
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -26,6 +31,11 @@ class EngineConfig(BaseModel):
     )
     batch_aging_s: float = Field(
         30.0, gt=0, description="a batch-priority window waiting this long is scheduled as interactive (no starvation)"
+    )
+    kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
+        "auto", description="dtype of the paged KV cache (self- and cross-attention blocks) and of the cross-K/V "
+        "encoders ship: 'auto' is engine.dtype; 'fp8_e4m3' halves a bf16 cache's bytes (twice the blocks in "
+        "kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot read it",
     )
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
     cuda_graphs: bool = Field(
@@ -74,9 +84,21 @@ class EngineConfig(BaseModel):
             self.dtype = "bfloat16" if torch.device(self.device).type == "cuda" else "float32"
         return self
 
+    @model_validator(mode="after")  # after _resolve_dtype: "auto" needs the resolved dtype
+    def _backend_reads_the_kv_cache_dtype(self) -> "EngineConfig":
+        problem = kv_cache_dtype_problem(self.attention_backend, self.kv_cache_torch_dtype)
+        if problem:
+            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} with attention_backend "
+                             f"{self.attention_backend!r}: {problem}")
+        return self
+
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @property
+    def kv_cache_torch_dtype(self) -> torch.dtype:
+        return KV_CACHE_DTYPES.get(self.kv_cache_dtype, self.torch_dtype)
 
     @property
     def torch_device(self) -> torch.device:

@@ -22,7 +22,7 @@ from engine.decoding import (
 )
 from engine.errors import RetriableError
 from engine.kv_cache import BlockPool
-from engine.kv_storage import PagedKVStorage
+from engine.kv_storage import PagedKVStorage, to_cache_dtype
 from engine.model import Whisper
 from engine.model_runner import ModelRunner
 from engine.request import CrossKVSource, DecodeOptions, DecodeResult, FinishReason, Request, RequestStatus
@@ -64,6 +64,7 @@ class EncoderRunner:
         self.dims = loaded.weights.dims
         self.device = loaded.config.torch_device
         self.dtype = loaded.config.torch_dtype
+        self.kv_cache_dtype = loaded.config.kv_cache_torch_dtype
         if loaded.config.compile_encoder and self.device.type == "cuda":
             # Measured on an H100 (large-v3 shape, bf16, 64 windows): 160 -> 209 windows/s compiling
             # the whole encoder, 197 compiling each layer alone (fusions across layers count).
@@ -81,8 +82,9 @@ class EncoderRunner:
 
     @torch.inference_mode()
     def cross_kv(self, states: torch.Tensor) -> torch.Tensor:
-        """[N, 1500, d] -> [N, layers, 2, 1500, H, D]."""
-        return self.model.decoder.project_cross_kv(states)
+        """[N, 1500, d] -> [N, layers, 2, 1500, H, D], in the KV cache's dtype: the bytes a decoder's
+        blocks hold, so a transfer copies them as they are (and an fp8 cache ships half the bytes)."""
+        return to_cache_dtype(self.model.decoder.project_cross_kv(states), self.kv_cache_dtype)
 
 
 class DecoderEngine:
@@ -99,16 +101,18 @@ class DecoderEngine:
         self.dims = dims
         self.tokenizer = loaded.tokenizer
         self.device = config.torch_device
+        cache_dtype = config.kv_cache_torch_dtype
         block_bytes = PagedKVStorage.bytes_per_block(
-            dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim, config.torch_dtype
+            dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim, cache_dtype
         )
         num_blocks = int(config.kv_cache_memory_mb * 2**20) // block_bytes
         self.pool = BlockPool(num_blocks, config.block_size)
         storage = PagedKVStorage(
             num_blocks, dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim,
-            config.torch_dtype, self.device,
+            cache_dtype, self.device,
         )
-        backend = make_attention_backend(config.attention_backend, self.device)
+        backend = make_attention_backend(config.attention_backend, self.device, block_size=config.block_size,
+                                         dtype=cache_dtype)
         if config.fused_decoder_norms and self.device.type == "cuda":
             from engine.attention.triton_paged import triton_available
 
@@ -130,8 +134,9 @@ class DecoderEngine:
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._by_id: dict[str, Request] = {}
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MB), backend %s, decode CUDA graphs %s",
-                    num_blocks, config.block_size, num_blocks * block_bytes / 2**20, backend.name,
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MB, %s), backend %s, decode CUDA graphs %s",
+                    num_blocks, config.block_size, num_blocks * block_bytes / 2**20,
+                    str(cache_dtype).removeprefix("torch."), backend.name,
                     self.runner.graphs.sizes if self.runner.graphs else "off")
 
     def make_request(

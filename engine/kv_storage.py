@@ -3,11 +3,28 @@
 Block-major keeps each block one contiguous region across all decoder layers, so the transfer
 layer moves a request's cross-attention K/V as ~94 large regions rather than thousands of small
 per-layer ones; attention kernels take per-layer strided views.
+
+The cache may be stored in fp8 (engine.kv_cache_dtype); every K/V that enters it, or is staged
+for it, goes through ``to_cache_dtype``.
 """
 
 from __future__ import annotations
 
 import torch
+
+
+def to_cache_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``kv`` in the KV cache's ``dtype``. Into fp8 the cast saturates: values beyond the format's
+    finite range (+-448 for e4m3) clamp to it, where a plain ``.to`` gives NaN (seen with torch
+    2.11 on CUDA and CPU from 470 up; torch 2.13's CPU cast happens to saturate) and one NaN key
+    poisons every query that reads it. Device ops only, no host sync: it runs inside captured CUDA
+    graphs (checked on an H100)."""
+    if kv.dtype == dtype:
+        return kv
+    if dtype.is_floating_point and dtype.itemsize == 1:
+        finfo = torch.finfo(dtype)
+        kv = kv.clamp(finfo.min, finfo.max)
+    return kv.to(dtype)
 
 
 def split_into_blocks(kv: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -61,7 +78,7 @@ class PagedKVStorage:
     def write_blocks(self, block_ids: list[int], blocks: torch.Tensor) -> None:
         """Write whole blocks [len(block_ids), layers, 2, block_size, H, D] (already block-major)."""
         index = torch.tensor(block_ids, device=self.cache.device)
-        self.cache[index] = blocks.to(self.cache.device, self.cache.dtype)
+        self.cache[index] = to_cache_dtype(blocks.to(self.cache.device), self.cache.dtype)
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy of the given blocks, [len(block_ids), layers, 2, block_size, H, D]."""

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
-from engine.kv_storage import PagedKVStorage
+from engine.kv_storage import PagedKVStorage, to_cache_dtype
 from engine.weights import ModelDims
 
 
@@ -129,7 +129,7 @@ class DecoderLayer(nn.Module):
         x, h = add_norm(x, pending, *norm_params(self.self_attn_norm))
         qkv = self.self_qkv(h).view(tokens, 3, self.num_heads, self.head_dim)
         # K and V land in one indexed write (one kernel per layer, not two).
-        layer_cache[meta.slot_block_ids, :, meta.slot_offsets] = qkv[:, 1:].to(layer_cache.dtype)
+        layer_cache[meta.slot_block_ids, :, meta.slot_offsets] = to_cache_dtype(qkv[:, 1:], layer_cache.dtype)
         q = qkv[:, 0]
         key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
         attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)

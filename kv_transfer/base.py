@@ -52,7 +52,7 @@ class BlockLayout:
 
     payload: TransferPayload
     shape: tuple[int, ...]
-    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16"
+    dtype: str  # torch dtype name without the "torch." prefix, e.g. "bfloat16", "float8_e4m3fn"
     block_size: int
 
     @property
@@ -112,7 +112,7 @@ class BlockLayout:
             raise IncompatibleHandleError(
                 f"staged blocks are {self.block_shape} {self.dtype}, the cache's are {tuple(cache.shape[1:])} "
                 f"{str(cache.dtype).removeprefix('torch.')}: encoder and decoder need the same model, "
-                "engine.block_size and engine.dtype"
+                "engine.block_size, engine.dtype and engine.kv_cache_dtype"
             )
         if len(block_ids) != self.num_blocks:
             raise IncompatibleHandleError(f"{self.num_blocks} staged blocks, but {len(block_ids)} block ids given")

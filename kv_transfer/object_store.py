@@ -115,7 +115,9 @@ class ObjectStoreReceiver(KVReceiver):
         try:
             handle.layout.check_fits(storage, block_ids)
         except IncompatibleHandleError:
-            handle.location.ledger.drop.remote(handle.staging_token)
+            # Claimed, not dropped: a claim is what tells the sender to free the staging now (a drop
+            # leaves it held until unclaimed_timeout_s). The payload itself is never fetched.
+            handle.location.ledger.claim.remote(handle.staging_token)
             raise
         storage.write_blocks(block_ids, self._fetch(handle))
 

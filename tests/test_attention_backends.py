@@ -4,7 +4,8 @@
     validates the oracle every other backend is compared with.
 (b) TritonPagedBackend == reference (and == the dense oracle), fp32 / fp16 / bf16.
 (c) FlashAttnBackend == reference, only where flash_attn imports (CUDA); skipped elsewhere.
-(d) The decoder's other Triton kernel, the residual add fused with the layer norm after it
+(d) An fp8 (e4m3) cache under an fp32 / fp16 / bf16 query: both backends upcast it to the query's dtype.
+(e) The decoder's other Triton kernel, the residual add fused with the layer norm after it
     (engine/fused_norm.py), == the eager ops, and greedy decoding through it == transformers.
 
 Triton on a machine without CUDA runs under its interpreter, TRITON_INTERPRET=1. Triton reads
@@ -29,7 +30,7 @@ import pytest  # noqa: E402
 
 from engine.attention.base import PagedAttentionBatch  # noqa: E402
 from engine.attention.flash_attn_backend import FlashAttnBackend, flash_attn_available  # noqa: E402
-from engine.attention.registry import make_attention_backend  # noqa: E402
+from engine.attention.registry import kv_cache_dtype_problem, make_attention_backend  # noqa: E402
 from engine.attention.torch_ref import TorchReferenceBackend  # noqa: E402
 from engine.attention.triton_paged import TritonPagedBackend, triton_available  # noqa: E402
 from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim  # noqa: E402
@@ -60,6 +61,7 @@ class Case:
         heads: int = 2,
         head_dim: int = 16,
         dtype: torch.dtype = torch.float32,
+        cache_dtype: torch.dtype | None = None,  # None: the query's dtype
         seed: int = 0,
         garbage: float = 100.0,
         strided_query: bool = False,
@@ -87,7 +89,7 @@ class Case:
             for p in range(s):
                 valid[table[p // block_size], p % block_size] = True
         cache.permute(0, 3, 1, 2, 4, 5)[~valid] = garbage  # [blocks, slot, layer, k/v, H, D] view
-        self.cache = cache.to(dtype).to(DEVICE)
+        self.cache = cache.to(cache_dtype or dtype).to(DEVICE)
 
         max_blocks = max(blocks_per_req) + 2  # padding columns past every request's blocks
         bt = torch.full((len(q_lens), max_blocks), pad_value, dtype=torch.int32)
@@ -207,6 +209,29 @@ def test_triton_matches_reference_half(name, num_splits, dtype):
     assert_close(out, case.run(TorchReferenceBackend()), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_reference_upcasts_an_fp8_cache_to_the_query_dtype(dtype):
+    case = Case(q_lens=[3, 1], seq_lens=[20, 45], causal=True, block_size=8, dtype=dtype,
+                cache_dtype=torch.float8_e4m3fn, seed=6)
+    out = case.run(TorchReferenceBackend())
+    assert out.dtype == dtype
+    assert_close(out, case.dense(), dtype)  # the oracle reads the same fp8 values, in float64
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("name,num_splits", [("cross_decode_bs16", 2), ("self_mixed_bs8", None)])
+def test_triton_reads_an_fp8_cache_in_the_query_dtype(name, num_splits, dtype):
+    """Triton's CPU interpreter runs an fp8 cache too (it loads e4m3 and upcasts as a GPU does)."""
+    q_lens, seq_lens, causal, bs, d = SHAPES[name]
+    case = Case(q_lens=q_lens, seq_lens=seq_lens, causal=causal, block_size=bs, head_dim=d, dtype=dtype,
+                cache_dtype=torch.float8_e4m3fn, seed=7)
+    out = case.run(TritonPagedBackend(num_splits=num_splits))
+    assert out.dtype == dtype
+    assert_close(out, case.run(TorchReferenceBackend()), dtype)
+    assert_close(out, case.dense(), dtype)
+
+
 @needs_triton
 @pytest.mark.parametrize("causal", [True, False])
 def test_triton_never_reads_unowned_slots(causal):
@@ -268,6 +293,17 @@ def test_registry():
         assert make_attention_backend("triton", DEVICE).name == "triton"
 
 
+def test_flash_attn_is_refused_an_fp8_cache_and_auto_passes_it_over():
+    assert "fp8" in kv_cache_dtype_problem("flash_attn", torch.float8_e4m3fn)
+    for name in ("auto", "torch", "triton"):
+        assert kv_cache_dtype_problem(name, torch.float8_e4m3fn) is None
+    assert kv_cache_dtype_problem("flash_attn", torch.bfloat16) is None
+    if flash_attn_available() and torch.cuda.is_available():
+        with pytest.raises(ValueError, match="fp8"):
+            make_attention_backend("flash_attn", DEVICE, block_size=256, dtype=torch.float8_e4m3fn)
+        assert make_attention_backend("auto", DEVICE, block_size=256, dtype=torch.float8_e4m3fn).name != "flash_attn"
+
+
 def test_registry_triton_needs_cuda_or_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="triton"):
@@ -303,8 +339,8 @@ def test_fused_residual_norm_matches_eager():
     """engine.fused_norm's kernel == the eager add + layer norm, on ragged widths too."""
     generator = torch.Generator().manual_seed(0)
     for rows, cols in ((1, 64), (5, 100), (3, 384)):
-        x, delta = torch.randn(2, rows, cols, generator=generator) * 3
-        weight, bias = torch.randn(2, cols, generator=generator)
+        x, delta = (torch.randn(2, rows, cols, generator=generator) * 3).to(DEVICE)
+        weight, bias = torch.randn(2, cols, generator=generator).to(DEVICE)
         fused_sum, fused_norm = triton_add_layer_norm(x, delta, weight, bias, 1e-5)
         eager_sum, eager_norm = add_layer_norm(x, delta, weight, bias, 1e-5)
         assert torch.equal(fused_sum, eager_sum)
@@ -314,14 +350,15 @@ def test_fused_residual_norm_matches_eager():
 def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whisper_folder):
     """The decoder with engine.fused_decoder_norms' kernel stays token-exact with transformers."""
     reference, _ = hf_model(str(random_whisper_folder))
-    loaded = load_model(EngineConfig(model=str(random_whisper_folder), block_size=8, kv_cache_memory_mb=64))
+    loaded = load_model(EngineConfig(model=str(random_whisper_folder), device=DEVICE.type, dtype="float32",
+                                     block_size=8, kv_cache_memory_mb=64, compile_encoder=False))
     loaded.model.decoder.fuse_residual_norms()
     assert loaded.model.decoder.add_norm is triton_add_layer_norm
     engine = DecoderEngine(loaded)
     audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
     with torch.inference_mode():
         mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
-        cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels))[0]
+        cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels.to(DEVICE)))[0]
     request, result = decode_alone(engine, cross_kv, DecodeOptions(max_tokens=40))
     special = loaded.tokenizer.special
     expected = hf_greedy(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from deployments.config import ConfigError, parse_app_config
@@ -41,12 +42,24 @@ def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000(
         ({"decoder": {"autoscaling": {"min_replicas": 0}}}, "decoder.autoscaling", "scale_to_zero"),
         ({"encoder": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}}, "encoder.autoscaling", "below min_replicas"),
         ({"engine": {"max_num_seqs": 4, "interactive_reserved_seqs": 4}}, "engine", "batch-priority work"),
+        ({"engine": {"kv_cache_dtype": "int8"}}, "engine.kv_cache_dtype", "fp8_e4m3"),
+        ({"engine": {"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flash_attn"}}, "engine",
+         "cannot read an fp8 KV cache"),
     ],
 )
 def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason):
     with pytest.raises(ConfigError) as failure:
         parse_app_config(args)
     assert field in str(failure.value) and reason in str(failure.value)
+
+
+def test_an_fp8_kv_cache_is_set_in_the_engine_section_that_encoders_and_decoders_share():
+    spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
+    args = spec["applications"][0]["args"]
+    assert parse_app_config(args).engine.kv_cache_torch_dtype == torch.float32  # auto: the model's dtype
+    args["engine"]["kv_cache_dtype"] = "fp8_e4m3"
+    config = parse_app_config(args)  # deployments/app.py binds this one config to both deployments
+    assert config.engine.kv_cache_dtype == "fp8_e4m3" and config.engine.kv_cache_torch_dtype == torch.float8_e4m3fn
 
 
 def test_api_keys_come_from_the_environment_when_the_config_gives_none(monkeypatch):

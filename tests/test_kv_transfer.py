@@ -1,13 +1,14 @@
 """The transfer layer between two real processes: an encoder-side Ray actor stages, this process
 pulls into a real paged cache (BlockPool + PagedKVStorage, or the DecoderEngine itself).
 
-Bytes arrive bit for bit whatever the layout; staging is bounded and released; every way a pull
-can fail fails retriably with no block and no staging left held; and both transfer modes decode
-real speech to the same tokens as the in-process engine.
+Bytes arrive bit for bit whatever the layout (fp8 too); staging is bounded and released; every way
+a pull can fail fails retriably with no block and no staging left held; both transfer modes decode
+real speech to the same tokens as the in-process engine, with an fp8 KV cache too.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import sys
@@ -50,12 +51,24 @@ def random_layouts(count: int, seed: int = 0) -> list[tuple]:
     return layouts
 
 
-LAYOUTS = random_layouts(3)
+# ... and tiny.en's in an fp8 KV cache (engine.kv_cache_dtype: fp8_e4m3).
+LAYOUTS = [*random_layouts(3), (4, 6, 64, 1500, 16, torch.float8_e4m3fn)]
 BLOCK_SIZES = sorted({layout[4] for layout in LAYOUTS} | {16})
 
 
 def transfer_config(connector: str, **overrides) -> TransferConfig:
     return TransferConfig(**{"connector": connector, "staging_memory_mb": 128, "release_poll_interval_ms": 2, **overrides})
+
+
+def to_actor(tensor: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """torch (2.13) cannot unpickle an fp8 tensor, so payloads go to the encoder actor as bytes and a dtype
+    name. (Serve never pickles one: the encoder stages its own K/V, handles carry only the dtype name.)"""
+    return tensor.view(torch.uint8), str(tensor.dtype).removeprefix("torch.")
+
+
+def from_test(payload: tuple[torch.Tensor, str]) -> torch.Tensor:
+    raw, dtype = payload
+    return raw.view(getattr(torch, dtype))
 
 
 @ray.remote(num_cpus=0)
@@ -64,13 +77,13 @@ class EncoderSide:
 
     def __init__(self):
         self.senders: dict[str, KVSender] = {}
-        self.encoder = None
+        self.encoders: dict[str, EncoderRunner] = {}  # by engine.kv_cache_dtype
 
     def add_sender(self, key: str, config: TransferConfig, block_size: int) -> None:
         self.senders[key] = make_sender(config, block_size=block_size)
 
-    def stage(self, key: str, request_id: str, payload: torch.Tensor, kind: str) -> TransferHandle:
-        return self.senders[key].stage(request_id, payload, kind)
+    def stage(self, key: str, request_id: str, payload: tuple[torch.Tensor, str], kind: str) -> TransferHandle:
+        return self.senders[key].stage(request_id, from_test(payload), kind)
 
     def release(self, key: str, request_id: str) -> None:
         self.senders[key].release(request_id)
@@ -81,12 +94,16 @@ class EncoderSide:
     def pid(self) -> int:
         return os.getpid()
 
-    def encode_and_stage(self, key: str, audio: torch.Tensor) -> dict[str, list[TransferHandle]]:
+    def encode_and_stage(
+        self, key: str, audio: torch.Tensor, kv_cache_dtype: str = "auto"
+    ) -> dict[str, list[TransferHandle]]:
         """Encode a batch of windows as an encoder replica does; stage it in both modes."""
-        if self.encoder is None:
-            self.encoder = EncoderRunner(load_model(EngineConfig(model="tiny.en")))
-        states = self.encoder.encode(audio)
-        cross_kv = self.encoder.cross_kv(states)
+        if kv_cache_dtype not in self.encoders:
+            config = EngineConfig(model="tiny.en", kv_cache_dtype=kv_cache_dtype)
+            self.encoders[kv_cache_dtype] = EncoderRunner(load_model(config))
+        encoder = self.encoders[kv_cache_dtype]
+        states = encoder.encode(audio)
+        cross_kv = encoder.cross_kv(states)
         sender = self.senders[key]
         return {
             "cross_kv": [sender.stage(f"kv-{i}", kv, "cross_kv") for i, kv in enumerate(cross_kv)],
@@ -105,7 +122,7 @@ class Stager:
     def stage(self, request_id: str, payload: torch.Tensor, kind: str = "cross_kv") -> TransferHandle:
         if self.sender is not None:
             return self.sender.stage(request_id, payload, kind)
-        return ray.get(self.actor.stage.remote(self.key, request_id, payload, kind))
+        return ray.get(self.actor.stage.remote(self.key, request_id, to_actor(payload), kind))
 
     def release(self, request_id: str) -> None:
         if self.sender is not None:
@@ -302,6 +319,25 @@ def test_blocks_of_another_block_size_are_refused_and_their_staging_released(sta
     receiver.close()
 
 
+@pytest.mark.parametrize("connector", ["local", "object_store"])
+@pytest.mark.parametrize(
+    "staged_dtype, cache_dtype", [(torch.float8_e4m3fn, torch.float32), (torch.float32, torch.float8_e4m3fn)]
+)
+def test_blocks_of_another_kv_cache_dtype_are_refused_naming_it_and_their_staging_released(
+    connector, staged_dtype, cache_dtype, stager
+):
+    storage = PagedKVStorage(200, 4, 16, 6, 64, cache_dtype, torch.device("cpu"))
+    receiver = make_receiver(transfer_config(connector), storage=storage)
+    staging = stager(connector)
+    handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV).to(staged_dtype))
+    with pytest.raises(IncompatibleHandleError, match="kv_cache_dtype") as refusal:
+        receiver.pull_blocks(handle, storage, list(range(94)))
+    assert "float8_e4m3fn" in str(refusal.value) and "float32" in str(refusal.value)
+    assert not storage.cache.view(torch.uint8).any(), "a refused pull wrote into the cache"
+    assert wait_until(lambda: staging.num_staged() == 0)
+    receiver.close()
+
+
 # --- back-pressure ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
@@ -323,7 +359,7 @@ def test_full_staging_pushes_back_then_admits_once_a_pull_frees_room(connector, 
 
     storage = PagedKVStorage(16, 4, 16, 8, 16, torch.float32, torch.device("cpu"))
     receiver = make_receiver(transfer_config(connector), storage=storage)
-    waiting = actor.stage.remote("s", "c", payload, "cross_kv")  # waits for room ...
+    waiting = actor.stage.remote("s", "c", to_actor(payload), "cross_kv")  # waits for room ...
     time.sleep(0.2)
     receiver.pull_blocks(first, storage, list(range(16)))
     ready, _ = ray.wait([waiting], timeout=5)  # ... and gets it once a pull frees some
@@ -369,6 +405,39 @@ def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_
         assert results[f"states-{i}"].tokens == expected, f"encoder_states mode, clip {CLIPS[i]}"
     assert engine.pool.num_used_blocks == 0
     assert wait_until(lambda: Stager(encoder_side, f"{connector}-16").num_staged() == 0)
+
+
+@pytest.mark.parametrize("connector", ["nixl", "object_store"])
+def test_an_fp8_cache_ships_half_a_bf16_windows_bytes_and_decodes_to_the_in_process_fp8_tokens(
+    connector, tiny_en, encoder_side, speech_windows
+):
+    # tiny.en's weights with an fp8 cache on both sides, as one app config's engine section gives them.
+    fp8 = dataclasses.replace(tiny_en, config=EngineConfig(model="tiny.en", kv_cache_dtype="fp8_e4m3"))
+    encoder = EncoderRunner(fp8)
+    engine = DecoderEngine(fp8, EngineConfig(model="tiny.en", kv_cache_dtype="fp8_e4m3", kv_cache_memory_mb=48))
+    cross_kv = encoder.cross_kv(encoder.encode(speech_windows[:1]))[0]
+    assert cross_kv.dtype == torch.float8_e4m3fn
+    engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(cross_kv), request_id="in-process"))
+    expected = run_to_completion(engine)["in-process"].tokens
+    assert tiny_en.tokenizer.decode(expected).strip().startswith("And so my fellow Americans")
+
+    handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-16", speech_windows[:1], "fp8_e4m3"))
+    (kv_handle,), (states_handle,) = handles["cross_kv"], handles["encoder_states"]
+    assert kv_handle.layout.dtype == "float8_e4m3fn" and kv_handle.layout.torch_dtype == torch.float8_e4m3fn
+    bf16_window = dataclasses.replace(kv_handle.layout, dtype="bfloat16")
+    assert 2 * kv_handle.layout.nbytes == bf16_window.nbytes
+    assert states_handle.layout.dtype == "float32", "encoder states stay in the model's dtype"
+
+    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    for handle in (kv_handle, states_handle):
+        source = TransferredCrossKV(handle, receiver)
+        engine.submit(engine.make_request(DecodeOptions(), source, request_id=handle.request_id))
+    results = run_to_completion(engine)
+    assert results[kv_handle.request_id].tokens == expected
+    assert results[states_handle.request_id].tokens == expected
+    assert engine.pool.num_used_blocks == 0
+    assert wait_until(lambda: Stager(encoder_side, f"{connector}-16").num_staged() == 0)
+    receiver.close()
 
 
 # --- config ----------------------------------------------------------------------------------

@@ -13,14 +13,27 @@ logger = logging.getLogger(__name__)
 BACKEND_NAMES = ("auto", "torch", "triton", "flash_attn")
 
 
-def _triton_problem(device: torch.device) -> str | None:
-    """Why the triton backend cannot run on ``device``, or None when it can."""
+def kv_cache_dtype_problem(name: str, cache_dtype: torch.dtype) -> str | None:
+    """Why backend ``name`` can never read a KV cache of ``cache_dtype`` (whatever the device), or
+    None. Checked by EngineConfig at start-up, and by the registry where "auto" chooses."""
+    if name == "flash_attn" and cache_dtype == torch.float8_e4m3fn:
+        return ("flash-attn's paged kernels cannot read an fp8 KV cache; use attention_backend triton "
+                "(or torch), or kv_cache_dtype auto")
+    return None
+
+
+def _triton_problem(device: torch.device, dtype: torch.dtype | None = None) -> str | None:
+    """Why the triton backend cannot run on ``device`` (with a KV cache of ``dtype``), or None when it can."""
     from engine.attention import triton_paged
 
     if not triton_paged.triton_available():
         return f"the 'triton' package is not importable ({triton_paged._TRITON_IMPORT_ERROR!r})"
     if device.type != "cuda" and not triton_paged.triton_interpreting():
         return f"triton kernels need a CUDA device, got {device} (TRITON_INTERPRET=1 runs them on CPU, for tests)"
+    if device.type == "cuda" and dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(device) < (8, 9):
+        # Triton refuses the e4m3 type below sm_89 ("fp8e4nv data type is not supported on CUDA arch < 89").
+        return (f"Triton reads an fp8 (e4m3) KV cache only on compute capability 8.9+ (Ada, Hopper), this GPU is "
+                f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; use kv_cache_dtype auto")
     return None
 
 
@@ -32,6 +45,9 @@ def _flash_attn_problem(device: torch.device, block_size: int | None, dtype: tor
         return f"the 'flash-attn' package is not importable ({fa.flash_attn_import_error()})"
     if device.type != "cuda":
         return f"flash-attn needs a CUDA device, got {device}"
+    dtype_problem = kv_cache_dtype_problem("flash_attn", dtype) if dtype is not None else None
+    if dtype_problem:
+        return dtype_problem
     if block_size is not None and block_size % fa.FLASH_ATTN_PAGE_MULTIPLE != 0:
         return f"flash-attn's paged KV needs block_size a multiple of {fa.FLASH_ATTN_PAGE_MULTIPLE}, got {block_size}"
     if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
@@ -51,9 +67,9 @@ def make_attention_backend(
     "auto" picks flash_attn if it imports and the device is CUDA, else triton if it imports and
     the device is CUDA, else the torch reference. ``block_size`` and ``dtype`` (optional, the KV
     cache's) let "auto" skip flash_attn where flash-attn would refuse them (block sizes that are
-    not a multiple of 256, float32), and let an explicit "flash_attn" fail at construction rather
-    than at the first step. Asking explicitly for a backend that cannot run raises ValueError
-    saying what is missing.
+    not a multiple of 256, float32, fp8), and let an explicit "flash_attn" (or "triton" with an fp8
+    cache on a GPU older than sm_89) fail at construction rather than at the first step. Asking
+    explicitly for a backend that cannot run raises ValueError saying what is missing.
     """
     device = torch.device(device)
     if name == "torch":
@@ -61,7 +77,7 @@ def make_attention_backend(
 
         return TorchReferenceBackend()
     if name == "triton":
-        problem = _triton_problem(device)
+        problem = _triton_problem(device, dtype)
         if problem:
             raise ValueError(f"attention backend 'triton' is unavailable: {problem}")
         from engine.attention.triton_paged import TritonPagedBackend
@@ -79,10 +95,10 @@ def make_attention_backend(
             flash_problem = _flash_attn_problem(device, block_size, dtype)
             if flash_problem is None:
                 return make_attention_backend("flash_attn", device, block_size=block_size, dtype=dtype)
-            triton_problem = _triton_problem(device)
+            triton_problem = _triton_problem(device, dtype)
             if triton_problem is None:
                 logger.info("attention backend auto -> triton (flash_attn: %s)", flash_problem)
-                return make_attention_backend("triton", device)
+                return make_attention_backend("triton", device, dtype=dtype)
             logger.info("attention backend auto -> torch (flash_attn: %s; triton: %s)", flash_problem, triton_problem)
         return make_attention_backend("torch", device)
     raise ValueError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")

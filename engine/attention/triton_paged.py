@@ -393,10 +393,12 @@ class TritonPagedBackend(AttentionBackend):
         plan = self.plan(batch, num_heads, query.device)
         attn_kernel, combine_kernel = _kernels()
 
-        if query.dtype == key_cache.dtype and query.dtype in (torch.float16, torch.bfloat16):
+        # An fp8 cache is upcast as it is loaded (k.to(DOT_DTYPE)): compute in the query's dtype.
+        cache_read_as_query = key_cache.dtype in (query.dtype, torch.float8_e4m3fn)
+        if cache_read_as_query and query.dtype in (torch.float16, torch.bfloat16):
             dot_dtype = tl.float16 if query.dtype == torch.float16 else tl.bfloat16
         else:
-            dot_dtype = tl.float32  # fp32, or mixed query/cache dtypes: compute in fp32
+            dot_dtype = tl.float32  # fp32, or other mixed query/cache dtypes: compute in fp32
         if dot_dtype == tl.bfloat16 and triton_interpreting():
             # Triton's CPU interpreter (3.9) computes tl.dot on bf16 operands wrongly (bit
             # patterns read as integers); upcast there. Compiled GPU kernels use bf16 MMA.
