@@ -299,6 +299,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256, help="requests in the engine stream")
     parser.add_argument("--rate", type=float, default=400.0, help="Poisson arrival rate, requests/s")
     parser.add_argument("--max-num-seqs", type=int, default=128)
+    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "gpu.json",
+                        help="where --record writes the metrics (a partial run belongs in a file of its own)")
     parser.add_argument("--seconds", type=float, default=1.0, help="least time per timed measurement")
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
@@ -377,7 +379,7 @@ def main() -> None:
         record("GPU: ours vs transformers on random weights of the large shapes (bench_gpu.py)", body,
                "bf16, SDPA in transformers; ours: Triton paged attention, decode steps from CUDA graphs. "
                "Bandwidth bound: decoder weights + every request's cross- and self-attention K/V, over the GPU's peak "
-               "bandwidth.", json_path=Path(__file__).parent / "results" / "gpu.json", metrics=metrics)
+               "bandwidth.", json_path=args.json, metrics=metrics)
 
 
 if __name__ == "__main__":
