@@ -52,6 +52,8 @@ class DecoderDeployment:
         # Encoding happens in the encoder replicas: free the encoder's weights here (for large-v3,
         # 1.3 GB of GPU memory this replica would hold and never use).
         self.loaded.model.encoder = None
+        if config.engine.torch_device.type == "cuda":
+            torch.cuda.empty_cache()  # back to the GPU, which an encoder replica may share
         self.engine = DecoderEngine(self.loaded)
         self.receiver = make_receiver(config.transfer, storage=self.engine.runner.storage)
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}

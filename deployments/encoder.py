@@ -64,6 +64,11 @@ class EncoderDeployment:
             torch.set_num_threads(config.encoder.torch_threads)
         self.config = config
         self.loaded = load_model(config.engine)
+        # Decoding happens in the decoder replicas: of the decoder keep only what makes a window's
+        # cross-attention K/V, and hand the rest back (a GPU may be shared with a decoder replica).
+        self.loaded.model.decoder.keep_only_cross_kv()
+        if config.engine.torch_device.type == "cuda":
+            torch.cuda.empty_cache()
         self.runner = EncoderRunner(self.loaded)
         self.payload = config.transfer.resolved_mode()
         self.sender = make_sender(config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device)

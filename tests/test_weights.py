@@ -83,3 +83,21 @@ def test_unknown_names_and_uncached_hub_ids_raise_model_not_found(tmp_path, monk
         load_weights("openai/whisper-large-v3")
     with pytest.raises(ModelNotFoundError, match="bundled"):
         load_weights("no-such-model")
+
+
+def test_encoder_side_keeps_only_the_cross_kv_projections_and_projects_the_same(random_whisper_folder):
+    """What an encoder replica frees of the decoder leaves its cross-K/V unchanged."""
+    from engine.config import EngineConfig
+    from engine.engine import EncoderRunner, load_model
+
+    config = EngineConfig(model=str(random_whisper_folder))
+    full, trimmed = load_model(config), load_model(config)
+    full_params = sum(p.numel() for p in full.model.decoder.parameters())
+    trimmed.model.decoder.keep_only_cross_kv()
+    kept = dict(trimmed.model.decoder.named_parameters())
+    assert kept and all(".cross_kv." in name for name in kept)
+    assert sum(p.numel() for p in kept.values()) < full_params / 2
+    windows = torch.randn(2, 480000, generator=torch.Generator().manual_seed(0)) * 0.1
+    expected = EncoderRunner(full).cross_kv(EncoderRunner(full).encode(windows))
+    runner = EncoderRunner(trimmed)
+    assert torch.equal(runner.cross_kv(runner.encode(windows)), expected)
