@@ -178,6 +178,13 @@ class DecoderEngine:
     def abort(self, request_id: str) -> None:
         self._aborts.put(request_id)
 
+    @staticmethod
+    def _discard_unloaded(request: Request) -> None:
+        """A request ending before admission never loaded its K/V: let its source free them now
+        (an encoder's staging would otherwise stay held until its unclaimed timeout)."""
+        if request.status == RequestStatus.WAITING and request.cross_source is not None:
+            request.cross_source.discard()
+
     def request_ids(self) -> list[str]:
         """Requests submitted and not finished (call from the thread that runs ``step``)."""
         return list(self._by_id)
@@ -200,11 +207,13 @@ class DecoderEngine:
                 self.scheduler.add(request)
             except Exception as exc:
                 logger.warning("request %s rejected: %s", request.request_id, exc)
+                self._discard_unloaded(request)
                 request.status, request.finish_reason, request.error = RequestStatus.FINISHED, FinishReason.ERROR, str(exc)
                 finished.append(self._result(request))
         while not self._aborts.empty():
             request = self._by_id.get(self._aborts.get())
             if request is not None:
+                self._discard_unloaded(request)
                 self.scheduler.finish(request, FinishReason.ABORTED)
                 finished.append(self._result(request))
 

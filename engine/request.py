@@ -85,6 +85,9 @@ class CrossKVSource(Protocol):
 
     def load_into(self, runner: "ModelRunner", block_ids: list[int]) -> None: ...
 
+    def discard(self) -> None:
+        """Give the K/V up unloaded (the request ended before admission); never raises."""
+
 
 @dataclass
 class CrossKVTensor:
@@ -95,6 +98,9 @@ class CrossKVTensor:
     def load_into(self, runner: "ModelRunner", block_ids: list[int]) -> None:
         runner.storage.write_sequence(block_ids, self.cross_kv)
 
+    def discard(self) -> None:
+        pass  # an in-process tensor: freed with the request
+
 
 @dataclass
 class EncoderStates:
@@ -104,6 +110,9 @@ class EncoderStates:
 
     def load_into(self, runner: "ModelRunner", block_ids: list[int]) -> None:
         runner.write_cross_kv_from_states(block_ids, self.states)
+
+    def discard(self) -> None:
+        pass  # an in-process tensor: freed with the request
 
 
 @dataclass

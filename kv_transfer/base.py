@@ -178,6 +178,12 @@ class KVReceiver(abc.ABC):
         """Fetch an encoder_states handle's tensor [frames, d_model] onto the receiver's device,
         then release the sender's staging. Raises TransferError when the transfer fails."""
 
+    @abc.abstractmethod
+    def discard(self, handle: TransferHandle) -> None:
+        """Release the sender's staging for a handle that will never be pulled (its request was
+        aborted or rejected before admission), now rather than at unclaimed_timeout_s. Best
+        effort: never raises (a sender already gone took its staging with it)."""
+
     def close(self) -> None:
         """Free everything; the receiver is unusable afterwards."""
 

@@ -78,6 +78,13 @@ class LocalReceiver(KVReceiver):
         finally:
             sender.finish(entry)
 
+    def discard(self, handle: TransferHandle) -> None:
+        try:
+            sender, entry = self._claim(handle)
+        except TransferError:
+            return  # released already, or the sender is gone
+        sender.finish(entry)
+
     def _claim(self, handle: TransferHandle) -> tuple[LocalSender, StagedEntry]:
         with _senders_lock:
             sender = _senders.get(handle.sender_id)

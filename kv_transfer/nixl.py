@@ -315,6 +315,10 @@ class NixlReceiver(KVReceiver):
             except Exception:
                 logger.debug("removing NIXL agent %s failed", remote_agent, exc_info=True)
 
+    def discard(self, handle: TransferHandle) -> None:
+        with self._lock:
+            self._release_unpulled(handle)
+
     def _release_unpulled(self, handle: TransferHandle) -> None:
         """Best effort: tell a sender that is still there to free staging we will not pull."""
         try:

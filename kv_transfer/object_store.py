@@ -10,6 +10,7 @@ process, so they vanish with it and a pull from a dead sender fails rather than 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 import warnings
@@ -23,6 +24,8 @@ from engine.kv_storage import PagedKVStorage
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
 from kv_transfer.staging import StagedEntry, StagingSender
+
+logger = logging.getLogger(__name__)
 
 # How long the sender's release poll waits in the ledger for a claim; it returns at once on one.
 _CLAIM_POLL_S = 0.25
@@ -125,6 +128,12 @@ class ObjectStoreReceiver(KVReceiver):
         self.check_connector(handle)
         # A copy: the fetched tensor is a view of shared memory that goes with the object.
         return self._fetch(handle).to(self.device, copy=True)
+
+    def discard(self, handle: TransferHandle) -> None:
+        try:
+            handle.location.ledger.claim.remote(handle.staging_token)  # a claim frees it; no fetch
+        except Exception:
+            logger.debug("discarding %s failed", handle.request_id, exc_info=True)  # the sender is gone
 
     def _fetch(self, handle: TransferHandle) -> torch.Tensor:
         deadline = time.monotonic() + self.config.pull_timeout_s

@@ -17,6 +17,9 @@ class TransferredCrossKV:
     handle: TransferHandle
     receiver: KVReceiver
 
+    def discard(self) -> None:
+        self.receiver.discard(self.handle)
+
     def load_into(self, runner: ModelRunner, block_ids: list[int]) -> None:
         if self.handle.layout.payload == "cross_kv":
             self.receiver.pull_blocks(self.handle, runner.storage, block_ids)

@@ -293,6 +293,25 @@ def test_a_pull_after_the_sender_released_fails_retriably(connector, tiny_en, st
     decode_expecting_transfer_error(engine, receiver, handle)
 
 
+@pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
+def test_a_request_aborted_before_admission_frees_its_staging_at_once(connector, tiny_en, stager):
+    """Not at unclaimed_timeout_s (120 s here): the engine discards the handle it never pulled."""
+    engine = engine_for(tiny_en)
+    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    staging = stager(connector)
+    handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
+    assert staging.num_staged() == 1
+    engine.submit(engine.make_request(DecodeOptions(), TransferredCrossKV(handle, receiver), request_id="gone"))
+    engine.abort("gone")  # the caller went away before the decoder admitted the window
+    (result,) = run_to_completion(engine).values()
+    assert result.finish_reason == FinishReason.ABORTED
+    assert engine.pool.num_used_blocks == 0
+    assert wait_until(lambda: staging.num_staged() == 0, timeout_s=5.0), "the aborted window's staging is still held"
+    with pytest.raises(TransferError):  # and the handle is dead: nothing can read it any more
+        receiver.pull_blocks(handle, engine.runner.storage, engine.pool.allocate(handle.layout.num_blocks))
+    receiver.close()
+
+
 def test_a_replayed_handle_never_reads_the_region_reused_by_the_next_request(stager):
     storage = PagedKVStorage(200, 4, 16, 6, 64, torch.float32, torch.device("cpu"))
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
