@@ -1,7 +1,8 @@
 """Reference paged attention in plain torch: gather each request's blocks, pad, run SDPA.
 
 It is the CPU path and the oracle every other backend is tested against. The gather copies each
-request's keys once per layer; on the GPU the Triton and flash-attn backends read blocks in place.
+request's keys once per layer (whole blocks, into reused buffers); on the GPU the Triton and
+flash-attn backends read blocks in place.
 """
 
 from __future__ import annotations
@@ -15,6 +16,30 @@ from engine.attention.base import AttentionBackend, PagedAttentionBatch
 class TorchReferenceBackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self) -> None:
+        # Gather destinations, reused from call to call (keys, values): a fresh tensor of a decode
+        # batch's cross-attention K/V (tiny.en, 16 requests: 37 MB a layer) costs page faults on
+        # every step. Calls come from one step thread at a time, and nothing keeps a gathered
+        # tensor past the call.
+        self._gathered: dict[str, torch.Tensor] = {}
+
+    def _gather_blocks(self, cache: torch.Tensor, block_ids: torch.Tensor, which: str) -> torch.Tensor:
+        """Blocks ``block_ids`` of a per-layer view [num_blocks, bs, H, D] -> [n, bs, H, D].
+
+        Each block's slice is contiguous inside the block-major cache, so the view is a matrix with
+        one row per block and ``index_select`` copies whole rows; advanced indexing
+        (``cache[ids]``) walks the strided view element by element instead. On the 2-core CPU:
+        ~8 ms instead of ~126 ms for tiny.en's 16 x 94 cross-attention blocks of one layer."""
+        if not cache[0].is_contiguous():  # another layout: the generic gather
+            return cache[block_ids]
+        rows = cache.flatten(1)  # a view, [num_blocks, bs * H * D]
+        size = block_ids.numel() * rows.shape[1]
+        buffer = self._gathered.get(which)
+        if buffer is None or buffer.numel() < size or buffer.dtype != rows.dtype or buffer.device != rows.device:
+            buffer = self._gathered[which] = torch.empty(size, dtype=rows.dtype, device=rows.device)
+        out = buffer[:size].view(block_ids.numel(), rows.shape[1])
+        return torch.index_select(rows, 0, block_ids, out=out).view(-1, *cache.shape[1:])
+
     def paged_attention(
         self,
         query: torch.Tensor,
@@ -27,10 +52,13 @@ class TorchReferenceBackend(AttentionBackend):
         block_size = key_cache.shape[1]
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_key_blocks = -(-batch.max_seq_len // block_size)
-        tables = batch.block_tables[:, :num_key_blocks].long()
-        # [B, M, bs, H, D] -> [B, H, M*bs, D]
-        keys = key_cache[tables].reshape(num_requests, -1, num_heads, head_dim).transpose(1, 2)
-        values = value_cache[tables].reshape(num_requests, -1, num_heads, head_dim).transpose(1, 2)
+        # Padding entries may be any id (-1 included): they are masked below, only never out of range.
+        block_ids = batch.block_tables[:, :num_key_blocks].reshape(-1).long().remainder(key_cache.shape[0])
+        # [B * M, bs, H, D] -> [B, H, M*bs, D]
+        keys = self._gather_blocks(key_cache, block_ids, "keys")
+        values = self._gather_blocks(value_cache, block_ids, "values")
+        keys = keys.reshape(num_requests, -1, num_heads, head_dim).transpose(1, 2)
+        values = values.reshape(num_requests, -1, num_heads, head_dim).transpose(1, 2)
 
         query_lens = batch.query_start_loc[1:] - batch.query_start_loc[:-1]
         max_q = batch.max_query_len
