@@ -29,7 +29,7 @@ from engine.kv_cache import BlockPool
 from engine.kv_storage import PagedKVStorage, split_into_blocks
 from engine.request import CrossKVTensor, DecodeOptions, FinishReason
 from kv_transfer import make_receiver, make_sender
-from kv_transfer.base import IncompatibleHandleError, KVSender, StagingFullError, TransferError, TransferHandle
+from kv_transfer.base import IncompatibleHandleError, KVReceiver, KVSender, StagingFullError, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
 from kv_transfer.source import TransferredCrossKV
 from tests.conftest import SPEECH_DIR
@@ -191,6 +191,11 @@ def engine_for(tiny_en) -> DecoderEngine:
     return DecoderEngine(tiny_en, EngineConfig(model="tiny.en", kv_cache_memory_mb=48))
 
 
+def engine_and_receiver(tiny_en, connector: str) -> tuple[DecoderEngine, KVReceiver]:
+    engine = engine_for(tiny_en)
+    return engine, make_receiver(transfer_config(connector), storage=engine.runner.storage)
+
+
 def run_to_completion(engine: DecoderEngine) -> dict:
     results = {}
     for _ in range(5000):
@@ -265,14 +270,12 @@ def test_pull_from_a_killed_sender_fails_retriably_and_holds_no_blocks(connector
     pid = ray.get(doomed.pid.remote())
     ray.kill(doomed)
     assert wait_until(lambda: not os.path.exists(f"/proc/{pid}")), "the killed sender's process lives on"
-    engine = engine_for(tiny_en)
-    decode_expecting_transfer_error(engine, make_receiver(transfer_config(connector), storage=engine.runner.storage), handle)
+    decode_expecting_transfer_error(*engine_and_receiver(tiny_en, connector), handle)
 
 
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_a_handle_never_claimed_expires_and_then_fails_retriably(connector, tiny_en, stager):
-    engine = engine_for(tiny_en)
-    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    engine, receiver = engine_and_receiver(tiny_en, connector)
     staging = stager(connector, "expiring")
     started = time.monotonic()
     handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
@@ -284,8 +287,7 @@ def test_a_handle_never_claimed_expires_and_then_fails_retriably(connector, tiny
 
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_a_pull_after_the_sender_released_fails_retriably(connector, tiny_en, stager):
-    engine = engine_for(tiny_en)
-    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    engine, receiver = engine_and_receiver(tiny_en, connector)
     staging = stager(connector)
     handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
     staging.release("r")
@@ -296,8 +298,7 @@ def test_a_pull_after_the_sender_released_fails_retriably(connector, tiny_en, st
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_a_request_aborted_before_admission_frees_its_staging_at_once(connector, tiny_en, stager):
     """Not at unclaimed_timeout_s (120 s here): the engine discards the handle it never pulled."""
-    engine = engine_for(tiny_en)
-    receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
+    engine, receiver = engine_and_receiver(tiny_en, connector)
     staging = stager(connector)
     handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
     assert staging.num_staged() == 1
