@@ -59,8 +59,9 @@ class CrossAttentionRecorder(AttentionBackend):
             return self.reference.paged_attention(query, key_cache, value_cache, batch, scale)
         block_size = key_cache.shape[1]
         table = batch.block_tables[0, : -(-batch.max_seq_len // block_size)].long()
-        keys = key_cache[table].flatten(0, 1)[: batch.max_seq_len].float()  # [frames, H, D]
-        values = value_cache[table].flatten(0, 1)[: batch.max_seq_len].float()
+        frames = batch.max_seq_len
+        keys = self.reference.gather_blocks(key_cache, table, "keys").flatten(0, 1)[:frames].float()  # [frames, H, D]
+        values = self.reference.gather_blocks(value_cache, table, "values").flatten(0, 1)[:frames].float()
         scores = torch.einsum("thd,fhd->htf", query.float(), keys) * scale
         for layer, head in self.heads:
             if layer == self.layer:

@@ -23,7 +23,7 @@ class TorchReferenceBackend(AttentionBackend):
         # tensor past the call.
         self._gathered: dict[str, torch.Tensor] = {}
 
-    def _gather_blocks(self, cache: torch.Tensor, block_ids: torch.Tensor, which: str) -> torch.Tensor:
+    def gather_blocks(self, cache: torch.Tensor, block_ids: torch.Tensor, which: str) -> torch.Tensor:
         """Blocks ``block_ids`` of a per-layer view [num_blocks, bs, H, D] -> [n, bs, H, D].
 
         Each block's slice is contiguous inside the block-major cache, so the view is a matrix with
@@ -55,8 +55,8 @@ class TorchReferenceBackend(AttentionBackend):
         # Padding entries may be any id (-1 included): they are masked below, only never out of range.
         block_ids = batch.block_tables[:, :num_key_blocks].reshape(-1).long().remainder(key_cache.shape[0])
         # [B * M, bs, H, D] -> [B, H, M*bs, D]
-        keys = self._gather_blocks(key_cache, block_ids, "keys")
-        values = self._gather_blocks(value_cache, block_ids, "values")
+        keys = self.gather_blocks(key_cache, block_ids, "keys")
+        values = self.gather_blocks(value_cache, block_ids, "values")
         keys = keys.reshape(num_requests, -1, num_heads, head_dim).transpose(1, 2)
         values = values.reshape(num_requests, -1, num_heads, head_dim).transpose(1, 2)
 
