@@ -4,7 +4,8 @@
     validates the oracle every other backend is compared with.
 (b) TritonPagedBackend == reference (and == the dense oracle), fp32 / fp16 / bf16.
 (c) FlashAttnBackend == reference, only where flash_attn imports (CUDA); skipped elsewhere.
-(d) An fp8 (e4m3) cache under an fp32 / fp16 / bf16 query: both backends upcast it to the query's dtype.
+(d) An fp8 (e4m3) cache under an fp32 / fp16 / bf16 query: the reference upcasts it to the query's
+    dtype, Triton to fp16 under a 16-bit query (a bf16 query saturated to fp16's range).
 (e) The decoder's other Triton kernel, the residual add fused with the layer norm after it
     (engine/fused_norm.py), == the eager ops, and greedy decoding through it == transformers.
 
@@ -222,7 +223,8 @@ def test_reference_upcasts_an_fp8_cache_to_the_query_dtype(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("name,num_splits", [("cross_decode_bs16", 2), ("self_mixed_bs8", None)])
 def test_triton_reads_an_fp8_cache_in_the_query_dtype(name, num_splits, dtype):
-    """Triton's CPU interpreter runs an fp8 cache too (it loads e4m3 and upcasts as a GPU does)."""
+    """Triton's CPU interpreter runs an fp8 cache too (it loads e4m3 and upcasts as a GPU does);
+    the output comes back in the query's dtype."""
     q_lens, seq_lens, causal, bs, d = SHAPES[name]
     case = Case(q_lens=q_lens, seq_lens=seq_lens, causal=causal, block_size=bs, head_dim=d, dtype=dtype,
                 cache_dtype=torch.float8_e4m3fn, seed=7)
@@ -230,6 +232,19 @@ def test_triton_reads_an_fp8_cache_in_the_query_dtype(name, num_splits, dtype):
     assert out.dtype == dtype
     assert_close(out, case.run(TorchReferenceBackend()), dtype)
     assert_close(out, case.dense(), dtype)
+
+
+@needs_triton
+def test_triton_saturates_a_bf16_query_beyond_fp16_range_over_an_fp8_cache():
+    """Over an fp8 cache a bf16 query is computed in fp16: a query past fp16's range (65504) must
+    saturate, not turn into inf and then NaN scores."""
+    case = Case(q_lens=[1, 1], seq_lens=[40, 17], causal=False, block_size=8, dtype=torch.bfloat16,
+                cache_dtype=torch.float8_e4m3fn, seed=8)
+    case.query.mul_(1e5)
+    out = case.run(TritonPagedBackend())
+    assert torch.isfinite(out.float()).all()
+    case.query.clamp_(-65504, 65504)  # what saturation means: the clamped query's attention
+    assert_close(out, case.run(TorchReferenceBackend()), torch.bfloat16)
 
 
 @needs_triton

@@ -18,6 +18,11 @@ Design (flash-decoding style):
   as fast as or faster than a one-row multiply-and-reduce, or prefetching the next tile into
   registers by hand. Decode tiles are small (32 keys) with a deep load pipeline (4 stages), the
   fastest of the sizes measured there.
+* An fp8 (e4m3) cache is upcast to fp16, not bf16, as it is loaded: e4m3 -> fp16 is one hardware
+  conversion per pair of values, and fp16 holds every e4m3 value exactly. The bf16 query is
+  saturated to fp16's range. Decode tiles are 128 keys over 3 stages (the same bytes per tile as 64
+  bf16 keys): on the H100, large-v3 cross-attention at batch 64 read an fp8 layer in ~130 us,
+  against ~150 us upcasting to bf16 and ~180 us for the bf16 cache.
 * With more than one split the programs write unnormalised partials (running max ``m``, running
   sum ``l`` and accumulator) to fp32 scratch, and a second kernel merges them per (token, head).
   With one split the first kernel normalises and writes the output directly.
@@ -105,6 +110,7 @@ if triton is not None:
         DOT_DTYPE: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
         NUM_SPLITS: tl.constexpr,
+        CLAMP_Q: tl.constexpr,
     ):
         # One flat grid, heads fastest: the programs running at once read the same requests'
         # blocks, all heads of each key slot, rather than one head of many requests' blocks.
@@ -136,6 +142,9 @@ if triton is not None:
         else:
             q_mask = m_valid[:, None] & d_valid[None, :]
         q = tl.load(Q + tok[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+        if CLAMP_Q:
+            # A bf16 query computed in fp16 (fp8 cache): saturate rather than overflow to inf.
+            q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0)
         q = q.to(DOT_DTYPE)
 
         if CAUSAL:
@@ -291,7 +300,8 @@ class TritonPagedBackend(AttentionBackend):
     """Paged attention through one Triton kernel (+ a split-merge kernel when split-K is used).
 
     Tunables (None = heuristic):
-      decode_block_n:  keys per tile when every request has one query (default 32).
+      decode_block_n:  keys per tile when every request has one query (default 32; 128 for an
+                       fp8 cache, whose keys are half the bytes).
       prefill_block_m: query rows per tile for prefill/mixed steps (default min(64, pow2 >= max q_len), >= 16).
       prefill_block_n: keys per tile for prefill/mixed steps (default 64).
       num_splits:      key-range splits per (request, tile, head); None picks enough programs to
@@ -305,7 +315,7 @@ class TritonPagedBackend(AttentionBackend):
     def __init__(
         self,
         *,
-        decode_block_n: int = 32,
+        decode_block_n: int | None = None,
         prefill_block_m: int | None = None,
         prefill_block_n: int = 64,
         num_splits: int | None = None,
@@ -318,7 +328,7 @@ class TritonPagedBackend(AttentionBackend):
         if not triton_available():
             raise ValueError(f"the triton attention backend needs the 'triton' package: {_TRITON_IMPORT_ERROR}")
         for label, value in (("decode_block_n", decode_block_n), ("prefill_block_n", prefill_block_n)):
-            if value < 16 or value & (value - 1):
+            if value is not None and (value < 16 or value & (value - 1)):
                 raise ValueError(f"{label} must be a power of two >= 16, got {value}")
         if prefill_block_m is not None and (prefill_block_m < 16 or prefill_block_m & (prefill_block_m - 1)):
             raise ValueError(f"prefill_block_m must be a power of two >= 16, got {prefill_block_m}")
@@ -335,12 +345,15 @@ class TritonPagedBackend(AttentionBackend):
         self.num_stages = num_stages
 
     # ------------------------------------------------------------------ planning
-    def plan(self, batch: PagedAttentionBatch, num_heads: int, device: torch.device) -> LaunchPlan:
+    def plan(
+        self, batch: PagedAttentionBatch, num_heads: int, device: torch.device, cache_dtype: torch.dtype | None = None
+    ) -> LaunchPlan:
         max_q = max(1, int(batch.max_query_len))
         max_kv = max(1, int(batch.max_seq_len))
         decode = max_q == 1
+        fp8 = cache_dtype == torch.float8_e4m3fn
         if decode:
-            block_m, block_n = 16, self.decode_block_n
+            block_m, block_n = 16, self.decode_block_n or (128 if fp8 else 32)
         else:
             block_m = self.prefill_block_m or min(64, max(16, _next_pow2(max_q)))
             block_n = self.prefill_block_n
@@ -358,7 +371,7 @@ class TritonPagedBackend(AttentionBackend):
         splits = -(-max_kv // keys_per_split)
 
         num_warps = self.num_warps or (2 if decode else 4)
-        num_stages = self.num_stages or (4 if decode else 2)
+        num_stages = self.num_stages or ((3 if fp8 else 4) if decode else 2)
         return LaunchPlan(block_m, block_n, num_q_tiles, splits, keys_per_split, num_warps, num_stages)
 
     # ------------------------------------------------------------------ call
@@ -390,13 +403,16 @@ class TritonPagedBackend(AttentionBackend):
         if num_tokens == 0 or batch.num_requests == 0:
             return out
 
-        plan = self.plan(batch, num_heads, query.device)
+        plan = self.plan(batch, num_heads, query.device, key_cache.dtype)
         attn_kernel, combine_kernel = _kernels()
 
-        # An fp8 cache is upcast as it is loaded (k.to(DOT_DTYPE)): compute in the query's dtype.
-        cache_read_as_query = key_cache.dtype in (query.dtype, torch.float8_e4m3fn)
-        if cache_read_as_query and query.dtype in (torch.float16, torch.bfloat16):
-            dot_dtype = tl.float16 if query.dtype == torch.float16 else tl.bfloat16
+        # An fp8 cache is upcast as it is loaded (k.to(DOT_DTYPE)): to fp16 (see the module notes).
+        fp8_cache = key_cache.dtype == torch.float8_e4m3fn
+        half_query = query.dtype in (torch.float16, torch.bfloat16)
+        if half_query and (fp8_cache or query.dtype == torch.float16):
+            dot_dtype = tl.float16
+        elif half_query and key_cache.dtype == query.dtype:
+            dot_dtype = tl.bfloat16
         else:
             dot_dtype = tl.float32  # fp32, or other mixed query/cache dtypes: compute in fp32
         if dot_dtype == tl.bfloat16 and triton_interpreting():
@@ -446,6 +462,7 @@ class TritonPagedBackend(AttentionBackend):
             DOT_DTYPE=dot_dtype,
             DOT_PRECISION=dot_precision,
             NUM_SPLITS=plan.num_splits,
+            CLAMP_Q=dot_dtype == tl.float16 and query.dtype == torch.bfloat16,
             num_warps=plan.num_warps,
             num_stages=plan.num_stages,
         )
