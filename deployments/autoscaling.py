@@ -1,7 +1,7 @@
 """Autoscaling policies: each side scales on the load that limits it.
 
 An encoder replica is limited by windows waiting to be encoded; a decoder replica by its KV pool
-(every window holds ~94 cross-attention blocks plus its text blocks while it decodes). Serve's
+(every window holds 12 cross-attention blocks plus its text blocks while it decodes). Serve's
 default policy counts requests, which treats a silent 1 s clip and a dense 30 s window alike, so
 each side reports its own figures (``record_autoscaling_stats`` on the replica, averaged by Serve
 over ``look_back_period_s``) and these policies turn them into a replica count. Serve then applies

@@ -2,7 +2,7 @@
 
 Admission reserves the worst case. A request is admitted only when the pool can give it all its
 cross-attention blocks and self-attention blocks for its prompt plus ``max_tokens``; Whisper's
-448-token text context caps that at ~28 blocks of 16 beside the ~94 cross blocks it needs anyway,
+448-token text context caps that at 4 blocks of 128 beside the 12 cross blocks it needs anyway,
 so reserving costs little memory, and in exchange no running request can ever run out of blocks:
 no preemption, no recomputation, no deadlock when the pool is full. Waiting requests are admitted
 in order (the next one waits for room rather than being overtaken, so large prompts cannot

@@ -42,7 +42,7 @@ UNCLAIMED_TIMEOUT_S = 1.5
 def random_layouts(count: int, seed: int = 0) -> list[tuple]:
     """(layers, heads, head_dim, frames, block_size, dtype): tiny.en's, then random ones."""
     rng = random.Random(seed)
-    layouts = [(4, 6, 64, 1500, 16, torch.float32)]
+    layouts = [(4, 6, 64, 1500, 128, torch.float32)]
     for _ in range(count):
         layouts.append((
             rng.randint(1, 6), rng.randint(1, 8), rng.choice([8, 16, 64]), rng.randint(1, 1500),
@@ -53,7 +53,9 @@ def random_layouts(count: int, seed: int = 0) -> list[tuple]:
 
 # ... and tiny.en's in an fp8 KV cache (engine.kv_cache_dtype: fp8_e4m3).
 LAYOUTS = [*random_layouts(3), (4, 6, 64, 1500, 16, torch.float8_e4m3fn)]
-BLOCK_SIZES = sorted({layout[4] for layout in LAYOUTS} | {16})
+BLOCK = EngineConfig().block_size  # the engines here use the default; their senders must match
+WINDOW_BLOCKS = -(-1500 // BLOCK)
+BLOCK_SIZES = sorted({layout[4] for layout in LAYOUTS} | {BLOCK})
 
 
 def transfer_config(connector: str, **overrides) -> TransferConfig:
@@ -153,7 +155,7 @@ def encoder_side(ray_session):
         for block_size in BLOCK_SIZES:
             ray.get(actor.add_sender.remote(f"{connector}-{block_size}", transfer_config(connector), block_size))
         expiring = transfer_config(connector, unclaimed_timeout_s=UNCLAIMED_TIMEOUT_S)
-        ray.get(actor.add_sender.remote(f"{connector}-expiring", expiring, 16))
+        ray.get(actor.add_sender.remote(f"{connector}-expiring", expiring, BLOCK))
     return actor
 
 
@@ -162,7 +164,7 @@ def stager(encoder_side):
     """stager(connector, key) -> a Stager; local senders (this process) are closed afterwards."""
     local_senders = []
 
-    def make(connector: str, key: str = "16", block_size: int = 16) -> Stager:
+    def make(connector: str, key: str = str(BLOCK), block_size: int = BLOCK) -> Stager:
         if connector == "local":
             overrides = {"unclaimed_timeout_s": UNCLAIMED_TIMEOUT_S} if key == "expiring" else {}
             local_senders.append(make_sender(transfer_config("local", **overrides), block_size=block_size))
@@ -265,7 +267,7 @@ def decode_expecting_transfer_error(engine: DecoderEngine, receiver, handle: Tra
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
 def test_pull_from_a_killed_sender_fails_retriably_and_holds_no_blocks(connector, tiny_en, ray_session):
     doomed = EncoderSide.remote()
-    ray.get(doomed.add_sender.remote("s", transfer_config(connector), 16))
+    ray.get(doomed.add_sender.remote("s", transfer_config(connector), BLOCK))
     handle = Stager(doomed, "s").stage("r", torch.randn(TINY_EN_CROSS_KV))
     pid = ray.get(doomed.pid.remote())
     ray.kill(doomed)
@@ -314,27 +316,27 @@ def test_a_request_aborted_before_admission_frees_its_staging_at_once(connector,
 
 
 def test_a_replayed_handle_never_reads_the_region_reused_by_the_next_request(stager):
-    storage = PagedKVStorage(200, 4, 16, 6, 64, torch.float32, torch.device("cpu"))
+    storage = PagedKVStorage(2 * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
     staging = stager("nixl")
     handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
-    receiver.pull_blocks(handle, storage, list(range(94)))
+    receiver.pull_blocks(handle, storage, list(range(WINDOW_BLOCKS)))
     assert wait_until(lambda: staging.num_staged() == 0)
     reusing = staging.stage("next", torch.randn(TINY_EN_CROSS_KV))
     assert reusing.location.payload_address == handle.location.payload_address  # first fit
     with pytest.raises(TransferError, match="released before the pull"):
-        receiver.pull_blocks(handle, storage, list(range(100, 194)))
+        receiver.pull_blocks(handle, storage, list(range(WINDOW_BLOCKS, 2 * WINDOW_BLOCKS)))
     staging.release("next")
     receiver.close()
 
 
 def test_blocks_of_another_block_size_are_refused_and_their_staging_released(stager):
-    storage = PagedKVStorage(200, 4, 32, 6, 64, torch.float32, torch.device("cpu"))
+    storage = PagedKVStorage(2 * WINDOW_BLOCKS, 4, BLOCK // 2, 6, 64, torch.float32, torch.device("cpu"))
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
     staging = stager("nixl")
     handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV))
     with pytest.raises(IncompatibleHandleError, match="block_size"):
-        receiver.pull_blocks(handle, storage, list(range(94)))
+        receiver.pull_blocks(handle, storage, list(range(WINDOW_BLOCKS)))
     assert wait_until(lambda: staging.num_staged() == 0)
     receiver.close()
 
@@ -346,12 +348,12 @@ def test_blocks_of_another_block_size_are_refused_and_their_staging_released(sta
 def test_blocks_of_another_kv_cache_dtype_are_refused_naming_it_and_their_staging_released(
     connector, staged_dtype, cache_dtype, stager
 ):
-    storage = PagedKVStorage(200, 4, 16, 6, 64, cache_dtype, torch.device("cpu"))
+    storage = PagedKVStorage(2 * WINDOW_BLOCKS, 4, BLOCK, 6, 64, cache_dtype, torch.device("cpu"))
     receiver = make_receiver(transfer_config(connector), storage=storage)
     staging = stager(connector)
     handle = staging.stage("r", torch.randn(TINY_EN_CROSS_KV).to(staged_dtype))
     with pytest.raises(IncompatibleHandleError, match="kv_cache_dtype") as refusal:
-        receiver.pull_blocks(handle, storage, list(range(94)))
+        receiver.pull_blocks(handle, storage, list(range(WINDOW_BLOCKS)))
     assert "float8_e4m3fn" in str(refusal.value) and "float32" in str(refusal.value)
     assert not storage.cache.view(torch.uint8).any(), "a refused pull wrote into the cache"
     assert wait_until(lambda: staging.num_staged() == 0)
@@ -410,7 +412,7 @@ def in_process_tokens(tiny_en, speech_windows) -> list[list[int]]:
 
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
 def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_en, encoder_side, speech_windows, in_process_tokens):
-    handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-16", speech_windows))
+    handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-{BLOCK}", speech_windows))
     engine = engine_for(tiny_en)
     receiver = make_receiver(transfer_config(connector), storage=engine.runner.storage)
     for mode, mode_handles in handles.items():
@@ -424,7 +426,7 @@ def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_
         assert results[f"kv-{i}"].tokens == expected, f"cross_kv mode, clip {CLIPS[i]}"
         assert results[f"states-{i}"].tokens == expected, f"encoder_states mode, clip {CLIPS[i]}"
     assert engine.pool.num_used_blocks == 0
-    assert wait_until(lambda: Stager(encoder_side, f"{connector}-16").num_staged() == 0)
+    assert wait_until(lambda: Stager(encoder_side, f"{connector}-{BLOCK}").num_staged() == 0)
 
 
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
@@ -441,7 +443,7 @@ def test_an_fp8_cache_ships_half_a_bf16_windows_bytes_and_decodes_to_the_in_proc
     expected = run_to_completion(engine)["in-process"].tokens
     assert tiny_en.tokenizer.decode(expected).strip().startswith("And so my fellow Americans")
 
-    handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-16", speech_windows[:1], "fp8_e4m3"))
+    handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-{BLOCK}", speech_windows[:1], "fp8_e4m3"))
     (kv_handle,), (states_handle,) = handles["cross_kv"], handles["encoder_states"]
     assert kv_handle.layout.dtype == "float8_e4m3fn" and kv_handle.layout.torch_dtype == torch.float8_e4m3fn
     bf16_window = dataclasses.replace(kv_handle.layout, dtype="bfloat16")
@@ -456,7 +458,7 @@ def test_an_fp8_cache_ships_half_a_bf16_windows_bytes_and_decodes_to_the_in_proc
     assert results[kv_handle.request_id].tokens == expected
     assert results[states_handle.request_id].tokens == expected
     assert engine.pool.num_used_blocks == 0
-    assert wait_until(lambda: Stager(encoder_side, f"{connector}-16").num_staged() == 0)
+    assert wait_until(lambda: Stager(encoder_side, f"{connector}-{BLOCK}").num_staged() == 0)
     receiver.close()
 
 

@@ -18,7 +18,7 @@ from ray.serve._private.test_utils import FakeRunningReplica
 from deployments.routing import MostFreeKVBlocksRouter, KVRoutingStats
 
 POOL_BLOCKS = 1000
-WINDOW_BLOCKS = 122  # tiny.en: 94 cross-attention blocks + 28 text blocks of 16 tokens
+WINDOW_BLOCKS = 122  # tiny.en with 16-token blocks: 94 cross-attention blocks + 28 text blocks
 
 
 class ReportingReplica(FakeRunningReplica):
