@@ -1,7 +1,8 @@
 """The offline Python API: many files in, transcripts out, through the same engine the server runs.
 
-Encoding and decoding overlap: a new encoder batch is run whenever the decoder's queue runs low,
-so the decoder keeps a full continuous batch while memory holds only a few batches of K/V.
+A new encoder batch is started whenever the decoder's queue runs low, so the decoder keeps a full
+continuous batch while memory holds only a few batches of K/V. On a GPU the batch is encoded on its
+own stream while the decoder keeps stepping (engine/encoder_overlap.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 
 from engine.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
 from engine.config import EngineConfig
+from engine.encoder_overlap import OverlappedEncoder
 from engine.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
 from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FinishReason
 from engine.transcript import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
@@ -35,7 +37,7 @@ class Transcriber:
     def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None):
         self.loaded = loaded or load_model(config or EngineConfig())
         self.config = self.loaded.config
-        self.encoder = EncoderRunner(self.loaded)
+        self.encoder = OverlappedEncoder(EncoderRunner(self.loaded), project_cross_kv=True)
         self.decoder = DecoderEngine(self.loaded)
 
     def transcribe(
@@ -73,18 +75,22 @@ class Transcriber:
         results: dict[int, dict[int, DecodeResult]] = {}
         batch_size = self.config.encoder_batch_size
         counter = 0
-        while windows or self.decoder.has_work:
-            if windows and self.decoder.num_waiting < batch_size:
-                batch = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
-                audio = torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in batch]))
-                cross_kv = self.encoder.cross_kv(self.encoder.encode(audio))
-                for (key, samples, options), request_kv in zip(batch, cross_kv):
+        encoding: list = []  # the windows of the batch in flight
+        while windows or encoding or self.decoder.has_work:
+            if not encoding and windows and self.decoder.num_waiting < batch_size:
+                encoding = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
+                self.encoder.submit(torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in encoding])))
+            # With nothing to decode, wait for the batch; otherwise take it only once it is done.
+            cross_kv = self.encoder.take(wait=not self.decoder.has_work) if encoding else None
+            if cross_kv is not None:
+                for (key, samples, options), request_kv in zip(encoding, cross_kv):
                     request = self.decoder.make_request(
                         options, CrossKVTensor(request_kv), audio_duration_s=len(samples) / SAMPLE_RATE
                     )
                     order[request.request_id] = (key, counter)
                     counter += 1
                     self.decoder.submit(request)
+                encoding = []
             for result in self.decoder.step():
                 if result.finish_reason == FinishReason.ERROR:
                     raise RuntimeError(f"decoding failed: {result.error}")

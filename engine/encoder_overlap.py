@@ -1,0 +1,83 @@
+"""Encoding beside decoding, in one process: the encoder runs on a worker thread and, on a GPU, its
+own CUDA stream, while the caller keeps stepping the decoder.
+
+The two halves want different parts of the GPU: the encoder's batched matrix products are
+compute-bound, a decode step's attention reads are memory-bound. Run one after the other on the
+same stream (the plain loop), every encoder batch stalls decoding for its whole duration (~0.3 s for
+64 large-v3 windows on an H100). On separate streams the GPU runs their kernels side by side.
+
+The worker waits for its batch's kernels to finish before the batch counts as done, so a caller that
+submits the states to the decoder only then never makes a decode step wait on the encoder. The
+states were allocated on the encoder's stream: they are marked as used on the caller's stream too,
+so the caching allocator does not hand their memory to the encoder again while decoder work that
+reads them is still queued.
+
+On a CPU nothing overlaps by default: the batch is encoded at submit time (intra-op threads already
+use the cores; a second stream of work would only oversubscribe them). ``overlap=True`` still runs
+it on the worker thread there, which is how the tests exercise the threaded path without a GPU.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+import torch
+
+from engine.engine import EncoderRunner
+
+
+class OverlappedEncoder:
+    """At most one encoder batch in flight; ``submit`` starts it, ``take`` collects it when done."""
+
+    def __init__(self, runner: EncoderRunner, *, project_cross_kv: bool, overlap: bool | None = None):
+        """A batch yields encoder states [N, 1500, d], or with ``project_cross_kv`` each window's
+        cross-attention K/V (``EncoderRunner.cross_kv``). ``overlap``: encode on the worker thread
+        (default: on a GPU only); False encodes at submit time on the caller's stream."""
+        self.runner = runner
+        self.project_cross_kv = project_cross_kv
+        self.overlaps = runner.device.type == "cuda" if overlap is None else overlap
+        on_gpu = self.overlaps and runner.device.type == "cuda"
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder") if self.overlaps else None
+        self._stream = torch.cuda.Stream(device=runner.device) if on_gpu else None
+        self._consumer_stream = torch.cuda.current_stream(runner.device) if on_gpu else None
+        self._in_flight: Future | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight is not None
+
+    def submit(self, windows: torch.Tensor) -> None:
+        if self._in_flight is not None:
+            raise RuntimeError("an encoder batch is already in flight: take() it first")
+        if not self.overlaps:
+            done: Future = Future()
+            done.set_result(self._encode(windows))
+            self._in_flight = done
+            return
+        self._in_flight = self._worker.submit(self._encode_on_stream, windows)
+
+    def take(self, wait: bool = False) -> torch.Tensor | None:
+        """The in-flight batch's output once its kernels have finished (``wait``: block until then);
+        None while it is still running or when nothing is in flight. Re-raises the batch's error."""
+        if self._in_flight is None or not (wait or self._in_flight.done()):
+            return None
+        in_flight, self._in_flight = self._in_flight, None
+        return in_flight.result()
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
+
+    def _encode_on_stream(self, windows: torch.Tensor) -> torch.Tensor:
+        if self._stream is None:
+            return self._encode(windows)
+        with torch.cuda.stream(self._stream):
+            out = self._encode(windows)
+            finished = torch.cuda.Event()
+            finished.record(self._stream)
+        out.record_stream(self._consumer_stream)
+        finished.synchronize()  # releases the GIL: the decoder loop runs meanwhile
+        return out
+
+    def _encode(self, windows: torch.Tensor) -> torch.Tensor:
+        states = self.runner.encode(windows)
+        return self.runner.cross_kv(states) if self.project_cross_kv else states
