@@ -7,8 +7,9 @@
     step with sampling) vs transformers' static-batch generate, beside the memory-bandwidth bound
     (bytes one step must read / the GPU's peak bandwidth);
 (c) engine throughput, requests/s: a Poisson stream of 30 s windows; ours encodes arrived windows
-    in batches and decodes them with continuous batching on the same GPU; transformers takes
-    arrived requests in static batches of up to 64 (encoder + generate).
+    in batches and decodes them with continuous batching on the same GPU, the encoder on its own
+    stream (also: encoder inline, and an fp8 K/V cache holding twice the requests in the same
+    memory); transformers takes arrived requests in static batches of up to 64 (encoder + generate).
 
     python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo] [--sections encoder,decode,engine] [--record]
 
@@ -32,6 +33,7 @@ from benchmarks.gpu_models import SHAPES, engine_model, random_hf_whisper  # noq
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
+from engine.encoder_overlap import OverlappedEncoder  # noqa: E402
 from engine.engine import DecoderEngine, EncoderRunner  # noqa: E402
 from engine.kv_cache import blocks_needed  # noqa: E402
 from engine.kv_storage import PagedKVStorage  # noqa: E402
@@ -114,9 +116,11 @@ def step_bytes(loaded, batch: int, mean_position: int) -> int:
     return weights * element + batch * kv_per_token * (dims.n_audio_ctx + mean_position) * kv_element
 
 
-def config_for(loaded, max_num_seqs: int) -> EngineConfig:
-    """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case requests."""
-    config = loaded.config.model_copy(update=dict(max_num_seqs=max_num_seqs))
+def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None) -> EngineConfig:
+    """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case requests
+    (and, if given, another cache dtype)."""
+    update = dict(max_num_seqs=max_num_seqs) | (dict(kv_cache_dtype=kv_cache_dtype) if kv_cache_dtype else {})
+    config = EngineConfig.model_validate(loaded.config.model_dump() | update)
     dims = loaded.weights.dims
     blocks = blocks_needed(dims.n_audio_ctx, config.block_size) + blocks_needed(dims.n_text_ctx, config.block_size)
     block_bytes = PagedKVStorage.bytes_per_block(dims.decoder_layers, config.block_size, dims.decoder_heads,
@@ -208,42 +212,61 @@ def poisson_arrivals(count: int, rate_per_s: float, seed: int = 0) -> np.ndarray
     return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate_per_s, count))
 
 
-def bench_engine_ours(loaded, device: str, count: int, rate: float, encoder_batch: int, max_num_seqs: int) -> dict:
-    engine = DecoderEngine(loaded, config_for(loaded, max_num_seqs))
-    encoder = EncoderRunner(loaded)
+def bench_engine_ours(loaded, device: str, count: int, rate: float, encoder_batch: int, max_num_seqs: int,
+                      overlap: bool | None = None, kv_cache_dtype: str | None = None) -> dict:
+    engine = DecoderEngine(loaded, config_for(loaded, max_num_seqs, kv_cache_dtype))
+    # The decoder projects each request's cross-K/V at admission (transfer mode encoder_states):
+    # 64 staged cross-K/V of large-v3 would hold 15.7 GB, their encoder states 0.25 GB.
+    encoder = OverlappedEncoder(EncoderRunner(loaded), project_cross_kv=False, overlap=overlap)
     window = (torch.randn(encoder_batch, N_SAMPLES, device=device) * 0.1).float()
-    encoder.encode(window)  # warm-up at the batch size used most
+    encoder.runner.encode(window)  # warm-up at the batch size used most
+    # Warm-up of the engine: one request end to end compiles the prompt step's kernels.
+    engine.submit(engine.make_request(fixed_options(), EncoderStates(encoder.runner.encode(window[:1])[0])))
+    while engine.has_work:
+        engine.step()
     arrivals = poisson_arrivals(count, rate)
     arrived_at: dict[str, float] = {}
     latencies: list[float] = []
-    next_arrival = encoded = 0
+    next_arrival = encoded = in_flight = 0
+    # Where the wall time goes: engine steps (the encoder runs beside them when overlapped), and the
+    # batch each step ran.
+    step_s = 0.0
+    steps = batched = 0
     start = time.perf_counter()
     while len(latencies) < count:
         now = time.perf_counter() - start
         while next_arrival < count and arrivals[next_arrival] <= now:
             next_arrival += 1
-        pending = next_arrival - encoded
+        pending = next_arrival - encoded - in_flight
         # Encode when the decoder could admit the batch soon: keeps staged K/V bounded.
-        if pending and engine.num_waiting < encoder_batch:
-            batch = min(pending, encoder_batch)
-            # The decoder projects each request's cross-K/V at admission (transfer mode encoder_states):
-            # 64 staged cross-K/V of large-v3 would hold 15.7 GB, their encoder states 0.25 GB.
-            states = encoder.encode(window[:batch])
-            for index in range(batch):
+        if not encoder.busy and pending and engine.num_waiting < encoder_batch:
+            in_flight = min(pending, encoder_batch)
+            encoder.submit(window[:in_flight])
+        states = encoder.take(wait=not engine.has_work) if encoder.busy else None
+        if states is not None:
+            for index in range(in_flight):
                 request = engine.make_request(fixed_options(), EncoderStates(states[index]))
                 arrived_at[request.request_id] = start + arrivals[encoded + index]
                 engine.submit(request)
-            encoded += batch
+            encoded += in_flight
+            in_flight = 0
         if engine.has_work:
-            for result in engine.step():
+            began = time.perf_counter()
+            results = engine.step()
+            step_s += time.perf_counter() - began
+            steps += 1
+            batched += len(engine.scheduler.running) + len(results)
+            for result in results:
                 latencies.append(time.perf_counter() - arrived_at[result.request_id])
-        elif next_arrival < count:
+        elif not encoder.busy and next_arrival < count:
             time.sleep(max(0.0, arrivals[next_arrival] - (time.perf_counter() - start)))
     seconds = time.perf_counter() - start - arrivals[0]
+    encoder.close()
     del engine, encoder
     gc.collect()
     torch.cuda.empty_cache() if device.startswith("cuda") else None
-    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)))
+    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)), seconds=seconds,
+                step_s=step_s, steps=steps, mean_batch=batched / max(steps, 1))
 
 
 def bench_engine_hf(hf, device: str, count: int, rate: float, batch_size: int, n_mels: int,
@@ -275,11 +298,12 @@ def bench_engine_hf(hf, device: str, count: int, rate: float, batch_size: int, n
     return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)))
 
 
-def roofline_req_per_s(loaded, device: str, encoder_windows_per_s: float | None) -> tuple[float, float]:
+def roofline_req_per_s(loaded, device: str, encoder_windows_per_s: float | None,
+                       kv_element_bytes: int = 2) -> tuple[float, float]:
     """Upper bounds from cross-attention K/V reads alone: decode only, and with the encoder sharing the GPU."""
     dims = loaded.weights.dims
     peak, _ = peak_bandwidth(device)
-    per_request = OUTPUT_TOKENS * dims.decoder_layers * 2 * dims.n_audio_ctx * dims.d_model * 2
+    per_request = OUTPUT_TOKENS * dims.decoder_layers * 2 * dims.n_audio_ctx * dims.d_model * kv_element_bytes
     decode_only = peak / per_request
     if not encoder_windows_per_s:
         return decode_only, float("nan")
@@ -350,23 +374,46 @@ def main() -> None:
                 metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}_bound"] = round(r["bound_ms"], 3)
                 metrics[f"{prefix}hf_decode_ms_per_step_bs{r['batch']}"] = round(r["hf_ms"], 3)
         if "engine" in sections:
-            ours = bench_engine_ours(loaded, device, args.requests, args.rate, 64, args.max_num_seqs)
-            print(f"engine ours: {ours}", flush=True)
+            runs = {"ours (continuous batching, encoder on its own stream)": dict(),
+                    "ours, encoder inline (same stream, between steps)": dict(overlap=False)}
+            if args.kv_cache_dtype == "auto":
+                # The same KV memory holds twice the requests in fp8.
+                fp8 = dict(kv_cache_dtype="fp8_e4m3", max_num_seqs=2 * args.max_num_seqs)
+                runs[f"ours, fp8 K/V cache, {2 * args.max_num_seqs} requests at once, encoder on its own stream"] = fp8
+                runs[f"ours, fp8 K/V cache, {2 * args.max_num_seqs} requests at once, encoder inline"] = fp8 | dict(overlap=False)
+            results = {}
+            for label, options in runs.items():
+                options = dict(max_num_seqs=args.max_num_seqs) | options
+                results[label] = bench_engine_ours(loaded, device, args.requests, args.rate, 64, **options)
+                print(f"engine {label}: {results[label]}", flush=True)
             theirs = bench_engine_hf(hf, device, args.requests, args.rate, 64, loaded.weights.dims.n_mels)
             print(f"engine transformers: {theirs}", flush=True)
-            decode_only, with_encoder = roofline_req_per_s(loaded, device, encoder_rate)
+            rows = []
+            for (label, options), result in zip(runs.items(), results.values()):
+                fp8 = options.get("kv_cache_dtype") == "fp8_e4m3" or args.kv_cache_dtype == "fp8_e4m3"
+                decode_only, with_encoder = roofline_req_per_s(loaded, device, encoder_rate, 1 if fp8 else 2)
+                rows.append([label, round(result["req_per_s"], 1), round(result["p50_latency_s"], 2),
+                             round(result["req_per_s"] / theirs["req_per_s"], 2), round(result["mean_batch"], 1),
+                             round(decode_only, 1), round(with_encoder, 1)])
+            rows.append(["transformers (static batches of up to 64, 0.5 s batch wait)", round(theirs["req_per_s"], 1),
+                         round(theirs["p50_latency_s"], 2), 1.0, "", "", ""])
             tables.append((f"{shape}: engine requests/s, Poisson stream at {args.rate:g}/s, {OUTPUT_TOKENS} tokens each (c)",
-                           markdown_table(
-                ["", "requests/s", "p50 latency s", "cross-K/V roofline, decode only", "roofline with the encoder"],
-                [["ours (continuous batching)", round(ours["req_per_s"], 1), round(ours["p50_latency_s"], 2),
-                  round(decode_only, 1), round(with_encoder, 1)],
-                 ["transformers (static batches of up to 64, 0.5 s batch wait)", round(theirs["req_per_s"], 1),
-                  round(theirs["p50_latency_s"], 2), "", ""],
-                 ["ours / transformers", round(ours["req_per_s"] / theirs["req_per_s"], 2), "", "", ""]])))
-            metrics[f"{prefix}engine_req_per_s"] = round(ours["req_per_s"], 1)
+                           markdown_table(["", "requests/s", "p50 latency s", "/ transformers", "mean decode batch",
+                                           "cross-K/V roofline, decode only", "roofline with the encoder"], rows)))
+            headline, inline, *fp8_runs = results.values()
+            metrics[f"{prefix}engine_req_per_s"] = round(headline["req_per_s"], 1)
             metrics[f"{prefix}hf_engine_req_per_s"] = round(theirs["req_per_s"], 1)
-            metrics[f"{prefix}engine_speedup_vs_hf"] = round(ours["req_per_s"] / theirs["req_per_s"], 2)
-            metrics[f"{prefix}engine_roofline_req_per_s"] = round(with_encoder, 1)
+            metrics[f"{prefix}engine_speedup_vs_hf"] = round(headline["req_per_s"] / theirs["req_per_s"], 2)
+            metrics[f"{prefix}engine_roofline_req_per_s"] = rows[0][-1]
+            metrics[f"{prefix}engine_req_per_s_encoder_inline"] = round(inline["req_per_s"], 1)
+            if fp8_runs:
+                overlapped, fp8_inline = fp8_runs
+                metrics[f"{prefix}fp8kv_engine_req_per_s"] = round(overlapped["req_per_s"], 1)
+                metrics[f"{prefix}fp8kv_engine_speedup_vs_hf"] = round(overlapped["req_per_s"] / theirs["req_per_s"], 2)
+                metrics[f"{prefix}fp8kv_engine_req_per_s_encoder_inline"] = round(fp8_inline["req_per_s"], 1)
+                metrics[f"{prefix}fp8kv_engine_speedup_vs_hf_encoder_inline"] = round(
+                    fp8_inline["req_per_s"] / theirs["req_per_s"], 2)
+                metrics[f"{prefix}fp8kv_engine_roofline_req_per_s"] = rows[2][-1]
         del hf, loaded
         gc.collect()
         torch.cuda.empty_cache() if device.startswith("cuda") else None
