@@ -75,7 +75,7 @@ class Transcriber:
         results: dict[int, dict[int, DecodeResult]] = {}
         batch_size = self.config.encoder_batch_size
         counter = 0
-        encoding: list = []  # the windows of the batch in flight
+        encoding: list[tuple[int, np.ndarray, DecodeOptions]] = []  # the windows of the batch in flight
         while windows or encoding or self.decoder.has_work:
             if not encoding and windows and self.decoder.num_waiting < batch_size:
                 encoding = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
