@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -14,6 +15,16 @@ from engine.evaluation import SpeechClip, load_manifest
 from engine.weights import resolve_model_folder
 
 SPEECH_DIR = Path(__file__).parent / "data" / "speech"
+
+
+# A GPU machine has no bundled models: there, these variables name carried tokenizer files.
+TOKENIZER_VARIABLES = {"tiny.en": "WHISPER_DISAGG_EN_TOKENIZER", "base": "WHISPER_DISAGG_TOKENIZER"}
+
+
+def bundled_tokenizer(model: str) -> Path:
+    """The tokenizer.json of a bundled model (tiny.en: English-only, base: multilingual)."""
+    carried = os.environ.get(TOKENIZER_VARIABLES[model])
+    return Path(carried) if carried else resolve_model_folder(model) / "tokenizer.json"
 
 
 def english_clips() -> list[SpeechClip]:
@@ -45,7 +56,7 @@ def random_whisper_folder(tmp_path_factory) -> Path:
     )
     folder = tmp_path_factory.mktemp("random-whisper")
     WhisperForConditionalGeneration(config).save_pretrained(folder)
-    shutil.copy(resolve_model_folder("tiny.en") / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copy(bundled_tokenizer("tiny.en"), folder / "tokenizer.json")
     return folder
 
 
@@ -63,5 +74,5 @@ def random_multilingual_whisper_folder(tmp_path_factory) -> Path:
     )
     folder = tmp_path_factory.mktemp("random-multilingual-whisper")
     WhisperForConditionalGeneration(config).save_pretrained(folder)
-    shutil.copy(resolve_model_folder("base") / "tokenizer.json", folder / "tokenizer.json")
+    shutil.copy(bundled_tokenizer("base"), folder / "tokenizer.json")
     return folder

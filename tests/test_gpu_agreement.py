@@ -8,7 +8,6 @@ These run where CUDA is (the lent GPU machine: see benchmarks/RESULTS.md); witho
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +20,7 @@ from engine.config import EngineConfig
 from engine.engine import DecoderEngine, EncoderRunner
 from engine.evaluation import load_manifest
 from engine.request import CrossKVTensor, DecodeOptions
-from engine.weights import resolve_model_folder
+from tests.conftest import bundled_tokenizer
 from tests.hf_reference import hf_greedy
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -31,14 +30,9 @@ NUM_WINDOWS = 8
 NEW_TOKENS = 30
 
 
-def multilingual_tokenizer():
-    carried = os.environ.get("WHISPER_DISAGG_TOKENIZER")  # the GPU machine has no bundled models
-    return Path(carried) if carried else resolve_model_folder("base") / "tokenizer.json"
-
-
 def decode_both(shape: str, dtype: torch.dtype):
     hf = random_hf_whisper(shape, "cuda", dtype)
-    loaded = engine_model(hf, multilingual_tokenizer(), EngineConfig(
+    loaded = engine_model(hf, bundled_tokenizer("base"), EngineConfig(
         model=shape, device="cuda", dtype=str(dtype).removeprefix("torch."), attention_backend="triton",
         max_num_seqs=NUM_WINDOWS, kv_cache_memory_mb=NUM_WINDOWS * 350 if shape == "large-v3" else NUM_WINDOWS * 50,
     ))
