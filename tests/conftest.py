@@ -9,10 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import LoadedModel, load_model
-from engine.evaluation import SpeechClip, load_manifest
-from engine.weights import resolve_model_folder
+if not torch.cuda.is_available():
+    # Triton kernels on a machine without CUDA run under Triton's interpreter. It must be set
+    # before anything imports triton.language: that import decorates triton's own library
+    # functions (tl.zeros, tl.sum, ...), which a kernel interpreted later cannot call otherwise.
+    # Some test modules import transformers, which imports triton, so here, before any of them.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from engine.config import EngineConfig  # noqa: E402
+from engine.engine import LoadedModel, load_model  # noqa: E402
+from engine.evaluation import SpeechClip, load_manifest  # noqa: E402
+from engine.weights import resolve_model_folder  # noqa: E402
 
 SPEECH_DIR = Path(__file__).parent / "data" / "speech"
 

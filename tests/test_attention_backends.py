@@ -9,40 +9,36 @@
 (e) The decoder's other Triton kernel, the residual add fused with the layer norm after it
     (engine/fused_norm.py), == the eager ops, and greedy decoding through it == transformers.
 
-Triton on a machine without CUDA runs under its interpreter, TRITON_INTERPRET=1. Triton reads
-that variable when a kernel function is *decorated* (triton.jit), not when triton is imported;
-engine.attention.triton_paged decorates its kernels lazily on first use, so setting the variable
-here, at this module's import (during collection, before any test runs), is enough, even if
-another module imported triton earlier. We only set it when CUDA is absent, so on a GPU machine
-the same tests run the compiled kernels. (A subprocess per check would also work but costs a
-fresh interpreter start and the import of torch for each one.)
+Triton on a machine without CUDA runs under its interpreter, TRITON_INTERPRET=1, which
+tests/conftest.py sets before anything imports triton (triton's own library functions are
+decorated at that import, our kernels lazily on first use). Without CUDA only: on a GPU machine
+the same tests run the compiled kernels.
 """
 
 from __future__ import annotations
 
-import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from engine.attention.base import PagedAttentionBatch  # noqa: E402
-from engine.attention.flash_attn_backend import FlashAttnBackend, flash_attn_available  # noqa: E402
-from engine.attention.registry import kv_cache_dtype_problem, make_attention_backend  # noqa: E402
-from engine.attention.torch_ref import TorchReferenceBackend  # noqa: E402
-from engine.attention.triton_paged import TritonPagedBackend, triton_available  # noqa: E402
-from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
-from engine.engine import DecoderEngine, EncoderRunner, load_model  # noqa: E402
-from engine.fused_norm import triton_add_layer_norm  # noqa: E402
-from engine.model import add_layer_norm  # noqa: E402
-from engine.request import DecodeOptions  # noqa: E402
-from tests.conftest import SPEECH_DIR  # noqa: E402
-from tests.hf_reference import hf_greedy, hf_model  # noqa: E402
-from tests.test_parity_hf import decode_alone  # noqa: E402
+from engine.attention.base import PagedAttentionBatch
+from engine.attention.flash_attn_backend import FlashAttnBackend, flash_attn_available
+from engine.attention.registry import kv_cache_dtype_problem, make_attention_backend
+from engine.attention.torch_ref import TorchReferenceBackend
+from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_heads, triton_available
+from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.config import EngineConfig
+from engine.engine import DecoderEngine, EncoderRunner, load_model
+from engine.fused_norm import triton_add_layer_norm
+from engine.model import add_layer_norm
+from engine.request import DecodeOptions
+from tests.conftest import SPEECH_DIR
+from tests.hf_reference import hf_greedy, hf_model
+from tests.test_parity_hf import decode_alone
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 N_LAYERS = 3
@@ -276,6 +272,43 @@ def test_triton_strided_query_and_small_tiles():
 
 
 @needs_triton
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, None), (torch.float16, None),
+                                               (torch.bfloat16, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("num_splits", [None, 3])
+@pytest.mark.parametrize("causal,seq_lens", [(False, [300, 300, 300]), (True, [1, 17, 130])])
+def test_grouped_decode_kernel_reads_several_heads_per_program(dtype, cache_dtype, num_splits, causal, seq_lens):
+    """A decode step's heads in groups of 4 (12 heads: 3 groups, so a group's columns start
+    mid-row), with and without key splits, as cross- and self-attention, matches the reference
+    and the one-head-per-program kernel."""
+    case = Case(q_lens=[1] * 3, seq_lens=seq_lens, causal=causal, block_size=16, heads=12, head_dim=16,
+                dtype=dtype, cache_dtype=cache_dtype, seed=9, strided_query=True)
+    grouped = TritonPagedBackend(num_splits=num_splits)
+    plan = grouped.plan(case.batch, 12, DEVICE, case.cache.dtype, 16)
+    assert plan.heads_per_program == 4
+    out = case.run(grouped)
+    assert_close(out, case.run(TorchReferenceBackend()), dtype)
+    assert_close(out, case.run(TritonPagedBackend(num_splits=num_splits, decode_heads_per_program=1)), dtype)
+
+
+def test_grouped_decode_heads_divide_the_heads_within_one_row_of_keys():
+    assert grouped_decode_heads(20, 64) == 2  # large-v3: 10 groups of 2 heads, 128 keys' columns
+    assert grouped_decode_heads(6, 64) == 2  # tiny
+    assert grouped_decode_heads(12, 16) == 4
+    assert grouped_decode_heads(5, 64) == 1
+    assert grouped_decode_heads(8, 20) == 1  # head_dim not a power of two: one head per program
+
+
+@needs_triton
+def test_decode_with_a_head_dim_not_a_power_of_two_runs_one_head_per_program():
+    case = Case(q_lens=[1, 1], seq_lens=[40, 200], causal=False, block_size=16, heads=4, head_dim=20, seed=10)
+    backend = TritonPagedBackend()
+    assert backend.plan(case.batch, 4, DEVICE, case.cache.dtype, 20).heads_per_program == 1
+    assert_close(case.run(backend), case.dense(), torch.float32)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        TritonPagedBackend(decode_heads_per_program=2).plan(case.batch, 4, DEVICE, case.cache.dtype, 20)
+
+
+@needs_triton
 def test_triton_plan_split_k_heuristic():
     backend = TritonPagedBackend()
     batch = Case(q_lens=[1] * 2, seq_lens=[1500] * 2, causal=False, block_size=16).batch
@@ -323,6 +356,33 @@ def test_registry_triton_needs_cuda_or_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="triton"):
         make_attention_backend("triton", torch.device("cpu"))
+
+
+def test_a_failed_optional_import_keeps_no_caller_frames_alive():
+    """flash_attn_backend is first imported inside whatever asks the registry first: on a GPU,
+    DecoderEngine.__init__. Where flash-attn is missing, the module keeps why; it kept the
+    ImportError itself, whose traceback held the importing frames and through them the engine
+    being built, with its KV pool (40 GB left allocated on the H100 after the engine was gone).
+    A fresh interpreter, so that this import is the module's first."""
+    code = textwrap.dedent("""
+        import gc, weakref
+
+        class KVPool:
+            pass
+
+        def build_engine():
+            pool = KVPool()
+            import engine.attention.flash_attn_backend
+            return weakref.ref(pool)
+
+        pool = build_engine()
+        gc.collect()
+        print("alive" if pool() is not None else "freed")
+    """)
+    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[-1] == "freed"
 
 
 def test_flash_attn_block_size_rule():

@@ -31,11 +31,14 @@ FLASH_ATTN_PAGE_MULTIPLE = 256
 try:
     from flash_attn import flash_attn_varlen_func, flash_attn_with_kvcache
 
-    _FLASH_ATTN_IMPORT_ERROR: Exception | None = None
+    _FLASH_ATTN_IMPORT_ERROR: str | None = None
 except Exception as exc:  # ImportError, or a broken CUDA extension (OSError / RuntimeError)
     flash_attn_varlen_func = None
     flash_attn_with_kvcache = None
-    _FLASH_ATTN_IMPORT_ERROR = exc
+    # Its text only: the exception's traceback holds the frames that first imported this module,
+    # and through them whatever those frames hold (a DecoderEngine under construction, its KV
+    # pool with it) for as long as the process lives.
+    _FLASH_ATTN_IMPORT_ERROR = repr(exc)
 
 
 def flash_attn_available() -> bool:
@@ -44,7 +47,7 @@ def flash_attn_available() -> bool:
 
 
 def flash_attn_import_error() -> str:
-    return "" if _FLASH_ATTN_IMPORT_ERROR is None else repr(_FLASH_ATTN_IMPORT_ERROR)
+    return _FLASH_ATTN_IMPORT_ERROR or ""
 
 
 def check_flash_attn_block_size(block_size: int) -> None:

@@ -27,7 +27,7 @@ def _triton_problem(device: torch.device, dtype: torch.dtype | None = None) -> s
     from engine.attention import triton_paged
 
     if not triton_paged.triton_available():
-        return f"the 'triton' package is not importable ({triton_paged._TRITON_IMPORT_ERROR!r})"
+        return f"the 'triton' package is not importable ({triton_paged._TRITON_IMPORT_ERROR})"
     if device.type != "cuda" and not triton_paged.triton_interpreting():
         return f"triton kernels need a CUDA device, got {device} (TRITON_INTERPRET=1 runs them on CPU, for tests)"
     if device.type == "cuda" and dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(device) < (8, 9):
