@@ -105,7 +105,6 @@ class DecoderLayer(nn.Module):
         self.self_out = nn.Linear(d_model, d_model)
         self.cross_attn_norm = nn.LayerNorm(d_model)
         self.cross_q = nn.Linear(d_model, d_model)
-        self.cross_kv = nn.Linear(d_model, 2 * d_model)  # applied once per request, to encoder states
         self.cross_out = nn.Linear(d_model, d_model)
         self.mlp_norm = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
@@ -151,6 +150,10 @@ class TextDecoder(nn.Module):
             DecoderLayer(dims.d_model, dims.decoder_heads, dims.decoder_ffn_dim) for _ in range(dims.decoder_layers)
         )
         self.norm = nn.LayerNorm(dims.d_model)
+        # Every layer's cross-attention K and V projection as one matrix, applied once per request
+        # to the encoder states: one large matrix product instead of one per layer, and its
+        # output viewed (not copied) into the per-layer layout.
+        self.cross_kv = nn.Linear(dims.d_model, dims.decoder_layers * 2 * dims.d_model)
         self.add_norm = add_layer_norm
 
     def fuse_residual_norms(self) -> None:
@@ -176,21 +179,17 @@ class TextDecoder(nn.Module):
         return hidden @ self.embed_tokens.weight.T  # output projection tied to the embedding
 
     def keep_only_cross_kv(self) -> None:
-        """Free every decoder weight but the cross-K/V projections: all an encoder replica uses of
+        """Free every decoder weight but the cross-K/V projection: all an encoder replica uses of
         the decoder (for large-v3, 1.6 of its 1.8 GB)."""
-        for layer in self.layers:
-            for name in ("self_attn_norm", "self_qkv", "self_out", "cross_attn_norm", "cross_q", "cross_out",
-                         "mlp_norm", "mlp"):
-                setattr(layer, name, None)
-        self.embed_tokens = self.norm = self.positions = None
+        self.layers = self.embed_tokens = self.norm = self.positions = None
 
     def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
-        """Encoder states [N, frames, d] -> cross-attention K/V [N, layers, 2, frames, H, D]."""
+        """Encoder states [N, frames, d] -> cross-attention K/V [N, layers, 2, frames, H, D] (a
+        strided view of one [N, frames, layers * 2 * d] product)."""
         batch, frames, _ = states.shape
-        per_layer = [
-            layer.cross_kv(states).view(batch, frames, 2, layer.num_heads, layer.head_dim) for layer in self.layers
-        ]
-        return torch.stack(per_layer, dim=1).transpose(2, 3)
+        dims = self.dims
+        kv = self.cross_kv(states).view(batch, frames, dims.decoder_layers, 2, dims.decoder_heads, dims.head_dim)
+        return kv.permute(0, 2, 3, 1, 4, 5)
 
 
 class Whisper(nn.Module):
@@ -224,6 +223,9 @@ class Whisper(nn.Module):
             "decoder.norm.weight": sd["decoder.layer_norm.weight"],
             "decoder.norm.bias": sd["decoder.layer_norm.bias"],
         }
+        cross_kv = [fused(f"decoder.layers.{i}.encoder_attn", "kv") for i in range(dims.decoder_layers)]
+        mine["decoder.cross_kv.weight"] = torch.cat([weight for weight, _ in cross_kv])
+        mine["decoder.cross_kv.bias"] = torch.cat([bias for _, bias in cross_kv])
 
         def common(side: str, i: int, attn_norm: str, qkv: str, out: str) -> None:
             src, dst = f"{side}.layers.{i}", f"{side}.layers.{i}"
@@ -244,7 +246,6 @@ class Whisper(nn.Module):
                 mine[f"{src}.cross_attn_norm.{suffix}"] = sd[f"{src}.encoder_attn_layer_norm.{suffix}"]
                 mine[f"{src}.cross_q.{suffix}"] = sd[f"{src}.encoder_attn.q_proj.{suffix}"]
                 mine[f"{src}.cross_out.{suffix}"] = sd[f"{src}.encoder_attn.out_proj.{suffix}"]
-            mine[f"{src}.cross_kv.weight"], mine[f"{src}.cross_kv.bias"] = fused(f"{src}.encoder_attn", "kv")
 
         own = self.state_dict()
         for name, tensor in mine.items():

@@ -95,7 +95,7 @@ def test_encoder_side_keeps_only_the_cross_kv_projections_and_projects_the_same(
     full_params = sum(p.numel() for p in full.model.decoder.parameters())
     trimmed.model.decoder.keep_only_cross_kv()
     kept = dict(trimmed.model.decoder.named_parameters())
-    assert kept and all(".cross_kv." in name for name in kept)
+    assert sorted(kept) == ["cross_kv.bias", "cross_kv.weight"]
     assert sum(p.numel() for p in kept.values()) < full_params / 2
     windows = torch.randn(2, 480000, generator=torch.Generator().manual_seed(0)) * 0.1
     expected = EncoderRunner(full).cross_kv(EncoderRunner(full).encode(windows))
