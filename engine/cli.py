@@ -31,10 +31,10 @@ def main(argv: list[str] | None = None) -> int:
     from engine.offline import Transcriber  # heavy imports after argument errors are reported
 
     try:
-        transcriber = Transcriber(EngineConfig(model=args.model, device=args.device))
         options = DecodeOptions(language=args.language, task=args.task, temperature=args.temperature,
                                 fallback=None if args.no_fallback else FallbackOptions())
-        results = transcriber.transcribe(args.files, options, long_form=args.long_form)
+        with Transcriber(EngineConfig(model=args.model, device=args.device)) as transcriber:
+            results = transcriber.transcribe(args.files, options, long_form=args.long_form)
     except (EngineError, OSError, ValueError) as exc:
         print(f"whisper-disagg: error: {exc}", file=sys.stderr)
         return 2

@@ -40,6 +40,17 @@ class Transcriber:
         self.encoder = OverlappedEncoder(EncoderRunner(self.loaded), project_cross_kv=True)
         self.decoder = DecoderEngine(self.loaded)
 
+    def close(self) -> None:
+        """Stop the encoder's worker thread (there is one on a GPU). Or use the transcriber as a
+        context manager: ``with Transcriber() as transcriber: ...``."""
+        self.encoder.close()
+
+    def __enter__(self) -> "Transcriber":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
     def transcribe(
         self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions(), long_form: LongFormMode = "parallel",
     ) -> list[Transcription]:

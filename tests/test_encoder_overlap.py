@@ -9,6 +9,8 @@ were bit-identical to inline ones.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -68,9 +70,10 @@ def test_the_offline_api_transcribes_the_same_with_the_encoder_overlapped(tiny_e
     overlapped.encoder = OverlappedEncoder(overlapped.encoder.runner, project_cross_kv=True, overlap=True)
     overlapped.config = overlapped.config.model_copy(update=dict(encoder_batch_size=2))  # several batches in flight in turn
     inline.config = overlapped.config
-    try:
+    with overlapped:
         expected = [t.text for t in inline.transcribe(paths, options)]
         assert [t.text for t in overlapped.transcribe(paths, options)] == expected
         assert all(expected)
-    finally:
-        overlapped.encoder.close()
+        assert any(thread.name.startswith("encoder") for thread in threading.enumerate())
+    # Leaving the block stopped the encoder's worker thread.
+    assert not any(thread.name.startswith("encoder") for thread in threading.enumerate())
