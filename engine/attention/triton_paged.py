@@ -590,28 +590,18 @@ class TritonPagedBackend(AttentionBackend):
 
         block_tables = batch.block_tables
         clamp_q = dot_dtype == tl.float16 and query.dtype == torch.bfloat16
+        # The two kernels' arguments but the third grid dimension (query tiles or head groups).
+        tensors = (query, key_cache, value_cache, out, part_acc, part_m, part_l, batch.query_start_loc,
+                   batch.seq_lens, block_tables, float(scale) * math.log2(math.e))
+        strides = (*query.stride(), *key_cache.stride(), *value_cache.stride(), *out.stride(), *block_tables.stride())
         if plan.heads_per_program > 1:
             num_groups = num_heads // plan.heads_per_program
             decode_kernel[(batch.num_requests * num_groups * plan.num_splits,)](
-                query,
-                key_cache,
-                value_cache,
-                out,
-                part_acc,
-                part_m,
-                part_l,
-                batch.query_start_loc,
-                batch.seq_lens,
-                block_tables,
-                float(scale) * math.log2(math.e),
+                *tensors,
                 num_heads,
                 num_groups,
                 plan.keys_per_split,
-                *query.stride(),
-                *key_cache.stride(),
-                *value_cache.stride(),
-                *out.stride(),
-                *block_tables.stride(),
+                *strides,
                 HEAD_DIM=head_dim,
                 HEADS=plan.heads_per_program,
                 PAGE_SIZE=page_size,
@@ -626,25 +616,11 @@ class TritonPagedBackend(AttentionBackend):
         else:
             grid = (batch.num_requests * plan.num_q_tiles * num_heads * plan.num_splits,)
             attn_kernel[grid](
-                query,
-                key_cache,
-                value_cache,
-                out,
-                part_acc,
-                part_m,
-                part_l,
-                batch.query_start_loc,
-                batch.seq_lens,
-                block_tables,
-                float(scale) * math.log2(math.e),
+                *tensors,
                 num_heads,
                 plan.num_q_tiles,
                 plan.keys_per_split,
-                *query.stride(),
-                *key_cache.stride(),
-                *value_cache.stride(),
-                *out.stride(),
-                *block_tables.stride(),
+                *strides,
                 HEAD_DIM=head_dim,
                 HEAD_DIM_PAD=head_dim_pad,
                 PAGE_SIZE=page_size,
