@@ -29,8 +29,8 @@ Design (flash-decoding style):
   query into the MMA block-diagonally, so the scores come out one row per head and the padded
   16-row tile's softmax work serves several heads. On the H100 (large-v3 cross-attention, one
   layer of the real 32-layer cache): fp8 at batch 256, 466 -> 406 us (2.1 -> 2.4 TB/s) with two
-  heads per program, 128 keys per tile; bf16 at batch 128, 342 -> 335 us. Four heads per program
-  was slower than one.
+  heads per program, 128 keys per tile; bf16 at batch 128, 342 -> 335 us. At batch 64, four
+  heads per program (256 columns) was slower than one.
 * With more than one split the programs write unnormalised partials (running max ``m``, running
   sum ``l`` and accumulator) to fp32 scratch, and a second kernel merges them per (token, head).
   With one split the first kernel normalises and writes the output directly.
@@ -431,7 +431,9 @@ def grouped_decode_heads(num_heads: int, head_dim: int) -> int:
 
 
 class TritonPagedBackend(AttentionBackend):
-    """Paged attention through one Triton kernel (+ a split-merge kernel when split-K is used).
+    """Paged attention in Triton: the per-head kernel (prefill, mixed steps, and decode where
+    head_dim is not a power of two), the grouped-heads decode kernel, and a split-merge kernel
+    when split-K is used.
 
     Tunables (None = heuristic):
       decode_heads_per_program: heads one decode program reads side by side (the grouped
