@@ -6,8 +6,12 @@ engine.block_size's default).
     size, bf16 and fp8. CUDA only.
 (b) The whole decode step (CUDA graph where it applies) by block size and cache dtype, at batch 64
     and 128, random weights of the shape.
+(c) The decode kernels on that read (32-layer cache, 128-token blocks): one head per program
+    against the grouped-heads kernel, by heads per program, keys per tile, warps and stages, for
+    bf16 and fp8 at two batch sizes (the measurement behind triton_paged.GROUPED_DECODE_TILES).
+    CUDA only.
 
-    python benchmarks/bench_kv_layout.py [--shape large-v3] [--tokenizer tokenizer.json] [--record]
+    python benchmarks/bench_kv_layout.py [--shape large-v3] [--sections read,step,kernel] [--tokenizer tokenizer.json] [--record]
 
 Runs on a CPU too (--device cpu --shape tiny --sections step), for trying it; the figures mean
 something on a GPU.
@@ -36,26 +40,45 @@ from engine.weights import resolve_model_folder  # noqa: E402
 HEADS, HEAD_DIM, KEYS, BATCH, LAYERS = 20, 64, 1500, 64, 32  # large-v3's cross-attention
 
 
-def layer_read_us(layers: int, block_size: int, dtype: torch.dtype) -> float:
-    """One layer's cross-attention at batch 64 over blocks in random order, microseconds."""
+def layer_read_us(layers: int, block_size: int, dtype: torch.dtype, batch_size: int = BATCH,
+                  backends: dict[str, TritonPagedBackend] | None = None) -> dict[str, float]:
+    """One layer's cross-attention over blocks in random order, microseconds, by backend (default:
+    the production one, under "default")."""
     from triton.testing import do_bench
 
     blocks_per_request = -(-KEYS // block_size)
-    num_blocks = BATCH * blocks_per_request
-    storage = PagedKVStorage(num_blocks, layers, block_size, HEADS, HEAD_DIM, torch.bfloat16, torch.device("cuda"))
-    storage.cache.normal_()
-    storage.cache = storage.cache.to(dtype)
-    tables = torch.randperm(num_blocks, device="cuda").int().view(BATCH, blocks_per_request)
-    batch = PagedAttentionBatch(torch.arange(BATCH + 1, dtype=torch.int32, device="cuda"),
-                                torch.full((BATCH,), KEYS, dtype=torch.int32, device="cuda"), tables, False, 1, KEYS)
+    num_blocks = batch_size * blocks_per_request
+    storage = PagedKVStorage(num_blocks, layers, block_size, HEADS, HEAD_DIM, dtype, torch.device("cuda"))
+    for start in range(0, num_blocks, 64):  # random bf16 values cast a few blocks at a time (fp8 too)
+        block = storage.cache[start : start + 64]
+        block.copy_(torch.randn(block.shape, device="cuda", dtype=torch.bfloat16))
+    tables = torch.randperm(num_blocks, device="cuda").int().view(batch_size, blocks_per_request)
+    batch = PagedAttentionBatch(torch.arange(batch_size + 1, dtype=torch.int32, device="cuda"),
+                                torch.full((batch_size,), KEYS, dtype=torch.int32, device="cuda"), tables, False, 1,
+                                KEYS)
     layer = storage.layer_cache(layers - 1)
-    query = torch.randn(BATCH, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    backend = TritonPagedBackend()
-    seconds = do_bench(lambda: backend.paged_attention(query, layer[:, 0], layer[:, 1], batch, 0.125),
-                       warmup=10, rep=60) / 1e3
+    query = torch.randn(batch_size, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
+    micros = {}
+    for label, backend in (backends or {"default": TritonPagedBackend()}).items():
+        seconds = do_bench(lambda: backend.paged_attention(query, layer[:, 0], layer[:, 1], batch, 0.125),
+                           warmup=10, rep=60) / 1e3
+        micros[label] = seconds * 1e6
     del storage, layer
     torch.cuda.empty_cache()
-    return seconds * 1e6
+    return micros
+
+
+def decode_kernel_variants(element_bytes: int) -> dict[str, TritonPagedBackend]:
+    """One head per program (its production tiles), then grouped tiles around the production ones."""
+    variants = {"production default": TritonPagedBackend(),
+                "1 head per program (production tiles)": TritonPagedBackend(decode_heads_per_program=1)}
+    keys = (64, 128) if element_bytes == 1 else (32, 64)
+    for heads in (2, 4):
+        for keys_per_tile in keys:
+            for warps in (2, 4):
+                variants[f"{heads} heads, {keys_per_tile} keys, {warps} warps, 3 stages"] = TritonPagedBackend(
+                    decode_heads_per_program=heads, decode_block_n=keys_per_tile, num_warps=warps, num_stages=3)
+    return variants
 
 
 def main() -> None:
@@ -76,9 +99,9 @@ def main() -> None:
     if "read" in sections:
         rows = []
         for dtype in (torch.bfloat16, torch.float8_e4m3fn):
-            one_layer = layer_read_us(1, 16, dtype)
+            one_layer = layer_read_us(1, 16, dtype)["default"]
             for block_size in block_sizes:
-                micros = layer_read_us(LAYERS, block_size, dtype)
+                micros = layer_read_us(LAYERS, block_size, dtype)["default"]
                 rows.append([str(dtype).removeprefix("torch."), block_size, round(micros, 1), round(one_layer, 1)])
                 print(rows[-1], flush=True)
         tables.append(("(a) one layer's cross-attention read, large-v3 shape, batch 64, Triton", markdown_table(
@@ -111,6 +134,20 @@ def main() -> None:
                 torch.cuda.empty_cache() if args.device.startswith("cuda") else None
         tables.append((f"(b) {args.shape} decode step, ms", markdown_table(
             ["cache dtype", "block size", *(f"batch {b}" for b in args.batches.split(","))], rows)))
+
+    if "kernel" in sections:
+        rows = []
+        for dtype, batch_sizes in ((torch.bfloat16, (64, 128)), (torch.float8_e4m3fn, (64, 256))):
+            for batch_size in batch_sizes:
+                variants = decode_kernel_variants(dtype.itemsize)
+                micros = layer_read_us(LAYERS, 128, dtype, batch_size, variants)
+                read_bytes = batch_size * KEYS * HEADS * HEAD_DIM * 2 * dtype.itemsize
+                for label, us in micros.items():
+                    rows.append([str(dtype).removeprefix("torch."), batch_size, label, round(us, 1),
+                                 round(read_bytes / us / 1e6, 2)])
+                    print(rows[-1], flush=True)
+        tables.append(("(c) decode kernels, one layer's cross-attention read, large-v3 shape, 128-token blocks",
+                       markdown_table(["cache dtype", "batch", "kernel", "us", "TB/s"], rows)))
 
     body = "\n\n".join(f"### {title}\n\n{table}" for title, table in tables)
     print(body)
