@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_models import SHAPES, engine_model, random_hf_whisper  # noqa: E402
-from benchmarks.recording import markdown_table, record  # noqa: E402
+from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
 from engine.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.encoder_overlap import OverlappedEncoder  # noqa: E402
@@ -430,7 +430,7 @@ def main() -> None:
         print(f"\n### {title}\n\n{table}")
     print(metrics)
     if args.record:
-        body = "\n\n".join(f"### {title}\n\n{table}" for title, table in tables)
+        body = titled_tables(tables)
         record("GPU: ours vs transformers on random weights of the large shapes (bench_gpu.py)", body,
                "bf16, SDPA in transformers; ours: Triton paged attention, decode steps from CUDA graphs. "
                "Bandwidth bound: decoder weights + every request's cross- and self-attention K/V, over the GPU's peak "

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import bench_gpu  # noqa: E402
 from benchmarks.gpu_models import engine_model, random_hf_whisper  # noqa: E402
-from benchmarks.recording import markdown_table, record  # noqa: E402
+from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
 from engine.attention.base import PagedAttentionBatch  # noqa: E402
 from engine.attention.triton_paged import TritonPagedBackend  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
@@ -149,7 +149,7 @@ def main() -> None:
         tables.append(("(c) decode kernels, one layer's cross-attention read, large-v3 shape, 128-token blocks",
                        markdown_table(["cache dtype", "batch", "kernel", "us", "TB/s"], rows)))
 
-    body = "\n\n".join(f"### {title}\n\n{table}" for title, table in tables)
+    body = titled_tables(tables)
     print(body)
     if args.record:
         record("KV block size and dtype vs decode speed (bench_kv_layout.py)", body,

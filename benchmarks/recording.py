@@ -39,6 +39,11 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def titled_tables(tables: list[tuple[str, str]]) -> str:
+    """(title, markdown table) pairs as one RESULTS.md body, a ### heading over each table."""
+    return "\n\n".join(f"### {title}\n\n{table}" for title, table in tables)
+
+
 def record(title: str, table: str, notes: str = "", json_path: Path | None = None, metrics: dict | None = None) -> None:
     date = datetime.date.today().isoformat()
     command = " ".join([Path(sys.executable).name, *sys.argv])
