@@ -11,6 +11,7 @@ import math
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from engine.errors import RequestRejectedError
@@ -94,6 +95,7 @@ class LogitRules:
         self.begin_suppress_token_ids = [t for t in begin if 0 <= t < vocab_size]
         self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
+        self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
 
     def apply(self, logits: torch.Tensor, outputs: list[list[int]], timestamps: list[bool]) -> None:
         """logits [B, V] float32; outputs[i]: tokens sampled so far for row i."""
@@ -103,32 +105,65 @@ class LogitRules:
         if first_rows:
             rows = torch.tensor(first_rows, device=logits.device)
             logits[rows[:, None], self.begin_suppress[None, :]] = -math.inf
-        for row, (sampled, with_timestamps) in enumerate(zip(outputs, timestamps)):
-            if with_timestamps:
-                self._timestamp_rules(logits[row], sampled)
+        timestamp_rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
+        if timestamp_rows:
+            self._timestamp_rules(logits, timestamp_rows, [outputs[row] for row in timestamp_rows])
 
-    def _timestamp_rules(self, logits: torch.Tensor, sampled: list[int]) -> None:
+    def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], histories: list[list[int]]) -> None:
+        """The timestamp rules for the rows ``rows`` of ``logits``, in place, for all rows at once.
+
+        A row's history decides what it may not emit next: a prefix of the text tokens (none, all
+        before end-of-text, or all), and in the timestamp range the ones below a floor and, for the
+        first token, those past MAX_INITIAL_TIMESTAMP_S. That is worked out on the host and uploaded
+        at once, so the rules cost the same few kernels at any batch size and never wait for the
+        device. (Applied row by row, with a device read per row, they made a 256-request large-v3
+        step on an H100 take 52 ms instead of 17.)"""
         begin, eot = self.special.timestamp_begin, self.special.eot
-        logits[self.special.no_timestamps] = -math.inf
-        last_was_ts = len(sampled) >= 1 and sampled[-1] >= begin
-        penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= begin
-        if last_was_ts:
-            if penultimate_was_ts:  # a closed pair: next must be text (or the end)
-                logits[begin:] = -math.inf
-            else:  # an open segment: next must be its closing timestamp (or the end)
-                logits[:eot] = -math.inf
-        stamps = [t for t in sampled if t >= begin]
-        if stamps:
-            # Timestamps never go back; a closing one may repeat the opening one.
-            floor = stamps[-1] if last_was_ts and not penultimate_was_ts else stamps[-1] + 1
-            logits[begin:floor] = -math.inf
-        if not sampled:
-            logits[:begin] = -math.inf
-            logits[self.max_initial_timestamp + 1 :] = -math.inf
+        n_stamps = logits.shape[-1] - begin
+        no_text: list[int] = []  # rows that may emit no text token at all
+        no_text_before_eot: list[int] = []  # rows that may emit only end-of-text or a timestamp
+        # Per row, forbidden timestamps as offsets from ``begin``: [0, floor) and [limit, n_stamps).
+        stamp_bounds = np.zeros((2, len(rows)), dtype=np.int64)
+        stamp_bounds[1] = n_stamps
+        for index, sampled in enumerate(histories):
+            if not sampled:  # the first token is a timestamp, no later than MAX_INITIAL_TIMESTAMP_S
+                no_text.append(index)
+                stamp_bounds[1, index] = self.max_initial_timestamp + 1 - begin
+                continue
+            last_was_ts = sampled[-1] >= begin
+            penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= begin
+            last_stamp = next((token for token in reversed(sampled) if token >= begin), None)
+            if last_was_ts and penultimate_was_ts:  # a closed pair: next must be text (or the end)
+                stamp_bounds[0, index] = n_stamps
+            elif last_was_ts:  # an open segment: next must be its closing timestamp (or the end)
+                no_text_before_eot.append(index)
+                stamp_bounds[0, index] = last_stamp - begin  # a closing one may repeat the opening one
+            elif last_stamp is not None:  # timestamps never go back
+                stamp_bounds[0, index] = last_stamp + 1 - begin
+        device = logits.device
+        every_row = len(rows) == logits.shape[0]
+        row_index = None if every_row else torch.tensor(rows, device=device)
+        selected = logits if every_row else logits[row_index]
+        selected[:, self.special.no_timestamps] = -math.inf
+        # Row index fills, not row masks: they write only the rows named, not the whole batch.
+        if no_text:
+            selected[:, :begin].index_fill_(0, torch.tensor(no_text, device=device), -math.inf)
+        if no_text_before_eot:
+            selected[:, :eot].index_fill_(0, torch.tensor(no_text_before_eot, device=device), -math.inf)
+        floor, limit = torch.from_numpy(stamp_bounds).to(device)[:, :, None]
+        offsets = self._stamp_offsets(n_stamps, device)
+        selected[:, begin:].masked_fill_((offsets < floor) | (offsets >= limit), -math.inf)
         # When timestamps together are likelier than any single text token, emit one.
-        logprobs = torch.log_softmax(logits, dim=-1)
-        if torch.logsumexp(logprobs[begin:], dim=-1) > logprobs[:begin].max():
-            logits[:begin] = -math.inf
+        logprobs = torch.log_softmax(selected, dim=-1)
+        timestamp_wins = torch.logsumexp(logprobs[:, begin:], dim=-1) > logprobs[:, :begin].amax(dim=-1)
+        selected[:, :begin].masked_fill_(timestamp_wins[:, None], -math.inf)
+        if row_index is not None:
+            logits[row_index] = selected
+
+    def _stamp_offsets(self, n_stamps: int, device: torch.device) -> torch.Tensor:
+        if self._stamp_offset_ids is None or self._stamp_offset_ids.shape[-1] != n_stamps:
+            self._stamp_offset_ids = torch.arange(n_stamps, device=device)[None, :]
+        return self._stamp_offset_ids
 
 
 def sample(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:

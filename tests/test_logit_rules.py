@@ -1,0 +1,103 @@
+"""Whisper's logit rules on a whole batch at once, against transformers' processors applied to each
+row alone: the rows differ in history (none yet, text, an open segment, a closed pair, timestamps
+earlier on) and in whether they want timestamps at all."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import torch
+from transformers import GenerationConfig
+from transformers.generation.logits_process import (
+    SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor, WhisperTimeStampLogitsProcessor,
+)
+
+from engine.decoding import MAX_INITIAL_TIMESTAMP_S, LogitRules
+from engine.tokenizer import WhisperTokenizer
+from engine.weights import load_weights
+
+
+def histories(begin: int, eot: int, rng: random.Random) -> list[list[int]]:
+    """Sampled-so-far token lists that end in every state the timestamp rules tell apart."""
+    def text() -> int:
+        return rng.randrange(0, eot)
+
+    def stamp(low: int = 0) -> int:
+        return begin + rng.randrange(low, 1500)
+
+    return [
+        [],
+        [text()],
+        [stamp()],  # a first timestamp: like a closed pair, text must follow
+        [stamp(10), text(), text()],  # text after an opening timestamp
+        [stamp(), text(), stamp(700)],  # text, then a timestamp: an open segment
+        [stamp(), stamp()],  # a closed pair
+        [text(), stamp(), text(), stamp(900), stamp(901)],  # a closed pair after text
+        [stamp(3), text(), stamp(40), text()],  # text after two timestamps: the floor is the last
+        [text(), text(), text()],  # text only: no floor
+        [text(), stamp(1499)],  # an open segment at the last timestamp
+    ]
+
+
+def transformers_rules(logits: torch.Tensor, prompt: list[int], sampled: list[int], with_timestamps: bool,
+                       rules: LogitRules, special) -> torch.Tensor:
+    """One row through transformers' processors, as generate() would apply them."""
+    ids = torch.tensor([prompt + sampled])
+    scores = logits[None].clone()
+    scores = SuppressTokensLogitsProcessor(rules.suppress_token_ids)(ids, scores)
+    scores = SuppressTokensAtBeginLogitsProcessor(rules.begin_suppress_token_ids, len(prompt))(ids, scores)
+    if with_timestamps:
+        config = GenerationConfig(eos_token_id=special.eot,
+                                  max_initial_timestamp_index=round(MAX_INITIAL_TIMESTAMP_S / 0.02))
+        config.no_timestamps_token_id = special.no_timestamps
+        scores = WhisperTimeStampLogitsProcessor(config, begin_index=len(prompt))(ids, scores)
+    return scores[0]
+
+
+def test_batched_rules_match_transformers_row_by_row():
+    weights = load_weights("tiny.en")
+    tokenizer = WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size)
+    special = tokenizer.special
+    rules = LogitRules(tokenizer, weights.dims.vocab_size, weights.suppress_tokens, weights.begin_suppress_tokens,
+                       torch.device("cpu"))
+    begin, vocab = special.timestamp_begin, weights.dims.vocab_size
+    rng = random.Random(0)
+    prompt = [special.sot, special.no_timestamps]
+    outputs, timestamps = [], []
+    for with_timestamps in (True, False):
+        for sampled in histories(begin, special.eot, rng):
+            outputs.append(sampled)
+            timestamps.append(with_timestamps)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(outputs), vocab, generator=generator) * 3
+    # Make timestamps together likelier than any text token in some rows and not in others, so the
+    # last rule (forbid text when timestamps win) goes both ways.
+    logits[::3, begin:] += 6.0
+    expected = torch.stack([transformers_rules(logits[row], prompt, outputs[row], timestamps[row], rules, special)
+                            for row in range(len(outputs))])
+    wins = 0
+    for rows in (list(range(len(outputs))), list(range(0, len(outputs), 2)), [4]):
+        # the whole batch, every other row (a gather), one row
+        ours = logits[rows].clone()
+        rules.apply(ours, [outputs[row] for row in rows], [timestamps[row] for row in rows])
+        theirs = expected[rows]
+        assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), rows
+        finite = ~torch.isinf(theirs)
+        assert torch.equal(ours[finite], theirs[finite])
+        assert torch.equal(ours.argmax(dim=-1), theirs.argmax(dim=-1))
+        wins += int(torch.isinf(ours[:, :begin]).all(dim=-1).sum())
+    assert wins > 0  # some row had text forbidden outright (first token, or the timestamp rule)
+    # Each state was told apart. (Timestamps made unlikely here, so that the last rule leaves text be.)
+    full = logits.clone()
+    full[:, begin:] -= 20.0
+    rules.apply(full, outputs, timestamps)
+    first_limit = begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
+    assert torch.isinf(full[0, :begin]).all()  # the first token is a timestamp, at most 1 s in
+    assert not torch.isinf(full[0, begin : first_limit + 1]).any() and torch.isinf(full[0, first_limit + 1 :]).all()
+    assert torch.isinf(full[4, : special.eot]).all() and not math.isinf(full[4, special.eot])  # open segment
+    assert torch.isinf(full[5, begin:]).all() and not torch.isinf(full[5, :begin]).all()  # closed pair
+    floor = outputs[7][2]  # text after two timestamps: none below the last one, nor the last one
+    assert torch.isinf(full[7, begin : floor + 1]).all() and not torch.isinf(full[7, floor + 1 :]).all()
+    without = len(outputs) // 2  # the same histories without timestamps: no timestamp rule applies
+    assert not torch.isinf(full[without + 7, begin : floor + 1]).all()
