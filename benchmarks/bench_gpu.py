@@ -4,14 +4,16 @@
 (a) encoder windows/s at batch 1, 8, 32, 64 (ours: log-mel + encoder from raw samples;
     transformers: encoder from the same log-mel, so its CPU feature extractor does not count);
 (b) decode ms per step at batch 1, 16, 64, 128: ours (CUDA-graph replay, and the whole engine
-    step with sampling) vs transformers' static-batch generate, beside the memory-bandwidth bound
-    (bytes one step must read / the GPU's peak bandwidth);
+    step with sampling, also with timestamps on) vs transformers' static-batch generate, beside the
+    memory-bandwidth bound (bytes one step must read / the GPU's peak bandwidth);
 (c) engine throughput, requests/s: a Poisson stream of 30 s windows; ours encodes arrived windows
     in batches and decodes them with continuous batching on the same GPU, the encoder on its own
     stream (also: encoder inline, and an fp8 K/V cache holding twice the requests in the same
-    memory); transformers takes arrived requests in static batches of up to 64 (encoder + generate).
+    memory); transformers takes arrived requests in static batches of up to 64 (encoder + generate);
+(light) latency under a light Poisson load that both keep up with (ours also with each prompt fed in
+    one eager step, the way it was before prompts ran a token a step through the graphs).
 
-    python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo] [--sections encoder,decode,engine] [--record]
+    python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo] [--sections encoder,decode,engine,light] [--record]
 
 --record appends the tables to RESULTS.md and writes benchmarks/results/gpu.json.
 """
@@ -81,8 +83,8 @@ def measured_read_bandwidth(device: str) -> float:
     return x.numel() * 4 / seconds
 
 
-def fixed_options() -> DecodeOptions:
-    return DecodeOptions(language="en", max_tokens=OUTPUT_TOKENS, ignore_eot=True)
+def fixed_options(timestamps: bool = False) -> DecodeOptions:
+    return DecodeOptions(language="en", max_tokens=OUTPUT_TOKENS, ignore_eot=True, timestamps=timestamps)
 
 
 # ----------------------------------------------------------------------------------- (a)
@@ -116,10 +118,10 @@ def step_bytes(loaded, batch: int, mean_position: int) -> int:
     return weights * element + batch * kv_per_token * (dims.n_audio_ctx + mean_position) * kv_element
 
 
-def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None) -> EngineConfig:
+def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None, **overrides) -> EngineConfig:
     """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case requests
-    (and, if given, another cache dtype)."""
-    update = dict(max_num_seqs=max_num_seqs) | (dict(kv_cache_dtype=kv_cache_dtype) if kv_cache_dtype else {})
+    (and, if given, another cache dtype and other settings)."""
+    update = dict(max_num_seqs=max_num_seqs) | (dict(kv_cache_dtype=kv_cache_dtype) if kv_cache_dtype else {}) | overrides
     config = EngineConfig.model_validate(loaded.config.model_dump() | update)
     dims = loaded.weights.dims
     blocks = blocks_needed(dims.n_audio_ctx, config.block_size) + blocks_needed(dims.n_text_ctx, config.block_size)
@@ -129,19 +131,31 @@ def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None) -> 
     return config
 
 
-def engine_at_batch(loaded, batch: int, device: str) -> tuple[DecoderEngine, list]:
+def engine_at_batch(loaded, batch: int, device: str, timestamps: bool = False) -> tuple[DecoderEngine, list]:
     """An engine with ``batch`` requests admitted and past their prompts, ready to time decode steps."""
     config = config_for(loaded, batch)
     dims = loaded.weights.dims
     engine = DecoderEngine(loaded, config)
     cross_kv = torch.randn(dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim,
                            device=device, dtype=config.torch_dtype)
-    requests = [engine.make_request(fixed_options(), CrossKVTensor(cross_kv)) for _ in range(batch)]
+    requests = [engine.make_request(fixed_options(timestamps), CrossKVTensor(cross_kv)) for _ in range(batch)]
     for request in requests:
         engine.submit(request)
-    engine.step()  # admission + prompt
-    engine.step()  # first sampled token fed back
+    # Admission and the prompt (a token a step where decode steps replay CUDA graphs), then the first
+    # sampled token fed back.
+    while any(len(request.output_tokens) < 2 for request in requests):
+        engine.step()
     return engine, requests
+
+
+def engine_step_seconds(engine: DecoderEngine, device: str) -> float:
+    """Mean wall time of the engine's next steps (forward, rules, sampling, bookkeeping)."""
+    steps, start = 0, time.perf_counter()
+    while engine.has_work and steps < OUTPUT_TOKENS - 5:
+        engine.step()
+        steps += 1
+    sync(device)
+    return (time.perf_counter() - start) / max(steps, 1)
 
 
 def bench_decode(hf, loaded, device: str, batch_sizes: list[int], seconds: float) -> list[dict]:
@@ -154,22 +168,22 @@ def bench_decode(hf, loaded, device: str, batch_sizes: list[int], seconds: float
         # Forward only: replay the step at fixed positions (it rewrites the same K/V slots).
         forward = timed_per_call(lambda: runner.execute(requests), device, seconds)
         graphs = runner.graphs is not None and runner.graphs.fits(requests)
-        steps, start = 0, time.perf_counter()
-        while engine.has_work and steps < OUTPUT_TOKENS - 5:
-            engine.step()
-            steps += 1
-        sync(device)
-        engine_step = (time.perf_counter() - start) / max(steps, 1)
+        engine_step = engine_step_seconds(engine, device)
         del engine, requests, runner
+        # The same with timestamps on (srt, vtt, verbose_json): Whisper's timestamp rules each step.
+        engine, _ = engine_at_batch(loaded, batch, device, timestamps=True)
+        timestamps_step = engine_step_seconds(engine, device)
+        del engine, _
         gc.collect()
         torch.cuda.empty_cache() if device.startswith("cuda") else None
 
         theirs = hf_decode_step_seconds(hf, batch, dims, device)
         bound = step_bytes(loaded, batch, OUTPUT_TOKENS // 2) / peak
         rows.append(dict(batch=batch, ours_forward_ms=forward * 1000, ours_engine_step_ms=engine_step * 1000,
+                         ours_timestamps_step_ms=timestamps_step * 1000,
                          hf_ms=theirs * 1000, bound_ms=bound * 1000, cuda_graph=graphs))
         print(f"decode bs{batch}: ours forward {forward * 1000:.2f} ms (graph {graphs}), engine step "
-              f"{engine_step * 1000:.2f} ms, transformers {theirs * 1000:.2f} ms, bound {bound * 1000:.2f} ms "
+              f"{engine_step * 1000:.2f} ms ({timestamps_step * 1000:.2f} with timestamps), transformers {theirs * 1000:.2f} ms, bound {bound * 1000:.2f} ms "
               f"({peak_source} {peak / 1e12:.2f} TB/s)", flush=True)
     return rows
 
@@ -214,12 +228,13 @@ def poisson_arrivals(count: int, rate_per_s: float, seed: int = 0) -> np.ndarray
 
 def bench_engine_ours(loaded, encoder_runner: EncoderRunner, device: str, count: int, rate: float,
                       encoder_batch: int, max_num_seqs: int, overlap: bool | None = None,
-                      kv_cache_dtype: str | None = None) -> dict:
-    """``encoder_runner``: built once by the caller for every row (building one compiles the encoder)."""
+                      kv_cache_dtype: str | None = None, **config_overrides) -> dict:
+    """``encoder_runner``: built once by the caller for every row (building one compiles the encoder);
+    ``config_overrides``: engine settings for this run."""
     # The decoder projects each request's cross-K/V at admission (transfer mode encoder_states):
     # 64 staged cross-K/V of large-v3 would hold 15.7 GB, their encoder states 0.25 GB.
     encoder = OverlappedEncoder(encoder_runner, project_cross_kv=False, overlap=overlap)
-    engine = DecoderEngine(loaded, config_for(loaded, max_num_seqs, kv_cache_dtype))
+    engine = DecoderEngine(loaded, config_for(loaded, max_num_seqs, kv_cache_dtype, **config_overrides))
     window = (torch.randn(encoder_batch, N_SAMPLES, device=device) * 0.1).float()
     encoder.runner.encode(window)  # warm-up at the batch size used most
     # Warm-up of the engine: one request end to end compiles the prompt step's kernels.
@@ -267,7 +282,8 @@ def bench_engine_ours(loaded, encoder_runner: EncoderRunner, device: str, count:
     del engine, encoder
     gc.collect()
     torch.cuda.empty_cache() if device.startswith("cuda") else None
-    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)), seconds=seconds,
+    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)),
+                p90_latency_s=float(np.percentile(latencies, 90)), seconds=seconds,
                 step_s=step_s, steps=steps, mean_batch=batched / max(steps, 1))
 
 
@@ -297,7 +313,32 @@ def bench_engine_hf(hf, device: str, count: int, rate: float, batch_size: int, n
         latencies += [finished - (start + arrivals[done + i]) for i in range(batch)]
         done += batch
     seconds = time.perf_counter() - start - arrivals[0]
-    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)))
+    return dict(req_per_s=count / seconds, p50_latency_s=float(np.median(latencies)),
+                p90_latency_s=float(np.percentile(latencies, 90)))
+
+
+def bench_light_load(hf, loaded, device: str, args, prefix: str, metrics: dict) -> tuple[str, str]:
+    """(c, light) Latency under a load both engines keep up with, where a step rarely has more than a
+    few new requests: ours as configured, ours feeding each prompt in one (eager) step, transformers."""
+    encoder_runner = EncoderRunner(loaded)
+    runs = {"ours": {}, "ours, prompts in one eager step (stepped_prompt_tokens 0)": dict(stepped_prompt_tokens=0)}
+    results = {}
+    for label, overrides in runs.items():
+        results[label] = bench_engine_ours(loaded, encoder_runner, device, args.light_requests, args.light_rate, 64,
+                                           args.max_num_seqs, **overrides)
+        print(f"light load {label}: {results[label]}", flush=True)
+    del encoder_runner
+    results["transformers (static batches of up to 64, 0.5 s batch wait)"] = bench_engine_hf(
+        hf, device, args.light_requests, args.light_rate, 64, loaded.weights.dims.n_mels)
+    ours, theirs = results["ours"], results["transformers (static batches of up to 64, 0.5 s batch wait)"]
+    metrics[f"{prefix}light_load_p50_latency_s"] = round(ours["p50_latency_s"], 3)
+    metrics[f"{prefix}hf_light_load_p50_latency_s"] = round(theirs["p50_latency_s"], 3)
+    rows = [[label, round(r["req_per_s"], 1), round(r["p50_latency_s"], 2), round(r["p90_latency_s"], 2),
+             round(theirs["p50_latency_s"] / r["p50_latency_s"], 2), round(r["mean_batch"], 1) if "mean_batch" in r else ""]
+            for label, r in results.items()]
+    title = f"{loaded.config.model}: latency under light load, Poisson stream at {args.light_rate:g}/s, {args.light_requests} requests"
+    return title, markdown_table(["", "requests/s", "p50 latency s", "p90 latency s", "transformers p50 / this p50",
+                                  "mean decode batch"], rows)
 
 
 def roofline_req_per_s(loaded, device: str, encoder_windows_per_s: float | None,
@@ -317,7 +358,7 @@ def main() -> None:
     global _TOKENIZER
     parser = argparse.ArgumentParser()
     parser.add_argument("--shapes", default="large-v3,large-v3-turbo")
-    parser.add_argument("--sections", default="encoder,decode,engine")
+    parser.add_argument("--sections", default="encoder,decode,engine,light")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
     parser.add_argument("--encoder-batches", default="1,8,32,64")
@@ -326,6 +367,9 @@ def main() -> None:
                         help="requests in the engine stream (a few decode batches' worth, so that the start and "
                              "the drain at the end weigh little: 256 is one fp8 batch)")
     parser.add_argument("--rate", type=float, default=400.0, help="Poisson arrival rate, requests/s")
+    parser.add_argument("--light-rate", type=float, default=15.0,
+                        help="Poisson arrival rate of section light (latency under a load both engines keep up with)")
+    parser.add_argument("--light-requests", type=int, default=256)
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "gpu.json",
                         help="where --record writes the metrics (a partial run belongs in a file of its own)")
@@ -367,14 +411,16 @@ def main() -> None:
         if "decode" in sections:
             rows = bench_decode(hf, loaded, device, [int(b) for b in args.decode_batches.split(",")], args.seconds)
             tables.append((f"{shape}: decode ms per step (b)", markdown_table(
-                ["batch", "ours: forward (CUDA graph)", "ours: engine step", "transformers", "bandwidth bound",
-                 "ours forward / bound", "transformers / ours step"],
-                [[r["batch"], round(r["ours_forward_ms"], 2), round(r["ours_engine_step_ms"], 2), round(r["hf_ms"], 2),
+                ["batch", "ours: forward (CUDA graph)", "ours: engine step", "ours: engine step, timestamps on",
+                 "transformers", "bandwidth bound", "ours forward / bound", "transformers / ours step"],
+                [[r["batch"], round(r["ours_forward_ms"], 2), round(r["ours_engine_step_ms"], 2),
+                  round(r["ours_timestamps_step_ms"], 2), round(r["hf_ms"], 2),
                   round(r["bound_ms"], 2), round(r["ours_forward_ms"] / r["bound_ms"], 2),
                   round(r["hf_ms"] / r["ours_engine_step_ms"], 2)] for r in rows])))
             for r in rows:
                 metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}"] = round(r["ours_forward_ms"], 3)
                 metrics[f"{prefix}decode_engine_step_ms_bs{r['batch']}"] = round(r["ours_engine_step_ms"], 3)
+                metrics[f"{prefix}decode_engine_step_timestamps_ms_bs{r['batch']}"] = round(r["ours_timestamps_step_ms"], 3)
                 metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}_bound"] = round(r["bound_ms"], 3)
                 metrics[f"{prefix}hf_decode_ms_per_step_bs{r['batch']}"] = round(r["hf_ms"], 3)
         if "engine" in sections:
@@ -422,6 +468,8 @@ def main() -> None:
                 metrics[f"{prefix}fp8kv_engine_speedup_vs_hf_encoder_inline"] = round(
                     fp8_inline["req_per_s"] / theirs["req_per_s"], 2)
                 metrics[f"{prefix}fp8kv_engine_roofline_req_per_s"] = round(rooflines[1][1], 1)
+        if "light" in sections:
+            tables.append(bench_light_load(hf, loaded, device, args, prefix, metrics))
         del hf, loaded
         gc.collect()
         torch.cuda.empty_cache() if device.startswith("cuda") else None

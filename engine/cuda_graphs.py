@@ -39,6 +39,7 @@ class DecodeGraphs:
         self._host = torch.zeros((5, largest), dtype=torch.int32, pin_memory=True)
         self._host_view = self._host.numpy()
         self._inputs = torch.zeros((5, largest), dtype=torch.int32, device=device)
+        self._inputs_copied = torch.cuda.Event()  # recorded after each copy out of ``_host``
         self._token_rows = torch.arange(largest, device=device)
         self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self._padding = np.array([0, 0, runner.tables.pad_slot, 1, 1], dtype=np.int32)[:, None]
@@ -76,16 +77,17 @@ class DecodeGraphs:
         torch.cuda.synchronize(self.runner.device)
 
     def fits(self, requests: list[Request]) -> bool:
-        """A pure decode step (one token each, none of them <|startoftranscript|>) of a captured size."""
-        return len(requests) <= self.sizes[-1] and all(
-            len(r.pending_tokens) == 1 and r.num_computed_tokens > r.sot_index for r in requests
-        )
+        """A step of a captured size that feeds one token per request (sampled, or a prompt's)."""
+        return len(requests) <= self.sizes[-1] and all(len(r.pending_tokens) == 1 for r in requests)
 
     def replay(self, requests: list[Request], slots: list[int]) -> torch.Tensor:
         """Run the step; returns float32 logits [len(requests), vocab] (a view, valid until the next replay)."""
         count = len(requests)
         size = next(s for s in self.sizes if s >= count)
         host = self._host_view
+        # The previous step's copy out of this pinned buffer may still be queued: a step whose rows
+        # all feed prompt tokens samples nothing, so nothing has waited for the device since.
+        self._inputs_copied.synchronize()
         positions = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int32, count=count)
         host[_TOKEN, :count] = [r.pending_tokens[0] for r in requests]
         host[_POSITION, :count] = positions
@@ -93,7 +95,7 @@ class DecodeGraphs:
         host[_SELF_LEN, :count] = positions + 1
         host[_CROSS_LEN, :count] = self.runner.cross_len
         host[:, count:size] = self._padding
-        # The previous step's copy out of this pinned buffer has finished: sampling synchronized.
         self._inputs.copy_(self._host, non_blocking=True)
+        self._inputs_copied.record()
         self._graphs[size].replay()
         return self._logits[size][:count]

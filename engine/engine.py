@@ -33,6 +33,9 @@ from engine.weights import LoadedWeights, load_weights
 logger = logging.getLogger(__name__)
 
 FALLBACK_SEED = 0
+# Whisper's own prompt is 2 to 4 tokens (<|startoftranscript|>, language, task, <|notimestamps|>);
+# fed one a step they cost a new request 3 steps more, against an eager step for everyone.
+DEFAULT_STEPPED_PROMPT_TOKENS = 8
 
 
 @dataclass
@@ -123,6 +126,9 @@ class DecoderEngine:
             from engine.cuda_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(self.runner, config.max_num_seqs)
+        self.stepped_prompt_tokens = config.stepped_prompt_tokens
+        if self.stepped_prompt_tokens is None:
+            self.stepped_prompt_tokens = DEFAULT_STEPPED_PROMPT_TOKENS if self.runner.graphs else 0
         self.scheduler = Scheduler(self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens,
                                    config.interactive_reserved_seqs, config.batch_aging_s)
         self.rules = LogitRules(
@@ -158,8 +164,7 @@ class DecoderEngine:
             temperature=options.temperature,
             audio_duration_s=audio_duration_s,
         )
-        # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
-        request.pending_tokens = list(prompt.tokens[: prompt.sot_index + 1] if prompt.detect_language else prompt.tokens)
+        request.pending_tokens = self._next_prompt_tokens(request)
         # A greedy decode's fallback samples from a fixed seed unless given one, so its transcript
         # is the same on every run and replica, offline and over HTTP; a temperature asked for
         # stays random.
@@ -245,15 +250,23 @@ class DecoderEngine:
                     request.language, language_token = detect_language(self.tokenizer, sot_logits)
                     request.detect_language = False
                     request.prompt_tokens[request.sot_index + 1] = language_token
-                    request.pending_tokens = request.prompt_tokens[request.sot_index + 1 :]
-                    continue  # the forced task/timestamp tokens run next step before any sampling
             if request.num_computed_tokens < len(request.prompt_tokens):
-                request.pending_tokens = request.prompt_tokens[request.num_computed_tokens :]
+                # The rest of the prompt (after detection: the language, task, timestamp tokens)
+                # runs before any sampling.
+                request.pending_tokens = self._next_prompt_tokens(request)
                 continue
             sampling_rows.append(row)
         if sampling_rows:
             finished.extend(self._sample(logits.last, batch, sampling_rows))
         return finished
+
+    def _next_prompt_tokens(self, request: Request) -> list[int]:
+        """The prompt tokens to feed at the request's next step: one, while the rest of the prompt is
+        short enough to feed a token a step (see ``stepped_prompt_tokens``), else all of it."""
+        # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
+        end = request.sot_index + 1 if request.detect_language else len(request.prompt_tokens)
+        rest = request.prompt_tokens[request.num_computed_tokens : end]
+        return rest[:1] if len(rest) <= self.stepped_prompt_tokens else rest
 
     @torch.inference_mode()
     def _sample(self, all_logits: torch.Tensor, batch: list[Request], rows: list[int]) -> list[DecodeResult]:

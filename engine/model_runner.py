@@ -2,8 +2,8 @@
 
 It owns the decoder weights, the KV tensors, the device block tables and the attention backend;
 it knows nothing of scheduling or decoding rules. A step whose requests each feed one token (a
-pure decode step) replays a captured CUDA graph when one fits; any other step runs eagerly. Both
-go through ``forward``, so the two paths compute the same thing.
+decode-shaped step, prompt tokens included) replays a captured CUDA graph when one fits; any other
+step runs eagerly. Both go through ``forward``, so the two paths compute the same thing.
 """
 
 from __future__ import annotations
@@ -105,7 +105,10 @@ class ModelRunner:
     def execute(self, requests: list[Request]) -> StepLogits:
         slots = [self.tables.slot_of(request) for request in requests]
         if self.graphs is not None and self.graphs.fits(requests):
-            return StepLogits(last=self.graphs.replay(requests, slots), at_sot={})
+            last = self.graphs.replay(requests, slots)
+            # Every row fed one token: a row that fed <|startoftranscript|> has those logits in ``last``.
+            at_sot = {row: last[row] for row, r in enumerate(requests) if r.num_computed_tokens == r.sot_index}
+            return StepLogits(last=last, at_sot=at_sot)
         return self._execute_eager(requests, slots)
 
     def _execute_eager(self, requests: list[Request], slots: list[int]) -> StepLogits:

@@ -68,6 +68,37 @@ def test_sixteen_staggered_requests_each_decode_exactly_as_alone(tiny_en, cross_
     assert engine.pool.num_used_blocks == 0
 
 
+def test_prompts_fed_a_token_a_step_decode_what_one_prompt_step_decodes(tiny_en, cross_kvs):
+    """With ``stepped_prompt_tokens`` (on by default where decode steps replay CUDA graphs) every step
+    feeds one token per request, prompts included, so steps that admit requests stay replayable."""
+    options = [DecodeOptions(max_tokens=6 + 3 * i, timestamps=i % 2 == 1) for i in range(8)]
+    outcomes = []
+    for stepped in (0, 8):
+        engine = engine_with(tiny_en, block_size=16, stepped_prompt_tokens=stepped)
+        fed_per_request: list[int] = []
+        execute = engine.runner.execute
+
+        def execute_and_note(requests, execute=execute, fed=fed_per_request):  # observes what each step feeds
+            fed.extend(len(r.pending_tokens) for r in requests)
+            return execute(requests)
+
+        engine.runner.execute = execute_and_note
+        results = {}
+        for i, kv in enumerate(cross_kvs[:8]):  # one new request a step, joining a running batch
+            engine.submit(engine.make_request(options[i], CrossKVTensor(kv), request_id=str(i)))
+            results |= {r.request_id: r for r in engine.step()}
+        while engine.has_work:
+            results |= {r.request_id: r for r in engine.step()}
+        assert engine.pool.num_used_blocks == 0
+        outcomes.append(({k: (r.tokens, r.no_speech_prob) for k, r in results.items()}, max(fed_per_request)))
+    (prompt_steps, most_fed_at_once), (token_steps, most_fed_stepped) = outcomes
+    assert most_fed_at_once > 1 and most_fed_stepped == 1
+    assert token_steps.keys() == prompt_steps.keys() == {str(i) for i in range(8)}
+    for key, (tokens, no_speech) in prompt_steps.items():
+        assert token_steps[key][0] == tokens
+        assert token_steps[key][1] == pytest.approx(no_speech, abs=1e-5)
+
+
 def test_a_full_pool_queues_requests_instead_of_deadlocking(tiny_en, cross_kvs):
     engine = engine_with(tiny_en, kv_cache_memory_mb=50)  # room for two requests at a time
     per_request = engine.scheduler.blocks_for(engine.make_request(DecodeOptions(), None))

@@ -30,7 +30,7 @@ NUM_WINDOWS = 8
 NEW_TOKENS = 30
 
 
-def decode_both(shape: str, dtype: torch.dtype):
+def decode_both(shape: str, dtype: torch.dtype, language: str | None = "en"):
     hf = random_hf_whisper(shape, "cuda", dtype)
     loaded = engine_model(hf, bundled_tokenizer("base"), EngineConfig(
         model=shape, device="cuda", dtype=str(dtype).removeprefix("torch."), attention_backend="triton",
@@ -41,7 +41,7 @@ def decode_both(shape: str, dtype: torch.dtype):
     clips = [c for c in load_manifest(SPEECH_DIR) if c.text and c.duration_s <= 30][:NUM_WINDOWS]
     audio = torch.from_numpy(np.stack([pad_or_trim(load_audio_file(c.path)) for c in clips])).cuda()
     cross_kv = encoder.cross_kv(encoder.encode(audio))
-    requests = [engine.make_request(DecodeOptions(language="en", max_tokens=NEW_TOKENS), CrossKVTensor(kv))
+    requests = [engine.make_request(DecodeOptions(language=language, max_tokens=NEW_TOKENS), CrossKVTensor(kv))
                 for kv in cross_kv]
     for request in requests:
         engine.submit(request)
@@ -51,6 +51,15 @@ def decode_both(shape: str, dtype: torch.dtype):
     assert engine.pool.num_used_blocks == 0
     ours = [results[r.request_id].tokens for r in requests]
     mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels).to(dtype)
+    if language is None:  # each request's detected language is transformers' likeliest at <|startoftranscript|>
+        tokenizer = loaded.tokenizer
+        codes = list(tokenizer.language_tokens)
+        language_ids = torch.tensor([tokenizer.language_tokens[c] for c in codes], device="cuda")
+        with torch.inference_mode():
+            sot_logits = hf(input_features=mels, decoder_input_ids=torch.full(
+                (NUM_WINDOWS, 1), tokenizer.special.sot, device="cuda")).logits[:, -1]
+        assert [results[r.request_id].language for r in requests] == [
+            codes[i] for i in sot_logits[:, language_ids].argmax(dim=-1).tolist()]
     theirs = [
         hf_greedy(hf, mels[i : i + 1], requests[i].prompt_tokens, NEW_TOKENS, loaded.tokenizer.special.eot,
                   engine.rules.suppress_token_ids, engine.rules.begin_suppress_token_ids)
@@ -71,3 +80,10 @@ def test_bf16_first_tokens_equal_transformers_on_the_gpu(shape):
     ours, theirs = decode_both(shape, torch.bfloat16)
     first_equal = sum(a[:1] == b[:1] for a, b in zip(ours, theirs))
     assert first_equal >= NUM_WINDOWS - 1, (ours, theirs)
+
+
+def test_fp32_language_detection_in_replayed_steps_equals_transformers():
+    """The prompt runs a token a step through the captured graphs; the logits at
+    <|startoftranscript|> come from a replayed step and pick transformers' language."""
+    ours, theirs = decode_both("large-v3-turbo", torch.float32, language=None)
+    assert ours == theirs

@@ -82,11 +82,13 @@ def test_english_only_models_refuse_other_languages_and_translation(tiny_en):
         engine.make_request(DecodeOptions(task="translate"), None)
 
 
+@pytest.mark.parametrize("stepped_prompt_tokens", [0, 8], ids=["prompt-in-one-step", "prompt-a-token-a-step"])
 @pytest.mark.parametrize("language, task", [(None, "transcribe"), ("de", "translate")], ids=["detect", "translate"])
 def test_a_random_multilingual_model_detects_the_language_transformers_ranks_first_and_decodes_its_tokens(
-    random_multilingual_whisper_folder, language, task
+    random_multilingual_whisper_folder, language, task, stepped_prompt_tokens
 ):
-    loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder), block_size=8, kv_cache_memory_mb=64))
+    loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder), block_size=8, kv_cache_memory_mb=64,
+                                     stepped_prompt_tokens=stepped_prompt_tokens))
     reference, _ = hf_model(str(random_multilingual_whisper_folder))
     tokenizer = loaded.tokenizer
     audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]

@@ -39,10 +39,11 @@ PROMPT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("stepped_prompt_tokens", [0, 64], ids=["prompt-in-one-step", "prompt-a-token-a-step"])
 @pytest.mark.parametrize("options", PROMPT_CASES)
-def test_random_small_whisper_decodes_the_same_tokens_as_transformers(random_setup, options):
+def test_random_small_whisper_decodes_the_same_tokens_as_transformers(random_setup, options, stepped_prompt_tokens):
     loaded, reference = random_setup
-    engine = DecoderEngine(loaded)
+    engine = DecoderEngine(loaded, EngineConfig(**loaded.config.model_dump() | dict(stepped_prompt_tokens=stepped_prompt_tokens)))
     audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
     encoder = EncoderRunner(loaded)
     with torch.inference_mode():
