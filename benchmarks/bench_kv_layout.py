@@ -58,11 +58,16 @@ def layer_read_us(layers: int, block_size: int, dtype: torch.dtype, batch_size: 
                                 KEYS)
     layer = storage.layer_cache(layers - 1)
     query = torch.randn(batch_size, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    micros = {}
-    for label, backend in (backends or {"default": TritonPagedBackend()}).items():
-        seconds = do_bench(lambda: backend.paged_attention(query, layer[:, 0], layer[:, 1], batch, 0.125),
-                           warmup=10, rep=60) / 1e3
-        micros[label] = seconds * 1e6
+    backends = backends or {"default": TritonPagedBackend()}
+    calls = {label: (lambda backend=backend: backend.paged_attention(query, layer[:, 0], layer[:, 1], batch, 0.125))
+             for label, backend in backends.items()}
+    for call in calls.values():  # compile every variant before timing any
+        call()
+    torch.cuda.synchronize()
+    # The best of two rounds, each variant once a round: timed once each, the same kernel came out
+    # 177 and 388 us in one sweep (H100, bf16, batch 64).
+    rounds = [{label: do_bench(call, warmup=10, rep=60) * 1e3 for label, call in calls.items()} for _ in range(2)]
+    micros = {label: min(timed[label] for timed in rounds) for label in calls}
     del storage, layer
     torch.cuda.empty_cache()
     return micros
