@@ -43,6 +43,7 @@ from engine.request import CrossKVTensor, DecodeOptions, EncoderStates  # noqa: 
 from engine.weights import resolve_model_folder  # noqa: E402
 
 OUTPUT_TOKENS = 100
+HF_STATIC_LABEL = "transformers (static batches of up to 64, 0.5 s batch wait)"  # its rows in the engine tables
 # Peak HBM bandwidth by device name (vendor figures), for the decode bound.
 PEAK_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12}
 
@@ -335,9 +336,9 @@ def bench_light_load(hf, loaded, device: str, args, prefix: str, metrics: dict) 
                                            args.max_num_seqs, **overrides)
         print(f"light load {label}: {results[label]}", flush=True)
     del encoder_runner
-    results["transformers (static batches of up to 64, 0.5 s batch wait)"] = bench_engine_hf(
+    results[HF_STATIC_LABEL] = bench_engine_hf(
         hf, device, args.light_requests, args.light_rate, 64, loaded.weights.dims.n_mels)
-    ours, theirs = results["ours"], results["transformers (static batches of up to 64, 0.5 s batch wait)"]
+    ours, theirs = results["ours"], results[HF_STATIC_LABEL]
     metrics[f"{prefix}light_load_p50_latency_s"] = round(ours["p50_latency_s"], 3)
     metrics[f"{prefix}hf_light_load_p50_latency_s"] = round(theirs["p50_latency_s"], 3)
     rows = [[label, round(r["req_per_s"], 1), round(r["p50_latency_s"], 2), round(r["p90_latency_s"], 2),
@@ -456,7 +457,7 @@ def main() -> None:
                 rows.append([label, round(result["req_per_s"], 1), round(result["p50_latency_s"], 2),
                              round(result["req_per_s"] / theirs["req_per_s"], 2), round(result["mean_batch"], 1),
                              round(decode_only, 1), round(with_encoder, 1)])
-            rows.append(["transformers (static batches of up to 64, 0.5 s batch wait)", round(theirs["req_per_s"], 1),
+            rows.append([HF_STATIC_LABEL, round(theirs["req_per_s"], 1),
                          round(theirs["p50_latency_s"], 2), 1.0, "", "", ""])
             tables.append((f"{shape}: engine requests/s, Poisson stream at {args.rate:g}/s, {OUTPUT_TOKENS} tokens each (c)",
                            markdown_table(["", "requests/s", "p50 latency s", "/ transformers", "mean decode batch",
