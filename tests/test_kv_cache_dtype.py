@@ -67,3 +67,42 @@ def test_blocks_written_to_an_fp8_cache_read_back_within_fp8_precision():
     error_bound = torch.maximum(expected.abs() / 16, torch.tensor(2.0**-10))
     assert ((read - expected).abs() <= error_bound).all()
     assert not storage.read_blocks([1, 3, 5]).float().any(), "a write landed outside its blocks"
+
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, FP8])
+def test_the_block_write_kernel_writes_what_the_per_block_copies_write(cache_dtype):
+    """engine/block_write.py's kernel (a GPU's admission path; here under Triton's interpreter, or
+    compiled on a GPU machine) == write_sequence's per-block copies on the CPU, from a strided view
+    of a projection's product as admission passes it: values, the last block's zeroed padding, and
+    no write elsewhere."""
+    from engine.attention.triton_paged import triton_available
+    from engine.block_write import triton_write_sequence
+
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    layers, frames, heads, head_dim, block_size = 3, 37, 2, 24, 8  # H x D = 48: not a power of two
+    product = torch.randn(frames, layers * 2 * heads * head_dim, generator=torch.Generator().manual_seed(1)) * 64
+    # Values on e4m3's grid: Triton's interpreter rounds into fp8 wrongly across a power of two
+    # (124 -> 64); the compiled kernel's rounding == torch's was checked on an H100.
+    product = product.to(FP8).float()
+    product[5, 7], product[36, 100] = 1024.0, -3072.0  # beyond e4m3's range
+    block_ids = [9, 2, 11, 0, 6]
+    written = {}
+    for role, device in (("copies", "cpu"), ("kernel", DEVICES[-1])):
+        kv = product.to(device).view(frames, layers, 2, heads, head_dim).permute(1, 2, 0, 3, 4)
+        storage = PagedKVStorage(12, layers, block_size, heads, head_dim, cache_dtype, torch.device(device))
+        storage.cache.fill_(7.0)  # stale values: the padding must be zeroed, other blocks kept
+        if role == "copies":
+            storage.write_sequence(block_ids, kv)  # the per-block copies, on a CPU
+            written["copies"] = storage.cache.float()
+        else:
+            triton_write_sequence(storage.cache, block_ids, kv)
+            written["kernel"] = storage.cache.float().cpu()
+    assert torch.equal(written["kernel"], written["copies"])
+    assert (written["kernel"][[1, 3, 4, 5, 7, 8, 10, 12]] == 7.0).all(), "a write landed outside the request's blocks"
+    filled = frames - 4 * block_size
+    assert not written["kernel"][6, :, :, filled:].any(), "the last block's padding must be zero"
+    assert written["kernel"][6, :, :, :filled].abs().min() > 0
+    if cache_dtype == FP8:
+        assert written["kernel"].abs().max() == 448.0
