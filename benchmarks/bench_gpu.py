@@ -4,12 +4,14 @@
 (a) encoder windows/s at batch 1, 8, 32, 64 (ours: log-mel + encoder from raw samples;
     transformers: encoder from the same log-mel, so its CPU feature extractor does not count);
 (b) decode ms per step at batch 1, 16, 64, 128: ours (CUDA-graph replay, and the whole engine
-    step with sampling, also with timestamps on) vs transformers' static-batch generate, beside the
-    memory-bandwidth bound (bytes one step must read / the GPU's peak bandwidth);
+    step with sampling, also with timestamps on, and with each step read before the next is
+    launched: async steps off) vs transformers' static-batch generate, beside the memory-bandwidth
+    bound (bytes one step must read / the GPU's peak bandwidth);
 (c) engine throughput, requests/s: a Poisson stream of 30 s windows; ours encodes arrived windows
     in batches and decodes them with continuous batching on the same GPU, the encoder on its own
     stream (also: encoder inline, and an fp8 K/V cache holding twice the requests in the same
-    memory); transformers takes arrived requests in static batches of up to 64 (encoder + generate);
+    memory, and async steps off); transformers takes arrived requests in static batches of up to 64
+    (encoder + generate);
 (light) latency under a light Poisson load (ours also with each prompt fed in one eager step, the
     way it was before prompts ran a token a step through the graphs).
 
@@ -139,9 +141,10 @@ def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None, **o
     return config
 
 
-def engine_at_batch(loaded, batch: int, device: str, timestamps: bool = False) -> tuple[DecoderEngine, list]:
+def engine_at_batch(loaded, batch: int, device: str, timestamps: bool = False,
+                    **overrides) -> tuple[DecoderEngine, list]:
     """An engine with ``batch`` requests admitted and past their prompts, ready to time decode steps."""
-    config = config_for(loaded, batch)
+    config = config_for(loaded, batch, **overrides)
     dims = loaded.weights.dims
     engine = DecoderEngine(loaded, config)
     cross_kv = torch.randn(dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim,
@@ -184,14 +187,20 @@ def bench_decode(hf, loaded, device: str, batch_sizes: list[int], seconds: float
         timestamps_step = engine_step_seconds(engine, device)
         del engine, _
         release_memory(device)
+        # Each step's tokens read before the next step is launched: the host's work in series with the GPU's.
+        engine, _ = engine_at_batch(loaded, batch, device, async_steps=False)
+        in_turn_step = engine_step_seconds(engine, device)
+        del engine, _
+        release_memory(device)
 
         theirs = hf_decode_step_seconds(hf, batch, dims, device)
         bound = step_bytes(loaded, batch, OUTPUT_TOKENS // 2) / peak
         rows.append(dict(batch=batch, ours_forward_ms=forward * 1000, ours_engine_step_ms=engine_step * 1000,
-                         ours_timestamps_step_ms=timestamps_step * 1000,
+                         ours_timestamps_step_ms=timestamps_step * 1000, ours_in_turn_step_ms=in_turn_step * 1000,
                          hf_ms=theirs * 1000, bound_ms=bound * 1000, cuda_graph=graphs))
         print(f"decode bs{batch}: ours forward {forward * 1000:.2f} ms (graph {graphs}), engine step "
-              f"{engine_step * 1000:.2f} ms ({timestamps_step * 1000:.2f} with timestamps), transformers {theirs * 1000:.2f} ms, bound {bound * 1000:.2f} ms "
+              f"{engine_step * 1000:.2f} ms ({timestamps_step * 1000:.2f} with timestamps, {in_turn_step * 1000:.2f} "
+              f"async steps off), transformers {theirs * 1000:.2f} ms, bound {bound * 1000:.2f} ms "
               f"({peak_source} {peak / 1e12:.2f} TB/s)", flush=True)
     return rows
 
@@ -420,25 +429,31 @@ def main() -> None:
             rows = bench_decode(hf, loaded, device, [int(b) for b in args.decode_batches.split(",")], args.seconds)
             tables.append((f"{shape}: decode ms per step (b)", markdown_table(
                 ["batch", "ours: forward (CUDA graph)", "ours: engine step", "ours: engine step, timestamps on",
-                 "transformers", "bandwidth bound", "ours forward / bound", "transformers / ours step"],
+                 "ours: engine step, async steps off", "transformers", "bandwidth bound", "ours forward / bound",
+                 "transformers / ours step"],
                 [[r["batch"], round(r["ours_forward_ms"], 2), round(r["ours_engine_step_ms"], 2),
-                  round(r["ours_timestamps_step_ms"], 2), round(r["hf_ms"], 2),
+                  round(r["ours_timestamps_step_ms"], 2), round(r["ours_in_turn_step_ms"], 2), round(r["hf_ms"], 2),
                   round(r["bound_ms"], 2), round(r["ours_forward_ms"] / r["bound_ms"], 2),
                   round(r["hf_ms"] / r["ours_engine_step_ms"], 2)] for r in rows])))
             for r in rows:
                 metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}"] = round(r["ours_forward_ms"], 3)
                 metrics[f"{prefix}decode_engine_step_ms_bs{r['batch']}"] = round(r["ours_engine_step_ms"], 3)
                 metrics[f"{prefix}decode_engine_step_timestamps_ms_bs{r['batch']}"] = round(r["ours_timestamps_step_ms"], 3)
+                metrics[f"{prefix}decode_engine_step_async_off_ms_bs{r['batch']}"] = round(r["ours_in_turn_step_ms"], 3)
                 metrics[f"{prefix}decode_ms_per_step_bs{r['batch']}_bound"] = round(r["bound_ms"], 3)
                 metrics[f"{prefix}hf_decode_ms_per_step_bs{r['batch']}"] = round(r["hf_ms"], 3)
         if "engine" in sections:
-            runs = {"ours (continuous batching, encoder on its own stream)": dict(),
-                    "ours, encoder inline (same stream, between steps)": dict(overlap=False)}
+            headline_label = "ours (continuous batching, encoder on its own stream)"
+            inline_label = "ours, encoder inline (same stream, between steps)"
+            in_turn_label = "ours, async steps off (each step read before the next is launched)"
+            fp8_labels = (f"ours, fp8 K/V cache, {2 * args.max_num_seqs} requests at once, encoder on its own stream",
+                          f"ours, fp8 K/V cache, {2 * args.max_num_seqs} requests at once, encoder inline")
+            runs = {headline_label: dict(), inline_label: dict(overlap=False), in_turn_label: dict(async_steps=False)}
             if args.kv_cache_dtype == "auto":
                 # The same KV memory holds twice the requests in fp8.
                 fp8 = dict(kv_cache_dtype="fp8_e4m3", max_num_seqs=2 * args.max_num_seqs)
-                runs[f"ours, fp8 K/V cache, {2 * args.max_num_seqs} requests at once, encoder on its own stream"] = fp8
-                runs[f"ours, fp8 K/V cache, {2 * args.max_num_seqs} requests at once, encoder inline"] = fp8 | dict(overlap=False)
+                runs[fp8_labels[0]] = fp8
+                runs[fp8_labels[1]] = fp8 | dict(overlap=False)
             results = {}
             encoder_runner = EncoderRunner(loaded)
             for label, options in runs.items():
@@ -462,14 +477,15 @@ def main() -> None:
             tables.append((f"{shape}: engine requests/s, Poisson stream at {args.rate:g}/s, {OUTPUT_TOKENS} tokens each (c)",
                            markdown_table(["", "requests/s", "p50 latency s", "/ transformers", "mean decode batch",
                                            "cross-K/V roofline, decode only", "roofline with the encoder"], rows)))
-            headline, inline, *fp8_runs = results.values()
+            headline, inline = results[headline_label], results[inline_label]
             metrics[f"{prefix}engine_req_per_s"] = round(headline["req_per_s"], 1)
             metrics[f"{prefix}hf_engine_req_per_s"] = round(theirs["req_per_s"], 1)
             metrics[f"{prefix}engine_speedup_vs_hf"] = round(headline["req_per_s"] / theirs["req_per_s"], 2)
             metrics[f"{prefix}engine_roofline_req_per_s"] = round(rooflines[1 if args.kv_cache_dtype == "fp8_e4m3" else 2][1], 1)
             metrics[f"{prefix}engine_req_per_s_encoder_inline"] = round(inline["req_per_s"], 1)
-            if fp8_runs:
-                overlapped, fp8_inline = fp8_runs
+            metrics[f"{prefix}engine_req_per_s_async_off"] = round(results[in_turn_label]["req_per_s"], 1)
+            if fp8_labels[0] in results:
+                overlapped, fp8_inline = results[fp8_labels[0]], results[fp8_labels[1]]
                 metrics[f"{prefix}fp8kv_engine_req_per_s"] = round(overlapped["req_per_s"], 1)
                 metrics[f"{prefix}fp8kv_engine_speedup_vs_hf"] = round(overlapped["req_per_s"] / theirs["req_per_s"], 2)
                 metrics[f"{prefix}fp8kv_engine_req_per_s_encoder_inline"] = round(fp8_inline["req_per_s"], 1)

@@ -4,6 +4,7 @@ not fit the carried working tree)."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -42,3 +43,13 @@ def engine_model(hf_model, tokenizer_file: Path, config: EngineConfig) -> Loaded
         tokenizer_file, {},
     )
     return load_model(config, weights)
+
+
+def profile_arguments(description: str) -> argparse.ArgumentParser:
+    """The arguments the profile scripts share: which shape, batch, device and tokenizer."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--shape", default="large-v3", choices=list(SHAPES))
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
+    return parser

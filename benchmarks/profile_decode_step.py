@@ -12,7 +12,6 @@ Runs on a CPU too (--device cpu --shape tiny), for trying it; the figures mean s
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gpu import engine_at_batch, peak_bandwidth, step_bytes  # noqa: E402
-from benchmarks.gpu_models import engine_model, random_hf_whisper  # noqa: E402
+from benchmarks.gpu_models import engine_model, profile_arguments, random_hf_whisper  # noqa: E402
 from benchmarks.recording import markdown_table  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.weights import resolve_model_folder  # noqa: E402
@@ -47,11 +46,7 @@ def kind_of(name: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--shape", default="large-v3")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
+    parser = profile_arguments(__doc__.splitlines()[0])
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32

@@ -53,6 +53,12 @@ class EngineConfig(BaseModel):
         "(previous text) is fed in one step. None: 8 when decode CUDA graphs are captured, else 0 (no graphs, "
         "nothing to keep replayable)",
     )
+    async_steps: bool | None = Field(
+        None, description="launch each decode step before reading the tokens of the one before, so the host's "
+        "work (reading tokens, ending requests, scheduling, preparing inputs) overlaps the GPU's; costs a "
+        "wasted row for each window that ends at end of text. None: on where decode CUDA graphs are captured "
+        "(the GPU), off elsewhere (a CPU computes as it launches: nothing to overlap)",
+    )
     compile_encoder: bool = Field(
         True, description="on CUDA, compile the encoder with torch.compile (fuses the norms, GELUs and "
         "layout copies between the matrix products); start-up takes ~1 min longer"

@@ -4,7 +4,9 @@ A decode step launches ~20 small kernels per decoder layer; at large-v3-turbo's 
 large batches the GPU finishes them faster than Python can launch them, so the step is captured
 once per batch size and replayed. What makes a captured step replayable for any requests:
 
-* inputs live in one static device buffer, refilled by a single host-to-device copy per step;
+* inputs live in one static device buffer, refilled by a single host-to-device copy per step
+  (a token sampled by the step before, not read on the host yet, is taken from the runner's
+  ``next_tokens`` inside the graph);
 * block tables are gathered on the device from fixed rows (engine.device_tables);
 * every request's cross-attention length is Whisper's fixed 1500 frames, and the self-attention
   grid is sized for the whole 448-token text context, so kernel grids never depend on the batch;
@@ -17,10 +19,14 @@ import numpy as np
 import torch
 
 from engine.model_runner import ModelRunner, StepTensors
-from engine.request import Request
+from engine.request import FROM_LAST_STEP, Request
 
 # Rows of the static input buffer.
-_TOKEN, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(5)
+_TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(6)
+_ROWS = 6
+# Pinned host buffers the inputs are staged in, used in turn: while the decode loop runs a step
+# ahead, the copy out of one may still be queued when the next step's inputs are written.
+_HOST_BUFFERS = 2
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:
@@ -36,13 +42,14 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_batch_size)
         largest = self.sizes[-1]
         device = runner.device
-        self._host = torch.zeros((5, largest), dtype=torch.int32, pin_memory=True)
-        self._host_view = self._host.numpy()
-        self._inputs = torch.zeros((5, largest), dtype=torch.int32, device=device)
-        self._inputs_copied = torch.cuda.Event()  # recorded after each copy out of ``_host``
+        self._hosts = [torch.zeros((_ROWS, largest), dtype=torch.int32, pin_memory=True) for _ in range(_HOST_BUFFERS)]
+        # Recorded after each copy out of the host buffer of the same index.
+        self._copied = [torch.cuda.Event() for _ in range(_HOST_BUFFERS)]
+        self._turn = 0
+        self._inputs = torch.zeros((_ROWS, largest), dtype=torch.int32, device=device)
         self._token_rows = torch.arange(largest, device=device)
         self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
-        self._padding = np.array([0, 0, runner.tables.pad_slot, 1, 1], dtype=np.int32)[:, None]
+        self._padding = np.array([0, -1, 0, runner.tables.pad_slot, 1, 1], dtype=np.int32)[:, None]
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._capture()
@@ -51,6 +58,7 @@ class DecodeGraphs:
         inputs = self._inputs
         return StepTensors(
             token_ids=inputs[_TOKEN, :size].long(),
+            token_sources=inputs[_SOURCE, :size].long(),
             positions=inputs[_POSITION, :size].long(),
             token_rows=self._token_rows[:size],
             slots=inputs[_SLOT, :size].long(),
@@ -62,8 +70,8 @@ class DecodeGraphs:
         )
 
     def _capture(self) -> None:
-        self._host_view[:] = self._padding
-        self._inputs.copy_(self._host)
+        self._hosts[0].numpy()[:] = self._padding
+        self._inputs.copy_(self._hosts[0])
         pool = torch.cuda.graph_pool_handle()
         # Largest first: smaller graphs then reuse the memory pool the largest one reserved.
         for size in reversed(self.sizes):
@@ -84,18 +92,24 @@ class DecodeGraphs:
         """Run the step; returns float32 logits [len(requests), vocab] (a view, valid until the next replay)."""
         count = len(requests)
         size = next(s for s in self.sizes if s >= count)
-        host = self._host_view
-        # The previous step's copy out of this pinned buffer may still be queued: a step whose rows
-        # all feed prompt tokens samples nothing, so nothing has waited for the device since.
-        self._inputs_copied.synchronize()
+        turn = self._turn
+        self._turn = (turn + 1) % _HOST_BUFFERS
+        # The last copy out of this pinned buffer may still be queued: the host waits for the
+        # device only when it reads tokens, and a step ahead of that it has not.
+        self._copied[turn].synchronize()
+        host_tensor = self._hosts[turn]
+        host = host_tensor.numpy()
         positions = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int32, count=count)
-        host[_TOKEN, :count] = [r.pending_tokens[0] for r in requests]
+        tokens = np.fromiter((r.pending_tokens[0] for r in requests), dtype=np.int32, count=count)
+        host[_TOKEN, :count] = tokens
+        host[_SOURCE, :count] = np.where(
+            tokens == FROM_LAST_STEP, np.fromiter((r.pending_source_row for r in requests), dtype=np.int32, count=count), -1)
         host[_POSITION, :count] = positions
         host[_SLOT, :count] = slots
         host[_SELF_LEN, :count] = positions + 1
         host[_CROSS_LEN, :count] = self.runner.cross_len
         host[:, count:size] = self._padding
-        self._inputs.copy_(self._host, non_blocking=True)
-        self._inputs_copied.record()
+        self._inputs.copy_(host_tensor, non_blocking=True)
+        self._copied[turn].record()
         self._graphs[size].replay()
         return self._logits[size][:count]

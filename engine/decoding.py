@@ -11,10 +11,10 @@ import math
 import zlib
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from engine.errors import RequestRejectedError
+from engine.host_device import upload
 from engine.request import DecodeOptions, FallbackOptions, TimedText
 from engine.tokenizer import WhisperTokenizer
 from engine.weights import ModelDims
@@ -70,7 +70,13 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
 
 
 class LogitRules:
-    """Applies Whisper's suppression and timestamp rules to a batch of logits, in place."""
+    """Applies Whisper's suppression and timestamp rules to a batch of logits, in place.
+
+    What the timestamp rules need of a row's history (was its last token a timestamp, the one
+    before, which was its last timestamp) is kept on the device, by block-table slot, and
+    updated by ``record`` from the sampled tokens there: the decode loop launches a step before
+    the host has read the tokens of the step before it. The host says only which rows have no
+    history yet (their first sampled token), which it knows without reading any token."""
 
     def __init__(
         self,
@@ -79,6 +85,7 @@ class LogitRules:
         suppress_tokens: list[int] | None,
         begin_suppress_tokens: list[int] | None,
         device: torch.device,
+        num_slots: int = 1,
     ):
         special = tokenizer.special
         self.special = special
@@ -95,69 +102,81 @@ class LogitRules:
         self.begin_suppress_token_ids = [t for t in begin if 0 <= t < vocab_size]
         self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
+        self.device = device
+        # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp or -1].
+        self._history = torch.zeros((3, num_slots), dtype=torch.long, device=device)
         self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
 
-    def apply(self, logits: torch.Tensor, outputs: list[list[int]], timestamps: list[bool]) -> None:
-        """logits [B, V] float32; outputs[i]: tokens sampled so far for row i."""
+    def apply(self, logits: torch.Tensor, first: list[bool], timestamps: list[bool], slots: list[int]) -> None:
+        """logits [B, V] float32; per row: is this its first sampled token, does it want timestamps,
+        its slot (whose history ``record`` keeps)."""
         # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
         logits.index_fill_(1, self.suppress_ids, -math.inf)
-        first_rows = [row for row, sampled in enumerate(outputs) if not sampled]
+        first_rows = [row for row, is_first in enumerate(first) if is_first]
         if first_rows:
-            rows = torch.tensor(first_rows, device=logits.device)
+            rows = upload(first_rows, torch.long, self.device)
             logits[rows[:, None], self.begin_suppress[None, :]] = -math.inf
         timestamp_rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
         if timestamp_rows:
-            self._timestamp_rules(logits, timestamp_rows, [outputs[row] for row in timestamp_rows])
+            self._timestamp_rules(logits, timestamp_rows, [first[row] for row in timestamp_rows],
+                                  [slots[row] for row in timestamp_rows])
 
-    def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], histories: list[list[int]]) -> None:
+    def record(self, tokens: torch.Tensor, first: list[bool], timestamps: list[bool], slots: list[int]) -> None:
+        """After sampling ``tokens`` [B] (device) for rows like ``apply``'s: the rows with timestamps
+        on update their slot's history, on the device."""
+        rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
+        if not rows:
+            return
+        every_row = len(rows) == len(timestamps)
+        index = upload([[row for row in rows], [slots[row] for row in rows], [int(first[row]) for row in rows]],
+                       torch.long, self.device)
+        row_index, slot_index, is_first = index[0], index[1], index[2].bool()
+        sampled = tokens if every_row else tokens[row_index]
+        last_was_stamp, _, last_stamp = self._history[:, slot_index]
+        is_stamp = sampled >= self.special.timestamp_begin
+        before_was_stamp = is_first | last_was_stamp.bool()  # a first token has none before it: counts as one
+        kept_stamp = torch.where(is_first, -1, last_stamp)
+        self._history[:, slot_index] = torch.stack([is_stamp.long(), before_was_stamp.long(),
+                                                    torch.where(is_stamp, sampled, kept_stamp)])
+
+    def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], first: list[bool], slots: list[int]) -> None:
         """The timestamp rules for the rows ``rows`` of ``logits``, in place, for all rows at once.
 
         A row's history decides what it may not emit next: a prefix of the text tokens (none, all
         before end-of-text, or all), and in the timestamp range the ones below a floor and, for the
-        first token, those past MAX_INITIAL_TIMESTAMP_S. That is worked out on the host and uploaded
-        at once, so the rules cost the same few kernels at any batch size and never wait for the
-        device. (Applied row by row, with a device read per row, they made a 256-request large-v3
-        step on an H100 take 52 ms instead of 17.)"""
+        first token, those past MAX_INITIAL_TIMESTAMP_S. Those bounds are worked out on the device
+        from the slots' histories, so the rules cost the same few kernels at any batch size and
+        never wait for the device. (Applied row by row, with a device read per row, they made a
+        256-request large-v3 step on an H100 take 52 ms instead of 17.)"""
         begin, eot = self.special.timestamp_begin, self.special.eot
         n_stamps = logits.shape[-1] - begin
-        no_text: list[int] = []  # rows that may emit no text token at all
-        no_text_before_eot: list[int] = []  # rows that may emit only end-of-text or a timestamp
-        # Per row, forbidden timestamps as offsets from ``begin``: [0, floor) and [limit, n_stamps).
-        stamp_bounds = np.zeros((2, len(rows)), dtype=np.int64)
-        stamp_bounds[1] = n_stamps
-        for index, sampled in enumerate(histories):
-            if not sampled:  # the first token is a timestamp, no later than MAX_INITIAL_TIMESTAMP_S
-                no_text.append(index)
-                stamp_bounds[1, index] = self.max_initial_timestamp + 1 - begin
-                continue
-            last_was_ts = sampled[-1] >= begin
-            penultimate_was_ts = len(sampled) < 2 or sampled[-2] >= begin
-            last_stamp = next((token for token in reversed(sampled) if token >= begin), None)
-            if last_was_ts and penultimate_was_ts:  # a closed pair: next must be text (or the end)
-                stamp_bounds[0, index] = n_stamps
-            elif last_was_ts:  # an open segment: next must be its closing timestamp (or the end)
-                no_text_before_eot.append(index)
-                stamp_bounds[0, index] = last_stamp - begin  # a closing one may repeat the opening one
-            elif last_stamp is not None:  # timestamps never go back
-                stamp_bounds[0, index] = last_stamp + 1 - begin
         device = logits.device
         every_row = len(rows) == logits.shape[0]
-        row_index = None if every_row else torch.tensor(rows, device=device)
+        index = upload([rows, slots, [int(is_first) for is_first in first]], torch.long, device)
+        row_index, slot_index, is_first = index[0], index[1], index[2].bool()
         selected = logits if every_row else logits[row_index]
+        last_was_stamp, before_was_stamp, last_stamp = self._history[:, slot_index]
+        has_history = ~is_first
+        last_was_stamp = last_was_stamp.bool() & has_history
+        closed_pair = last_was_stamp & before_was_stamp.bool()  # next must be text (or the end)
+        open_segment = last_was_stamp & ~before_was_stamp.bool()  # next must close it (or end)
+        after_stamp = has_history & ~last_was_stamp & (last_stamp >= 0)  # timestamps never go back
+        # Forbidden timestamps as offsets from ``begin``: [0, floor) and [limit, n_stamps).
+        # A closing timestamp may repeat the opening one.
+        floor = torch.where(closed_pair, n_stamps, torch.where(
+            open_segment, last_stamp - begin, torch.where(after_stamp, last_stamp + 1 - begin, 0)))
+        # The first token is a timestamp, no later than MAX_INITIAL_TIMESTAMP_S.
+        limit = torch.where(is_first, self.max_initial_timestamp + 1 - begin, n_stamps)
         selected[:, self.special.no_timestamps] = -math.inf
-        # Row index fills, not row masks: they write only the rows named, not the whole batch.
-        if no_text:
-            selected[:, :begin].index_fill_(0, torch.tensor(no_text, device=device), -math.inf)
-        if no_text_before_eot:
-            selected[:, :eot].index_fill_(0, torch.tensor(no_text_before_eot, device=device), -math.inf)
-        floor, limit = torch.from_numpy(stamp_bounds).to(device)[:, :, None]
+        selected[:, :begin].masked_fill_(is_first[:, None], -math.inf)
+        selected[:, :eot].masked_fill_(open_segment[:, None], -math.inf)
         offsets = self._stamp_offsets(n_stamps, device)
-        selected[:, begin:].masked_fill_((offsets < floor) | (offsets >= limit), -math.inf)
+        selected[:, begin:].masked_fill_((offsets < floor[:, None]) | (offsets >= limit[:, None]), -math.inf)
         # When timestamps together are likelier than any single text token, emit one.
         logprobs = torch.log_softmax(selected, dim=-1)
         timestamp_wins = torch.logsumexp(logprobs[:, begin:], dim=-1) > logprobs[:, :begin].amax(dim=-1)
         selected[:, :begin].masked_fill_(timestamp_wins[:, None], -math.inf)
-        if row_index is not None:
+        if not every_row:
             logits[row_index] = selected
 
     def _stamp_offsets(self, n_stamps: int, device: torch.device) -> torch.Tensor:
@@ -179,12 +198,11 @@ def sample(logits: torch.Tensor, temperatures: list[float], generators: list[tor
     return tokens, logprobs
 
 
-def detect_language(tokenizer: WhisperTokenizer, sot_logits: torch.Tensor) -> tuple[str, int]:
-    """The most likely language token at <|startoftranscript|>, as openai-whisper's detect_language."""
-    codes = list(tokenizer.language_tokens)
-    ids = torch.tensor([tokenizer.language_tokens[c] for c in codes], device=sot_logits.device)
-    best = int(sot_logits[ids].argmax())
-    return codes[best], int(ids[best])
+def detect_language(tokenizer: WhisperTokenizer, sot_logits: torch.Tensor) -> torch.Tensor:
+    """Per row of ``sot_logits`` [N, V], the most likely language token at <|startoftranscript|>,
+    as openai-whisper's detect_language; on the device, so the host need not wait for it."""
+    ids = upload(list(tokenizer.language_tokens.values()), torch.long, sot_logits.device)
+    return ids[sot_logits[:, ids].argmax(dim=-1)]
 
 
 def timed_segments(tokenizer: WhisperTokenizer, tokens: list[int], window_s: float) -> list[TimedText]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.host_device import upload
 from engine.request import Request
 
 
@@ -44,6 +45,5 @@ class DeviceBlockTables:
     def _write_row(self, tables: torch.Tensor, slot: int, block_ids: list[int]) -> None:
         if len(block_ids) > tables.shape[1]:
             raise ValueError(f"{len(block_ids)} blocks do not fit a table row of {tables.shape[1]}")
-        row = torch.full((tables.shape[1],), self.null_block, dtype=torch.int32)
-        row[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
-        tables[slot].copy_(row)
+        row = block_ids + [self.null_block] * (tables.shape[1] - len(block_ids))
+        tables[slot].copy_(upload(row, torch.int32, tables.device))

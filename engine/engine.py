@@ -2,6 +2,14 @@
 (the continuous-batching step loop over the paged cache).
 
 ``load_model`` builds the shared pieces once; an encoder replica and a decoder replica each call it.
+
+A decoder step is launched, then read: launching schedules, runs the forward, applies the logit
+rules and samples, all on the device, leaving the tokens on their way to the host; reading them
+appends them to their requests and ends those that are done. With ``engine.async_steps`` the
+engine reads a step only after launching the next one (feeding it the tokens still on the device),
+so the host's work for one step overlaps the device's for the next, as TensorRT-LLM's overlap
+scheduler and vLLM's async scheduling do. The price: a window that ends at end of text has run
+one step too many, whose row is dropped, and its blocks are freed once that step is done.
 """
 
 from __future__ import annotations
@@ -9,7 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,11 +29,14 @@ from engine.decoding import (
     LogitRules, build_prompt, compression_ratio, detect_language, is_silence, needs_fallback, sample, timed_segments,
 )
 from engine.errors import RetriableError
+from engine.host_device import PendingDownload, upload
 from engine.kv_cache import BlockPool
 from engine.kv_storage import PagedKVStorage, to_cache_dtype
 from engine.model import Whisper
 from engine.model_runner import ModelRunner
-from engine.request import CrossKVSource, DecodeOptions, DecodeResult, FinishReason, Request, RequestStatus
+from engine.request import (
+    FROM_LAST_STEP, CrossKVSource, DecodeOptions, DecodeResult, FinishReason, Request, RequestStatus,
+)
 from engine.scheduler import Scheduler
 from engine.tokenizer import WhisperTokenizer
 from engine.weights import LoadedWeights, load_weights
@@ -90,6 +101,29 @@ class EncoderRunner:
         return to_cache_dtype(self.model.decoder.project_cross_kv(states), self.kv_cache_dtype)
 
 
+# Rows of a launched step's read-back: the token (sampled, or the detected language), its
+# log-probability, and at <|startoftranscript|> the no-speech probability.
+_TOKEN, _LOGPROB, _NO_SPEECH = range(3)
+
+
+@dataclass
+class LaunchedStep:
+    """A step on its way through the device, and what reading its tokens back needs."""
+
+    step_id: int
+    batch: list[Request]
+    epochs: list[int]  # each row's request.epoch at launch: a row of a window restarted since is stale
+    sampling_rows: list[int]
+    sot_rows: list[int]  # rows that fed <|startoftranscript|>: their no-speech probability is read
+    detect_rows: list[int]  # of those, rows whose language is detected there
+    computed_after: list[int]  # each row's tokens in the cache once this step has run
+    readback: PendingDownload  # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH
+    # Per request that sampled with its own generator: the generator's state before this step's draw.
+    generator_states: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Requests that ended while this step ran with them: their blocks are freed once it is done.
+    release_after: list[Request] = field(default_factory=list)
+
+
 class DecoderEngine:
     """Owns the block pool, the scheduler and the runner; ``step()`` advances every request once.
 
@@ -133,17 +167,22 @@ class DecoderEngine:
                                    config.interactive_reserved_seqs, config.batch_aging_s)
         self.rules = LogitRules(
             self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
-            loaded.weights.begin_suppress_tokens, self.device,
+            loaded.weights.begin_suppress_tokens, self.device, num_slots=config.max_num_seqs + 1,
         )
+        self.async_steps = config.async_steps if config.async_steps is not None else self.runner.graphs is not None
+        self._in_flight: LaunchedStep | None = None  # launched and not read yet (async steps only)
+        self._step_ids = itertools.count()
+        self._language_of_token = {token: code for code, token in self.tokenizer.language_tokens.items()} \
+            if dims.is_multilingual else {}
         self.alignment_heads = alignment_heads_of(loaded.weights)
         self._inbox: queue.SimpleQueue[Request] = queue.SimpleQueue()
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._by_id: dict[str, Request] = {}
-        logger.info("KV cache: %d blocks of %d tokens (%.1f MB, %s), backend %s, decode CUDA graphs %s",
+        logger.info("KV cache: %d blocks of %d tokens (%.1f MB, %s), backend %s, decode CUDA graphs %s, async steps %s",
                     num_blocks, config.block_size, num_blocks * block_bytes / 2**20,
                     str(cache_dtype).removeprefix("torch."), backend.name,
-                    self.runner.graphs.sizes if self.runner.graphs else "off")
+                    self.runner.graphs.sizes if self.runner.graphs else "off", self.async_steps)
 
     def make_request(
         self, options: DecodeOptions, cross_source: CrossKVSource | None, request_id: str | None = None,
@@ -196,14 +235,26 @@ class DecoderEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or not self._inbox.empty()
+        return self.scheduler.has_work or not self._inbox.empty() or self._in_flight is not None
 
     @property
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting) + self._inbox.qsize()
 
     def step(self) -> list[DecodeResult]:
-        """Admit, run one decoder forward for every running request, sample; return finished ones."""
+        """Admit, launch one decoder forward and sampling for every running request, and read the
+        tokens of this step (or, with async steps, of the one launched before); return finished ones."""
+        finished = self._take_submitted_and_aborted()
+        launched = self._launch(finished)
+        if self.async_steps:
+            previous, self._in_flight = self._in_flight, launched
+        else:
+            previous = launched
+        if previous is not None:
+            finished.extend(self._read(previous))
+        return finished
+
+    def _take_submitted_and_aborted(self) -> list[DecodeResult]:
         finished: list[DecodeResult] = []
         while not self._inbox.empty():
             request = self._inbox.get()
@@ -219,9 +270,28 @@ class DecoderEngine:
             request = self._by_id.get(self._aborts.get())
             if request is not None:
                 self._discard_unloaded(request)
-                self.scheduler.finish(request, FinishReason.ABORTED)
+                self._finish(request, FinishReason.ABORTED)
                 finished.append(self._result(request))
+        return finished
 
+    def _finish(self, request: Request, reason: FinishReason) -> None:
+        """End a request; if the step in flight runs it, its blocks stay held until that step is read."""
+        in_flight = self._in_flight
+        still_running = in_flight is not None and request.launched_in == in_flight.step_id
+        self.scheduler.finish(request, reason, keep_blocks=still_running)
+        if still_running:
+            in_flight.release_after.append(request)
+
+    def _ends_with_unread_token(self, request: Request) -> bool:
+        """Whether the token it sampled in the step in flight is its last by length: then it need
+        not run again (a window ending at end of text cannot be told apart before reading)."""
+        if not request.unread_tokens:
+            return False
+        return (len(request.output_tokens) + request.unread_tokens >= request.max_tokens
+                or request.num_computed_tokens + 1 >= self.dims.n_text_ctx)
+
+    @torch.inference_mode()
+    def _launch(self, finished: list[DecodeResult]) -> LaunchedStep | None:
         scheduled = self.scheduler.schedule()
         for request in scheduled.admitted:
             try:
@@ -229,35 +299,120 @@ class DecoderEngine:
             except Exception as exc:
                 # A failed K/V load (e.g. a transfer error) fails this request only, and frees its blocks.
                 logger.exception("loading cross-attention K/V for %s failed", request.request_id)
-                self.scheduler.finish(request, FinishReason.ERROR)
+                self._finish(request, FinishReason.ERROR)
                 request.error = f"loading cross-attention K/V failed: {exc}"
                 request.error_retriable = isinstance(exc, RetriableError)
                 finished.append(self._result(request))
-        batch = [r for r in scheduled.batch if r.finish_reason is None]
+        batch = [r for r in scheduled.batch if r.finish_reason is None and not self._ends_with_unread_token(r)]
         if not batch:
-            return finished
+            return None
 
+        step_id = next(self._step_ids)
         logits = self.runner.execute(batch)
-        for request in batch:
-            request.num_computed_tokens += len(request.pending_tokens)
-            request.pending_tokens = []
         sampling_rows: list[int] = []
+        sot_rows: list[int] = []
+        detect_rows: list[int] = []
+        computed_after: list[int] = []
         for row, request in enumerate(batch):
-            sot_logits = logits.at_sot.get(row)
-            if sot_logits is not None:
-                request.no_speech_prob = float(torch.softmax(sot_logits, dim=-1)[self.tokenizer.special.no_speech])
-                if request.detect_language:
-                    request.language, language_token = detect_language(self.tokenizer, sot_logits)
-                    request.detect_language = False
-                    request.prompt_tokens[request.sot_index + 1] = language_token
-            if request.num_computed_tokens < len(request.prompt_tokens):
-                # The rest of the prompt (after detection: the language, task, timestamp tokens)
-                # runs before any sampling.
+            start, fed = request.num_computed_tokens, len(request.pending_tokens)
+            feeds_sot = start <= request.sot_index < start + fed
+            if feeds_sot:
+                sot_rows.append(row)
+            request.num_computed_tokens = start + fed
+            request.launched_in = step_id
+            computed_after.append(request.num_computed_tokens)
+            if feeds_sot and request.detect_language:
+                # The rest of the prompt starts with the language detected here, on the device.
+                detect_rows.append(row)
+                request.detect_language = False
                 request.pending_tokens = self._next_prompt_tokens(request)
+                request.pending_tokens[0], request.pending_source_row = FROM_LAST_STEP, row
+            elif request.num_computed_tokens < len(request.prompt_tokens):
+                # The rest of the prompt (language, task, timestamp tokens) runs before any sampling.
+                request.pending_tokens = self._next_prompt_tokens(request)
+            else:
+                sampling_rows.append(row)
+        readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.device)
+        generator_states = self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else {}
+        if sot_rows:
+            self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
+        self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
+        return LaunchedStep(
+            step_id=step_id, batch=batch, epochs=[r.epoch for r in batch], sampling_rows=sampling_rows,
+            sot_rows=sot_rows, detect_rows=detect_rows, computed_after=computed_after,
+            readback=PendingDownload(readback), generator_states=generator_states,
+        )
+
+    def _sample(self, all_logits: torch.Tensor, slots: list[int], batch: list[Request], rows: list[int],
+                readback: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; returns
+        the generators' states before their draws."""
+        requests = [batch[row] for row in rows]
+        every_row = len(rows) == len(batch)
+        row_index = None if every_row else upload(rows, torch.long, self.device)
+        row_logits = all_logits if every_row else all_logits[row_index]  # the usual step: no gather
+        first = [not r.output_tokens and not r.unread_tokens for r in requests]
+        timestamps = [r.options.timestamps for r in requests]
+        row_slots = slots if every_row else [slots[row] for row in rows]
+        self.rules.apply(row_logits, first, timestamps, row_slots)
+        generator_states = {r.request_id: r.generator.get_state() for r in requests
+                            if r.generator is not None and r.temperature > 0}
+        tokens, logprobs = sample(row_logits, [r.temperature for r in requests], [r.generator for r in requests])
+        self.rules.record(tokens, first, timestamps, row_slots)
+        if every_row:
+            readback[_TOKEN] = tokens
+            readback[_LOGPROB] = logprobs
+        else:
+            readback[_TOKEN].index_copy_(0, row_index, tokens.float())
+            readback[_LOGPROB].index_copy_(0, row_index, logprobs.float())
+        for row, request in zip(rows, requests):
+            request.pending_tokens, request.pending_source_row = [FROM_LAST_STEP], row
+            request.unread_tokens += 1
+        return generator_states
+
+    def _read_sot_logits(self, at_sot: dict[int, torch.Tensor], sot_rows: list[int], detect_rows: list[int],
+                         readback: torch.Tensor) -> None:
+        """No-speech probabilities, and detected languages, from the logits at <|startoftranscript|>."""
+        sot_logits = torch.stack([at_sot[row] for row in sot_rows])
+        no_speech = torch.softmax(sot_logits, dim=-1)[:, self.tokenizer.special.no_speech]
+        readback[_NO_SPEECH].index_copy_(0, upload(sot_rows, torch.long, self.device), no_speech)
+        if detect_rows:
+            local = upload([sot_rows.index(row) for row in detect_rows], torch.long, self.device)
+            languages = detect_language(self.tokenizer, sot_logits[local])
+            readback[_TOKEN].index_copy_(0, upload(detect_rows, torch.long, self.device), languages.float())
+
+    def _read(self, step: LaunchedStep) -> list[DecodeResult]:
+        """Wait for a launched step's tokens; append them, end the requests that are done."""
+        values = step.readback.wait()
+        for request in step.release_after:
+            self.scheduler.release_blocks(request)
+        sot_rows, detect_rows, sampling_rows = set(step.sot_rows), set(step.detect_rows), set(step.sampling_rows)
+        eot = self.tokenizer.special.eot
+        finished: list[DecodeResult] = []
+        for row, request in enumerate(step.batch):
+            if request.status == RequestStatus.FINISHED or request.epoch != step.epochs[row]:
+                continue  # ended, or started again, since: the row is stale
+            token = int(values[_TOKEN, row])
+            if row in sot_rows:
+                request.no_speech_prob = float(values[_NO_SPEECH, row])
+            if row in detect_rows:
+                request.language = self._language_of_token[token]
+                request.prompt_tokens[request.sot_index + 1] = token
+            if request.launched_in == step.step_id and request.pending_tokens[:1] == [FROM_LAST_STEP]:
+                request.pending_tokens[0] = token  # no later step ran it: the next one takes it from the host
+            if row not in sampling_rows:
                 continue
-            sampling_rows.append(row)
-        if sampling_rows:
-            finished.extend(self._sample(logits.last, batch, sampling_rows))
+            request.unread_tokens -= 1
+            request.sum_logprob += float(values[_LOGPROB, row])
+            if token == eot and not request.options.ignore_eot:
+                done = FinishReason.STOP
+            else:
+                request.output_tokens.append(token)
+                full = step.computed_after[row] + 1 >= self.dims.n_text_ctx
+                done = FinishReason.LENGTH if len(request.output_tokens) >= request.max_tokens or full else None
+            if done is not None and not self._retry_hotter(request):
+                finished.append(self._result(request, done))
+                self._finish(request, done)
         return finished
 
     def _next_prompt_tokens(self, request: Request) -> list[int]:
@@ -267,34 +422,6 @@ class DecoderEngine:
         end = request.sot_index + 1 if request.detect_language else len(request.prompt_tokens)
         rest = request.prompt_tokens[request.num_computed_tokens : end]
         return rest[:1] if len(rest) <= self.stepped_prompt_tokens else rest
-
-    @torch.inference_mode()
-    def _sample(self, all_logits: torch.Tensor, batch: list[Request], rows: list[int]) -> list[DecodeResult]:
-        requests = [batch[row] for row in rows]
-        if len(rows) == len(batch):
-            row_logits = all_logits  # the usual decode step: every row samples, no gather
-        else:
-            row_logits = all_logits[torch.tensor(rows, device=all_logits.device)]
-        self.rules.apply(row_logits, [r.output_tokens for r in requests], [r.options.timestamps for r in requests])
-        tokens, logprobs = sample(
-            row_logits, [r.temperature for r in requests], [r.generator for r in requests]
-        )
-        finished = []
-        eot = self.tokenizer.special.eot
-        for request, token, logprob in zip(requests, tokens.tolist(), logprobs.tolist()):
-            request.sum_logprob += logprob
-            if token == eot and not request.options.ignore_eot:
-                done = FinishReason.STOP
-            else:
-                request.output_tokens.append(token)
-                full = request.num_computed_tokens + 1 >= self.dims.n_text_ctx
-                done = FinishReason.LENGTH if len(request.output_tokens) >= request.max_tokens or full else None
-                request.pending_tokens = [token]
-            if done is not None and not self._retry_hotter(request):
-                result = self._result(request, done)
-                self.scheduler.finish(request, done)
-                finished.append(result)
-        return finished
 
     def _avg_logprob(self, request: Request) -> float:
         # openai-whisper divides by (sampled tokens + 1): the end-of-text token counts too.
@@ -313,9 +440,17 @@ class DecoderEngine:
         text = self.tokenizer.decode(request.output_tokens)
         if not needs_fallback(fallback, text, self._avg_logprob(request), request.no_speech_prob or 0.0):
             return False
+        in_flight = self._in_flight
+        if in_flight is not None and request.launched_in == in_flight.step_id:
+            # The step in flight drew its row's token from the generator: undo that draw, so the
+            # next attempt samples what it would have without async steps.
+            state = in_flight.generator_states.get(request.request_id)
+            if state is not None:
+                request.generator.set_state(state)
         request.attempt += 1
+        request.epoch += 1
         request.temperature = temperatures[request.attempt]
-        request.output_tokens, request.sum_logprob = [], 0.0
+        request.output_tokens, request.sum_logprob, request.unread_tokens = [], 0.0, 0
         request.num_computed_tokens = len(request.prompt_tokens) - 1
         request.pending_tokens = request.prompt_tokens[-1:]
         return True

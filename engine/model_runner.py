@@ -4,6 +4,10 @@ It owns the decoder weights, the KV tensors, the device block tables and the att
 it knows nothing of scheduling or decoding rules. A step whose requests each feed one token (a
 decode-shaped step, prompt tokens included) replays a captured CUDA graph when one fits; any other
 step runs eagerly. Both go through ``forward``, so the two paths compute the same thing.
+
+A fed token may not be known on the host yet (``FROM_LAST_STEP``: sampled by the step launched
+just before, whose tokens the host reads only after launching this one). The engine leaves each
+step's tokens by row in ``next_tokens``; ``forward`` takes those from there, on the device.
 """
 
 from __future__ import annotations
@@ -15,10 +19,11 @@ import torch
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.device_tables import DeviceBlockTables
+from engine.host_device import upload
 from engine.kv_cache import blocks_needed
 from engine.kv_storage import PagedKVStorage
 from engine.model import DecoderStepMetadata, Whisper
-from engine.request import Request
+from engine.request import FROM_LAST_STEP, Request
 
 
 @dataclass
@@ -27,6 +32,7 @@ class StepLogits:
 
     last: torch.Tensor  # [B, vocab] float32
     at_sot: dict[int, torch.Tensor]  # batch row -> [vocab] float32
+    slots: list[int]  # each row's block-table slot
 
 
 @dataclass
@@ -34,6 +40,7 @@ class StepTensors:
     """One step's inputs on the device: packed tokens [T] and per-request rows [B]."""
 
     token_ids: torch.Tensor  # [T]
+    token_sources: torch.Tensor  # [T] row of ``next_tokens`` to feed instead, or -1: ``token_ids``'s
     positions: torch.Tensor  # [T]
     token_rows: torch.Tensor  # [T] batch row of each packed token
     slots: torch.Tensor  # [B] block-table row of each request
@@ -60,6 +67,9 @@ class ModelRunner:
             storage.null_block,
             self.device,
         )
+        # The last launched step's token by row (sampled, or a detected language): what a
+        # FROM_LAST_STEP input reads. Written by the engine after sampling, read by the next step.
+        self.next_tokens = torch.zeros(max_requests, dtype=torch.long, device=self.device)
         self.graphs = None  # engine.cuda_graphs.DecodeGraphs, when captured
 
     @torch.inference_mode()
@@ -97,7 +107,9 @@ class ModelRunner:
                 max_seq_len=self.cross_len,
             ),
         )
-        hidden = self.model.decoder(step.token_ids, meta, self.storage, self.backend)
+        from_last_step = step.token_sources >= 0
+        token_ids = torch.where(from_last_step, self.next_tokens[step.token_sources.clamp(min=0)], step.token_ids)
+        hidden = self.model.decoder(token_ids, meta, self.storage, self.backend)
         if logits_index is not None:
             hidden = hidden[logits_index]
         return self.model.decoder.logits(hidden).float()
@@ -108,11 +120,12 @@ class ModelRunner:
             last = self.graphs.replay(requests, slots)
             # Every row fed one token: a row that fed <|startoftranscript|> has those logits in ``last``.
             at_sot = {row: last[row] for row, r in enumerate(requests) if r.num_computed_tokens == r.sot_index}
-            return StepLogits(last=last, at_sot=at_sot)
+            return StepLogits(last=last, at_sot=at_sot, slots=slots)
         return self._execute_eager(requests, slots)
 
     def _execute_eager(self, requests: list[Request], slots: list[int]) -> StepLogits:
         token_ids: list[int] = []
+        token_sources: list[int] = []
         positions: list[int] = []
         token_rows: list[int] = []
         query_start = [0]
@@ -125,26 +138,34 @@ class ModelRunner:
             if start <= request.sot_index < start + len(fed):
                 sot_rows[row] = len(token_ids) + request.sot_index - start
             token_ids.extend(fed)
+            token_sources.extend([-1] * len(fed))
+            if fed[0] == FROM_LAST_STEP:
+                token_sources[-len(fed)] = request.pending_source_row
             positions.extend(range(start, start + len(fed)))
             token_rows.extend([row] * len(fed))
             query_start.append(len(token_ids))
             self_lens.append(start + len(fed))
             last_index.append(len(token_ids) - 1)
 
-        def upload(values: list[int]) -> torch.Tensor:
-            return torch.from_numpy(np.asarray(values, dtype=np.int32)).to(self.device)
-
+        # One upload for every per-token and per-request list.
+        count = len(requests)
+        host = np.asarray(token_ids + token_sources + positions + token_rows + slots + query_start + self_lens
+                          + last_index + list(sot_rows.values()), dtype=np.int64)
+        packed = upload(host, torch.long, self.device)
+        tokens, sources, positions_t, rows_t, pieces = packed.split([len(token_ids)] * 4 + [len(host) - 4 * len(token_ids)])
+        slots_t, query_start_t, self_lens_t, logits_index = pieces.split([count, count + 1, count, len(pieces) - 3 * count - 1])
         step = StepTensors(
-            token_ids=upload(token_ids).long(),
-            positions=upload(positions).long(),
-            token_rows=upload(token_rows).long(),
-            slots=upload(slots).long(),
-            query_start_loc=upload(query_start),
-            self_lens=upload(self_lens),
+            token_ids=tokens,
+            token_sources=sources,
+            positions=positions_t,
+            token_rows=rows_t,
+            slots=slots_t,
+            query_start_loc=query_start_t.int(),
+            self_lens=self_lens_t.int(),
             cross_lens=torch.full((len(requests),), self.cross_len, dtype=torch.int32, device=self.device),
             max_query_len=max(len(r.pending_tokens) for r in requests),
             max_self_len=max(self_lens),
         )
-        logits = self.forward(step, upload(last_index + list(sot_rows.values())).long())
-        at_sot = {row: logits[len(requests) + i] for i, row in enumerate(sot_rows)}
-        return StepLogits(last=logits[: len(requests)], at_sot=at_sot)
+        logits = self.forward(step, logits_index)
+        at_sot = {row: logits[count + i] for i, row in enumerate(sot_rows)}
+        return StepLogits(last=logits[:count], at_sot=at_sot, slots=slots)

@@ -67,6 +67,10 @@ def is_promoted(priority: Priority, waited_s: float, batch_aging_s: float) -> bo
     return priority == Priority.INTERACTIVE or waited_s >= batch_aging_s
 
 
+# A pending token the host does not know yet: the device reads it from the last launched step.
+FROM_LAST_STEP = -1
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -130,8 +134,14 @@ class Request:
     # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch aging counts it.
     waiting_since_s: float = 0.0
     blocks: RequestBlocks = field(default_factory=RequestBlocks)
-    num_computed_tokens: int = 0  # tokens whose K/V sit in the self-attention blocks
-    pending_tokens: list[int] = field(default_factory=list)  # fed at the next step
+    num_computed_tokens: int = 0  # tokens whose K/V sit (or are being written) in the self-attention blocks
+    # Fed at the next step. The first may be FROM_LAST_STEP: the token the last launched step
+    # produced at row ``pending_source_row`` (sampled, or the detected language), not read yet.
+    pending_tokens: list[int] = field(default_factory=list)
+    pending_source_row: int = -1
+    unread_tokens: int = 0  # tokens sampled in launched steps that the host has not read yet
+    launched_in: int = -1  # the last step launched with this request in it
+    epoch: int = 0  # bumped when the window starts again (fallback): rows launched before are stale
     output_tokens: list[int] = field(default_factory=list)
     sum_logprob: float = 0.0
     no_speech_prob: float | None = None

@@ -123,16 +123,23 @@ class Scheduler:
     def num_waiting_of(self, priority: Priority) -> int:
         return sum(1 for request in self.waiting if request.priority == priority)
 
-    def finish(self, request: Request, reason: FinishReason) -> None:
-        """Take a request out, wherever it is, and return its blocks; safe to call once per request."""
+    def finish(self, request: Request, reason: FinishReason, keep_blocks: bool = False) -> None:
+        """Take a request out, wherever it is, and return its blocks; safe to call once per request.
+
+        ``keep_blocks``: a step launched with it may still be running on the device and writing
+        its K/V; the engine calls ``release_blocks`` once that step is done."""
         if request.status == RequestStatus.FINISHED:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         else:
             self.waiting.remove(request)
-        self.pool.free(request.blocks.all_ids())
-        request.blocks.self_block_ids, request.blocks.cross_block_ids = [], []
+        if not keep_blocks:
+            self.release_blocks(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.cross_source = None  # drop the K/V it came with
+
+    def release_blocks(self, request: Request) -> None:
+        self.pool.free(request.blocks.all_ids())
+        request.blocks.self_block_ids, request.blocks.cross_block_ids = [], []

@@ -1,6 +1,7 @@
 """Whisper's logit rules on a whole batch at once, against transformers' processors applied to each
 row alone: the rows differ in history (none yet, text, an open segment, a closed pair, timestamps
-earlier on) and in whether they want timestamps at all."""
+earlier on) and in whether they want timestamps at all. The histories reach the rules the way the
+engine gives them: token by token, through ``record``, into each row's slot on the device."""
 
 from __future__ import annotations
 
@@ -55,20 +56,34 @@ def transformers_rules(logits: torch.Tensor, prompt: list[int], sampled: list[in
     return scores[0]
 
 
+def record_histories(rules: LogitRules, outputs: list[list[int]], timestamps: list[bool]) -> None:
+    """Row i's history into slot i, one sampled token at a time, as the engine records them; rows
+    of different lengths record at different steps, and rows without timestamps record nothing."""
+    for position in range(max(len(sampled) for sampled in outputs)):
+        rows = [row for row, sampled in enumerate(outputs) if len(sampled) > position]
+        tokens = torch.tensor([outputs[row][position] for row in rows])
+        rules.record(tokens, [position == 0] * len(rows), [timestamps[row] for row in rows], rows)
+
+
 def test_batched_rules_match_transformers_row_by_row():
     weights = load_weights("tiny.en")
     tokenizer = WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size)
     special = tokenizer.special
-    rules = LogitRules(tokenizer, weights.dims.vocab_size, weights.suppress_tokens, weights.begin_suppress_tokens,
-                       torch.device("cpu"))
-    begin, vocab = special.timestamp_begin, weights.dims.vocab_size
+    begin = special.timestamp_begin
     rng = random.Random(0)
-    prompt = [special.sot, special.no_timestamps]
     outputs, timestamps = [], []
     for with_timestamps in (True, False):
         for sampled in histories(begin, special.eot, rng):
             outputs.append(sampled)
             timestamps.append(with_timestamps)
+    rules = LogitRules(tokenizer, weights.dims.vocab_size, weights.suppress_tokens, weights.begin_suppress_tokens,
+                       torch.device("cpu"), num_slots=len(outputs))
+    # A slot reused by a new window: what its last owner left there must not count.
+    left_over = [begin + 5 if row % 2 else 11 for row in range(len(outputs))]  # a timestamp or text
+    rules.record(torch.tensor(left_over), [True] * len(outputs), [True] * len(outputs), list(range(len(outputs))))
+    record_histories(rules, outputs, timestamps)
+    vocab = weights.dims.vocab_size
+    prompt = [special.sot, special.no_timestamps]
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(len(outputs), vocab, generator=generator) * 3
     # Make timestamps together likelier than any text token in some rows and not in others, so the
@@ -80,7 +95,7 @@ def test_batched_rules_match_transformers_row_by_row():
     for rows in (list(range(len(outputs))), list(range(0, len(outputs), 2)), [4]):
         # the whole batch, every other row (a gather), one row
         ours = logits[rows].clone()
-        rules.apply(ours, [outputs[row] for row in rows], [timestamps[row] for row in rows])
+        rules.apply(ours, [not outputs[row] for row in rows], [timestamps[row] for row in rows], rows)
         theirs = expected[rows]
         assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), rows
         finite = ~torch.isinf(theirs)
@@ -91,7 +106,7 @@ def test_batched_rules_match_transformers_row_by_row():
     # Each state was told apart. (Timestamps made unlikely here, so that the last rule leaves text be.)
     full = logits.clone()
     full[:, begin:] -= 20.0
-    rules.apply(full, outputs, timestamps)
+    rules.apply(full, [not sampled for sampled in outputs], timestamps, list(range(len(outputs))))
     first_limit = begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
     assert torch.isinf(full[0, :begin]).all()  # the first token is a timestamp, at most 1 s in
     assert not torch.isinf(full[0, begin : first_limit + 1]).any() and torch.isinf(full[0, first_limit + 1 :]).all()
