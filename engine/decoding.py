@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import RequestRejectedError
+from engine.attention.triton_paged import triton_available
 from engine.host_device import upload
+from engine.timestamp_kernels import triton_apply_timestamp_rules, triton_record_timestamps
 from engine.request import DecodeOptions, FallbackOptions, TimedText
 from engine.tokenizer import WhisperTokenizer
 from engine.weights import ModelDims
@@ -86,6 +88,7 @@ class LogitRules:
         begin_suppress_tokens: list[int] | None,
         device: torch.device,
         num_slots: int = 1,
+        use_triton: bool | None = None,
     ):
         special = tokenizer.special
         self.special = special
@@ -106,6 +109,9 @@ class LogitRules:
         # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp or -1].
         self._history = torch.zeros((3, num_slots), dtype=torch.long, device=device)
         self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
+        # On a GPU the timestamp rules run as two Triton kernels (engine/timestamp_kernels.py);
+        # None: there, and as PyTorch operations elsewhere (True runs them under Triton's interpreter).
+        self.use_triton = use_triton if use_triton is not None else device.type == "cuda" and triton_available()
 
     def apply(self, logits: torch.Tensor, first: list[bool], timestamps: list[bool], slots: list[int]) -> None:
         """logits [B, V] float32; per row: is this its first sampled token, does it want timestamps,
@@ -130,6 +136,9 @@ class LogitRules:
         every_row = len(rows) == len(timestamps)
         index = upload([[row for row in rows], [slots[row] for row in rows], [int(first[row]) for row in rows]],
                        torch.long, self.device)
+        if self.use_triton:
+            triton_record_timestamps(tokens, index, self._history, self.special.timestamp_begin)
+            return
         row_index, slot_index, is_first = index[0], index[1], index[2].bool()
         sampled = tokens if every_row else tokens[row_index]
         last_was_stamp, _, last_stamp = self._history[:, slot_index]
@@ -153,6 +162,10 @@ class LogitRules:
         device = logits.device
         every_row = len(rows) == logits.shape[0]
         index = upload([rows, slots, [int(is_first) for is_first in first]], torch.long, device)
+        if self.use_triton:
+            triton_apply_timestamp_rules(logits, index, self._history, begin, eot, self.special.no_timestamps,
+                                         self.max_initial_timestamp + 1 - begin)
+            return
         row_index, slot_index, is_first = index[0], index[1], index[2].bool()
         selected = logits if every_row else logits[row_index]
         last_was_stamp, before_was_stamp, last_stamp = self._history[:, slot_index]

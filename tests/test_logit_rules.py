@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 
+import pytest
 import torch
 from transformers import GenerationConfig
 from transformers.generation.logits_process import (
@@ -16,7 +17,10 @@ from transformers.generation.logits_process import (
 
 from engine.decoding import MAX_INITIAL_TIMESTAMP_S, LogitRules
 from engine.tokenizer import WhisperTokenizer
-from engine.weights import load_weights
+from tests.conftest import bundled_tokenizer
+
+# tiny.en's vocabulary; its tokenizer alone is read (the GPU machine has no bundled weights).
+ENGLISH_VOCAB = 51864
 
 
 def histories(begin: int, eot: int, rng: random.Random) -> list[list[int]]:
@@ -61,13 +65,13 @@ def record_histories(rules: LogitRules, outputs: list[list[int]], timestamps: li
     of different lengths record at different steps, and rows without timestamps record nothing."""
     for position in range(max(len(sampled) for sampled in outputs)):
         rows = [row for row, sampled in enumerate(outputs) if len(sampled) > position]
-        tokens = torch.tensor([outputs[row][position] for row in rows])
+        tokens = torch.tensor([outputs[row][position] for row in rows], device=rules.device)
         rules.record(tokens, [position == 0] * len(rows), [timestamps[row] for row in rows], rows)
 
 
-def test_batched_rules_match_transformers_row_by_row():
-    weights = load_weights("tiny.en")
-    tokenizer = WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size)
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+def test_batched_rules_match_transformers_row_by_row(use_triton):
+    tokenizer = WhisperTokenizer(bundled_tokenizer("tiny.en"), ENGLISH_VOCAB)
     special = tokenizer.special
     begin = special.timestamp_begin
     rng = random.Random(0)
@@ -76,13 +80,16 @@ def test_batched_rules_match_transformers_row_by_row():
         for sampled in histories(begin, special.eot, rng):
             outputs.append(sampled)
             timestamps.append(with_timestamps)
-    rules = LogitRules(tokenizer, weights.dims.vocab_size, weights.suppress_tokens, weights.begin_suppress_tokens,
-                       torch.device("cpu"), num_slots=len(outputs))
+    # The Triton kernels run compiled on a GPU, under Triton's interpreter elsewhere.
+    device = torch.device("cuda" if use_triton and torch.cuda.is_available() else "cpu")
+    # The tokenizer's non-speech tokens and openai-whisper's begin suppression (no model's own lists).
+    rules = LogitRules(tokenizer, ENGLISH_VOCAB, None, None,
+                       device, num_slots=len(outputs), use_triton=use_triton)
     # A slot reused by a new window: what its last owner left there must not count.
     left_over = [begin + 5 if row % 2 else 11 for row in range(len(outputs))]  # a timestamp or text
-    rules.record(torch.tensor(left_over), [True] * len(outputs), [True] * len(outputs), list(range(len(outputs))))
+    rules.record(torch.tensor(left_over, device=device), [True] * len(outputs), [True] * len(outputs), list(range(len(outputs))))
     record_histories(rules, outputs, timestamps)
-    vocab = weights.dims.vocab_size
+    vocab = ENGLISH_VOCAB
     prompt = [special.sot, special.no_timestamps]
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(len(outputs), vocab, generator=generator) * 3
@@ -94,8 +101,9 @@ def test_batched_rules_match_transformers_row_by_row():
     wins = 0
     for rows in (list(range(len(outputs))), list(range(0, len(outputs), 2)), [4]):
         # the whole batch, every other row (a gather), one row
-        ours = logits[rows].clone()
+        ours = logits[rows].to(device)
         rules.apply(ours, [not outputs[row] for row in rows], [timestamps[row] for row in rows], rows)
+        ours = ours.cpu()
         theirs = expected[rows]
         assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), rows
         finite = ~torch.isinf(theirs)
@@ -104,9 +112,10 @@ def test_batched_rules_match_transformers_row_by_row():
         wins += int(torch.isinf(ours[:, :begin]).all(dim=-1).sum())
     assert wins > 0  # some row had text forbidden outright (first token, or the timestamp rule)
     # Each state was told apart. (Timestamps made unlikely here, so that the last rule leaves text be.)
-    full = logits.clone()
+    full = logits.clone().to(device)
     full[:, begin:] -= 20.0
     rules.apply(full, [not sampled for sampled in outputs], timestamps, list(range(len(outputs))))
+    full = full.cpu()
     first_limit = begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
     assert torch.isinf(full[0, :begin]).all()  # the first token is a timestamp, at most 1 s in
     assert not torch.isinf(full[0, begin : first_limit + 1]).any() and torch.isinf(full[0, first_limit + 1 :]).all()
