@@ -28,8 +28,9 @@ from engine.weights import resolve_model_folder  # noqa: E402
 
 # Kernel-name fragments -> the part of the encoder they belong to; the first match wins.
 KINDS = (
-    ("attention (SDPA)", ("fmha", "flash", "cudnn", "attention", "sdpa")),
-    ("convolutions", ("conv", "implicit_gemm", "winograd", "im2col")),
+    # cuDNN's convolution kernels and their layout transforms first: their names say cudnn too.
+    ("convolutions (with their fused bias and GELU)", ("implicit_gemm", "nhwc", "nchw", "conv", "winograd", "im2col")),
+    ("attention (SDPA)", ("fmha", "flash", "sdpa", "attention")),
     ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "splitk", "addmm", "mm_")),
     ("log-mel (FFT)", ("fft", "stft", "radix")),
     ("fused elementwise (norms, GELU, adds)", ("triton_",)),
