@@ -2,7 +2,8 @@
 
 The rules are openai-whisper's (decoding.py): suppress a fixed token list, suppress blank and
 end-of-text at the first sampled position, and, with timestamps on, the timestamp pairing and
-monotonicity rules. Each rule is a small function over one row of logits, so they compose.
+monotonicity rules, applied to a whole batch at once, on the device, with no read back to the host
+(the decode loop runs a step ahead of the host's reading; see engine/engine.py).
 """
 
 from __future__ import annotations
