@@ -19,11 +19,11 @@ import numpy as np
 import torch
 
 from engine.model_runner import ModelRunner, StepTensors
-from engine.request import FROM_LAST_STEP, Request
+from engine.request import Request
 
 # Rows of the static input buffer.
 _TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(6)
-_ROWS = 6
+_ROWS = _CROSS_LEN + 1
 # Pinned host buffers the inputs are staged in, used in turn: while the decode loop runs a step
 # ahead, the copy out of one may still be queued when the next step's inputs are written.
 _HOST_BUFFERS = 2
@@ -100,10 +100,8 @@ class DecodeGraphs:
         host_tensor = self._hosts[turn]
         host = host_tensor.numpy()
         positions = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int32, count=count)
-        tokens = np.fromiter((r.pending_tokens[0] for r in requests), dtype=np.int32, count=count)
-        host[_TOKEN, :count] = tokens
-        host[_SOURCE, :count] = np.where(
-            tokens == FROM_LAST_STEP, np.fromiter((r.pending_source_row for r in requests), dtype=np.int32, count=count), -1)
+        host[_TOKEN, :count] = [r.pending_tokens[0] for r in requests]
+        host[_SOURCE, :count] = [r.fed_from_row for r in requests]
         host[_POSITION, :count] = positions
         host[_SLOT, :count] = slots
         host[_SELF_LEN, :count] = positions + 1

@@ -114,34 +114,37 @@ class LogitRules:
         # None: there, and as PyTorch operations elsewhere (True runs them under Triton's interpreter).
         self.use_triton = use_triton if use_triton is not None else device.type == "cuda" and triton_available()
 
-    def apply(self, logits: torch.Tensor, first: list[bool], timestamps: list[bool], slots: list[int]) -> None:
-        """logits [B, V] float32; per row: is this its first sampled token, does it want timestamps,
-        its slot (whose history ``record`` keeps)."""
+    def timestamp_rows(self, first: list[bool], timestamps: list[bool], slots: list[int]) -> torch.Tensor | None:
+        """Per row of a batch: is this its first sampled token, does it want timestamps, its slot
+        (whose history ``record`` keeps) -> [3, R] on the device for the R rows with timestamps on:
+        their row, slot and first flag (None when no row has them); ``apply`` and ``record`` take it."""
+        rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
+        if not rows:
+            return None
+        return upload([rows, [slots[row] for row in rows], [int(first[row]) for row in rows]], torch.long, self.device)
+
+    def apply(self, logits: torch.Tensor, first: list[bool], stamp_rows: torch.Tensor | None) -> None:
+        """logits [B, V] float32; ``first``: per row, is this its first sampled token;
+        ``stamp_rows``: from ``timestamp_rows``."""
         # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
         logits.index_fill_(1, self.suppress_ids, -math.inf)
         first_rows = [row for row, is_first in enumerate(first) if is_first]
         if first_rows:
             rows = upload(first_rows, torch.long, self.device)
             logits[rows[:, None], self.begin_suppress[None, :]] = -math.inf
-        timestamp_rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
-        if timestamp_rows:
-            self._timestamp_rules(logits, timestamp_rows, [first[row] for row in timestamp_rows],
-                                  [slots[row] for row in timestamp_rows])
+        if stamp_rows is not None:
+            self._timestamp_rules(logits, stamp_rows)
 
-    def record(self, tokens: torch.Tensor, first: list[bool], timestamps: list[bool], slots: list[int]) -> None:
-        """After sampling ``tokens`` [B] (device) for rows like ``apply``'s: the rows with timestamps
-        on update their slot's history, on the device."""
-        rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
-        if not rows:
+    def record(self, tokens: torch.Tensor, stamp_rows: torch.Tensor | None) -> None:
+        """After sampling ``tokens`` [B] (device) for the batch ``stamp_rows`` describes: the rows
+        with timestamps on update their slot's history, on the device."""
+        if stamp_rows is None:
             return
-        every_row = len(rows) == len(timestamps)
-        index = upload([[row for row in rows], [slots[row] for row in rows], [int(first[row]) for row in rows]],
-                       torch.long, self.device)
         if self.use_triton:
-            triton_record_timestamps(tokens, index, self._history, self.special.timestamp_begin)
+            triton_record_timestamps(tokens, stamp_rows, self._history, self.special.timestamp_begin)
             return
-        row_index, slot_index, is_first = index[0], index[1], index[2].bool()
-        sampled = tokens if every_row else tokens[row_index]
+        row_index, slot_index, is_first = stamp_rows[0], stamp_rows[1], stamp_rows[2].bool()
+        sampled = tokens if stamp_rows.shape[1] == tokens.shape[0] else tokens[row_index]
         last_was_stamp, _, last_stamp = self._history[:, slot_index]
         is_stamp = sampled >= self.special.timestamp_begin
         before_was_stamp = is_first | last_was_stamp.bool()  # a first token has none before it: counts as one
@@ -149,8 +152,8 @@ class LogitRules:
         self._history[:, slot_index] = torch.stack([is_stamp.long(), before_was_stamp.long(),
                                                     torch.where(is_stamp, sampled, kept_stamp)])
 
-    def _timestamp_rules(self, logits: torch.Tensor, rows: list[int], first: list[bool], slots: list[int]) -> None:
-        """The timestamp rules for the rows ``rows`` of ``logits``, in place, for all rows at once.
+    def _timestamp_rules(self, logits: torch.Tensor, stamp_rows: torch.Tensor) -> None:
+        """The timestamp rules for the rows ``stamp_rows`` names, in place, for all rows at once.
 
         A row's history decides what it may not emit next: a prefix of the text tokens (none, all
         before end-of-text, or all), and in the timestamp range the ones below a floor and, for the
@@ -161,13 +164,12 @@ class LogitRules:
         begin, eot = self.special.timestamp_begin, self.special.eot
         n_stamps = logits.shape[-1] - begin
         device = logits.device
-        every_row = len(rows) == logits.shape[0]
-        index = upload([rows, slots, [int(is_first) for is_first in first]], torch.long, device)
         if self.use_triton:
-            triton_apply_timestamp_rules(logits, index, self._history, begin, eot, self.special.no_timestamps,
+            triton_apply_timestamp_rules(logits, stamp_rows, self._history, begin, eot, self.special.no_timestamps,
                                          self.max_initial_timestamp + 1 - begin)
             return
-        row_index, slot_index, is_first = index[0], index[1], index[2].bool()
+        every_row = stamp_rows.shape[1] == logits.shape[0]
+        row_index, slot_index, is_first = stamp_rows[0], stamp_rows[1], stamp_rows[2].bool()
         selected = logits if every_row else logits[row_index]
         last_was_stamp, before_was_stamp, last_stamp = self._history[:, slot_index]
         has_history = ~is_first

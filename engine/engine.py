@@ -356,11 +356,12 @@ class DecoderEngine:
         first = [not r.output_tokens and not r.unread_tokens for r in requests]
         timestamps = [r.options.timestamps for r in requests]
         row_slots = slots if every_row else [slots[row] for row in rows]
-        self.rules.apply(row_logits, first, timestamps, row_slots)
+        stamp_rows = self.rules.timestamp_rows(first, timestamps, row_slots)
+        self.rules.apply(row_logits, first, stamp_rows)
         generator_states = {r.request_id: r.generator.get_state() for r in requests
                             if r.generator is not None and r.temperature > 0}
         tokens, logprobs = sample(row_logits, [r.temperature for r in requests], [r.generator for r in requests])
-        self.rules.record(tokens, first, timestamps, row_slots)
+        self.rules.record(tokens, stamp_rows)
         if every_row:
             readback[_TOKEN] = tokens
             readback[_LOGPROB] = logprobs
@@ -400,7 +401,7 @@ class DecoderEngine:
             if row in detect_rows:
                 request.language = self._language_of_token[token]
                 request.prompt_tokens[request.sot_index + 1] = token
-            if request.launched_in == step.step_id and request.pending_tokens[:1] == [FROM_LAST_STEP]:
+            if request.launched_in == step.step_id and request.fed_from_row >= 0:
                 request.pending_tokens[0] = token  # no later step ran it: the next one takes it from the host
             if row not in sampling_rows:
                 continue

@@ -23,7 +23,7 @@ from engine.host_device import upload
 from engine.kv_cache import blocks_needed
 from engine.kv_storage import PagedKVStorage
 from engine.model import DecoderStepMetadata, Whisper
-from engine.request import FROM_LAST_STEP, Request
+from engine.request import Request
 
 
 @dataclass
@@ -138,9 +138,7 @@ class ModelRunner:
             if start <= request.sot_index < start + len(fed):
                 sot_rows[row] = len(token_ids) + request.sot_index - start
             token_ids.extend(fed)
-            token_sources.extend([-1] * len(fed))
-            if fed[0] == FROM_LAST_STEP:
-                token_sources[-len(fed)] = request.pending_source_row
+            token_sources.extend([request.fed_from_row] + [-1] * (len(fed) - 1))
             positions.extend(range(start, start + len(fed)))
             token_rows.extend([row] * len(fed))
             query_start.append(len(token_ids))

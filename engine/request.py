@@ -155,6 +155,11 @@ class Request:
     error_retriable: bool = False
 
     @property
+    def fed_from_row(self) -> int:
+        """The row of the last launched step whose token the first pending token is, or -1 (known here)."""
+        return self.pending_source_row if self.pending_tokens[:1] == [FROM_LAST_STEP] else -1
+
+    @property
     def max_total_tokens(self) -> int:
         # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
         return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)

@@ -66,7 +66,7 @@ def record_histories(rules: LogitRules, outputs: list[list[int]], timestamps: li
     for position in range(max(len(sampled) for sampled in outputs)):
         rows = [row for row, sampled in enumerate(outputs) if len(sampled) > position]
         tokens = torch.tensor([outputs[row][position] for row in rows], device=rules.device)
-        rules.record(tokens, [position == 0] * len(rows), [timestamps[row] for row in rows], rows)
+        rules.record(tokens, rules.timestamp_rows([position == 0] * len(rows), [timestamps[row] for row in rows], rows))
 
 
 @pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
@@ -87,7 +87,8 @@ def test_batched_rules_match_transformers_row_by_row(use_triton):
                        device, num_slots=len(outputs), use_triton=use_triton)
     # A slot reused by a new window: what its last owner left there must not count.
     left_over = [begin + 5 if row % 2 else 11 for row in range(len(outputs))]  # a timestamp or text
-    rules.record(torch.tensor(left_over, device=device), [True] * len(outputs), [True] * len(outputs), list(range(len(outputs))))
+    rules.record(torch.tensor(left_over, device=device),
+                 rules.timestamp_rows([True] * len(outputs), [True] * len(outputs), list(range(len(outputs)))))
     record_histories(rules, outputs, timestamps)
     vocab = ENGLISH_VOCAB
     prompt = [special.sot, special.no_timestamps]
@@ -102,7 +103,8 @@ def test_batched_rules_match_transformers_row_by_row(use_triton):
     for rows in (list(range(len(outputs))), list(range(0, len(outputs), 2)), [4]):
         # the whole batch, every other row (a gather), one row
         ours = logits[rows].to(device)
-        rules.apply(ours, [not outputs[row] for row in rows], [timestamps[row] for row in rows], rows)
+        first = [not outputs[row] for row in rows]
+        rules.apply(ours, first, rules.timestamp_rows(first, [timestamps[row] for row in rows], rows))
         ours = ours.cpu()
         theirs = expected[rows]
         assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), rows
@@ -114,7 +116,8 @@ def test_batched_rules_match_transformers_row_by_row(use_triton):
     # Each state was told apart. (Timestamps made unlikely here, so that the last rule leaves text be.)
     full = logits.clone().to(device)
     full[:, begin:] -= 20.0
-    rules.apply(full, [not sampled for sampled in outputs], timestamps, list(range(len(outputs))))
+    first = [not sampled for sampled in outputs]
+    rules.apply(full, first, rules.timestamp_rows(first, timestamps, list(range(len(outputs)))))
     full = full.cpu()
     first_limit = begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
     assert torch.isinf(full[0, :begin]).all()  # the first token is a timestamp, at most 1 s in
