@@ -37,8 +37,8 @@ import soundfile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
-from engine.audio import SAMPLE_RATE, load_audio_file  # noqa: E402
-from engine.evaluation import load_manifest  # noqa: E402
+from engine.model.audio import SAMPLE_RATE, load_audio_file  # noqa: E402
+from engine.transcribe.evaluation import load_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH_DIR = ROOT / "tests" / "data" / "speech"

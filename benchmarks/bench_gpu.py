@@ -35,14 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_models import SHAPES, engine_model, random_hf_whisper  # noqa: E402
 from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
-from engine.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
+from engine.model.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.encoder_overlap import OverlappedEncoder  # noqa: E402
-from engine.engine import DecoderEngine, EncoderRunner  # noqa: E402
-from engine.kv_cache import blocks_needed  # noqa: E402
-from engine.kv_storage import PagedKVStorage  # noqa: E402
+from engine.encode.overlap import OverlappedEncoder  # noqa: E402
+from engine.decode.engine import DecoderEngine, EncoderRunner  # noqa: E402
+from engine.kv.block_pool import blocks_needed  # noqa: E402
+from engine.kv.storage import PagedKVStorage  # noqa: E402
 from engine.request import CrossKVTensor, DecodeOptions, EncoderStates  # noqa: E402
-from engine.weights import resolve_model_folder  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 
 OUTPUT_TOKENS = 100
 HF_STATIC_LABEL = "transformers (static batches of up to 64, 0.5 s batch wait)"  # its rows in the engine tables

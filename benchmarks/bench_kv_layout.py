@@ -34,8 +34,8 @@ from benchmarks.recording import markdown_table, record, titled_tables  # noqa: 
 from engine.attention.base import PagedAttentionBatch  # noqa: E402
 from engine.attention.triton_paged import TritonPagedBackend  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.kv_storage import PagedKVStorage  # noqa: E402
-from engine.weights import resolve_model_folder  # noqa: E402
+from engine.kv.storage import PagedKVStorage  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 
 HEADS, HEAD_DIM, KEYS, BATCH, LAYERS = 20, 64, 1500, 64, 32  # large-v3's cross-attention
 

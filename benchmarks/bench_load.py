@@ -24,7 +24,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
-from engine.evaluation import load_manifest  # noqa: E402
+from engine.transcribe.evaluation import load_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH_DIR = ROOT / "tests" / "data" / "speech"

@@ -20,13 +20,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
-from engine.audio import N_SAMPLES, load_audio_file  # noqa: E402
+from engine.model.audio import N_SAMPLES, load_audio_file  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decoding import LogitRules  # noqa: E402
-from engine.engine import load_model  # noqa: E402
-from engine.evaluation import load_manifest, word_error_rate  # noqa: E402
-from engine.offline import Transcriber  # noqa: E402
-from engine.weights import resolve_model_folder  # noqa: E402
+from engine.decode.decoding import LogitRules  # noqa: E402
+from engine.decode.engine import load_model  # noqa: E402
+from engine.transcribe.evaluation import load_manifest, word_error_rate  # noqa: E402
+from engine.transcribe.offline import Transcriber  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 

@@ -20,10 +20,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
-from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim  # noqa: E402
+from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.engine import DecoderEngine, EncoderRunner, load_model  # noqa: E402
-from engine.evaluation import load_manifest  # noqa: E402
+from engine.decode.engine import DecoderEngine, EncoderRunner, load_model  # noqa: E402
+from engine.transcribe.evaluation import load_manifest  # noqa: E402
 from engine.request import CrossKVTensor, DecodeOptions  # noqa: E402
 from tests.hf_reference import hf_greedy, hf_model  # noqa: E402
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.engine import LoadedModel, load_model
-from engine.weights import hugging_face_weights
+from engine.decode.engine import LoadedModel, load_model
+from engine.model.weights import hugging_face_weights
 
 SHAPES: dict[str, dict] = {
     "large-v3": dict(vocab_size=51866, num_mel_bins=128, d_model=1280, encoder_layers=32, decoder_layers=32,

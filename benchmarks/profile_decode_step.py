@@ -25,7 +25,7 @@ from benchmarks.bench_gpu import engine_at_batch, peak_bandwidth, step_bytes  # 
 from benchmarks.gpu_models import engine_model, profile_arguments, random_hf_whisper  # noqa: E402
 from benchmarks.recording import markdown_table  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.weights import resolve_model_folder  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 
 # Kernel-name fragments -> the part of the step they belong to; the first match wins.
 KINDS = (

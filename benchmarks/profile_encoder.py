@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_models import SHAPES, engine_model, profile_arguments, random_hf_whisper  # noqa: E402
 from benchmarks.recording import markdown_table  # noqa: E402
-from engine.audio import N_SAMPLES  # noqa: E402
+from engine.model.audio import N_SAMPLES  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.engine import EncoderRunner  # noqa: E402
-from engine.weights import resolve_model_folder  # noqa: E402
+from engine.decode.engine import EncoderRunner  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 
 # Kernel-name fragments -> the part of the encoder they belong to; the first match wins.
 KINDS = (

@@ -20,7 +20,7 @@ import torch
 from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TOTAL_BLOCKS
 from deployments.config import AppConfig
 from deployments.routing import KVRoutingStats
-from engine.engine import DecoderEngine, load_model
+from engine.decode.engine import DecoderEngine, load_model
 from engine.request import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
 from kv_transfer.base import TransferHandle

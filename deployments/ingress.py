@@ -24,13 +24,13 @@ from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, 
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
-from deployments.formats import RESPONSE_FORMATS, to_srt, to_verbose_json, to_vtt, segments_of
+from deployments.http.formats import RESPONSE_FORMATS, to_srt, to_verbose_json, to_vtt, segments_of
 from deployments.metrics import ServingMetrics
 from deployments.encoder import WindowJob
-from engine.audio import SAMPLE_RATE, decode_audio
+from engine.model.audio import SAMPLE_RATE, decode_audio
 from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
 from engine.request import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
-from engine.transcript import (
+from engine.transcribe.windows import (
     AudioWindow, LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows,
 )
 from kv_transfer.base import StagingFullError

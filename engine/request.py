@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import torch
 
-from engine.kv_cache import RequestBlocks
+from engine.kv.block_pool import RequestBlocks
 
 if TYPE_CHECKING:
-    from engine.model_runner import ModelRunner
+    from engine.decode.runner import ModelRunner
 
 
 @dataclass(frozen=True)

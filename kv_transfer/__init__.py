@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kv_storage import PagedKVStorage
+from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import KVReceiver, KVSender
 from kv_transfer.config import TransferConfig
 

@@ -8,7 +8,7 @@ decoder allocated in its paged cache (or ``pull_states`` fetches encoder states,
 
 Block layout: a staged payload of shape [layers, 2, frames, H, D] is cut along frames into blocks
 of ``block_size`` frames, block-major ([num_blocks, layers, 2, block_size, H, D], the last block
-zero-padded), exactly as ``engine.kv_storage.PagedKVStorage`` stores a request's blocks; so block
+zero-padded), exactly as ``engine.kv.storage.PagedKVStorage`` stores a request's blocks; so block
 i of the staging maps onto one contiguous block of the decoder's cache, and one READ moves it.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, Literal
 import torch
 
 from engine.errors import EngineError, RetriableError
-from engine.kv_storage import PagedKVStorage, split_into_blocks
+from engine.kv.storage import PagedKVStorage, split_into_blocks
 
 TransferPayload = Literal["cross_kv", "encoder_states"]
 

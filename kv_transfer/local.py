@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from engine.kv_storage import PagedKVStorage
+from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import KVReceiver, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
 from kv_transfer.staging import StagedEntry, StagingBuffer, StagingSender

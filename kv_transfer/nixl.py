@@ -28,7 +28,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-from engine.kv_storage import PagedKVStorage
+from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
 from kv_transfer.staging import STAGING_ALIGNMENT, StagedEntry, StagingBuffer, StagingSender, synchronize

@@ -20,7 +20,7 @@ import numpy as np
 import ray
 import torch
 
-from engine.kv_storage import PagedKVStorage
+from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
 from kv_transfer.staging import StagedEntry, StagingSender

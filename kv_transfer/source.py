@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.model_runner import ModelRunner
+from engine.decode.runner import ModelRunner
 from kv_transfer.base import KVReceiver, TransferHandle
 
 

@@ -17,9 +17,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.engine import LoadedModel, load_model  # noqa: E402
-from engine.evaluation import SpeechClip, load_manifest  # noqa: E402
-from engine.weights import resolve_model_folder  # noqa: E402
+from engine.decode.engine import LoadedModel, load_model  # noqa: E402
+from engine.transcribe.evaluation import SpeechClip, load_manifest  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 
 SPEECH_DIR = Path(__file__).parent / "data" / "speech"
 

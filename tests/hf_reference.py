@@ -7,7 +7,7 @@ import torch
 from transformers import GenerationConfig, GenerationMixin, WhisperConfig, WhisperForConditionalGeneration
 from transformers.generation.logits_process import LogitsProcessorList, WhisperTimeStampLogitsProcessor
 
-from engine.weights import LoadedWeights, load_weights
+from engine.model.weights import LoadedWeights, load_weights
 
 
 def hf_model(model_name: str) -> tuple[WhisperForConditionalGeneration, LoadedWeights]:

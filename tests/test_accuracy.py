@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import load_model
-from engine.evaluation import ctranslate2_greedy_transcripts, faster_whisper_transcripts, word_error_rate
-from engine.offline import Transcriber
-from engine.transcript import split_windows
-from engine.weights import resolve_model_folder
+from engine.decode.engine import load_model
+from engine.transcribe.evaluation import ctranslate2_greedy_transcripts, faster_whisper_transcripts, word_error_rate
+from engine.transcribe.offline import Transcriber
+from engine.transcribe.windows import split_windows
+from engine.model.weights import resolve_model_folder
 from tests.conftest import english_clips
 
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.alignment import _dtw_path, _merge_punctuation, _split_words
+from engine.decode.alignment import _dtw_path, _merge_punctuation, _split_words
 
 
 def _cheapest_cost(cost: np.ndarray) -> float:

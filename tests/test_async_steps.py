@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import load_audio_file, pad_or_trim
+from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
+from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
 from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
 from tests.conftest import SPEECH_DIR, short_english_clips
 

@@ -7,7 +7,7 @@
 (d) An fp8 (e4m3) cache under an fp32 / fp16 / bf16 query: the reference upcasts it to the query's
     dtype, Triton to fp16 under a 16-bit query (a bf16 query saturated to fp16's range).
 (e) The decoder's other Triton kernel, the residual add fused with the layer norm after it
-    (engine/fused_norm.py), == the eager ops, and greedy decoding through it == transformers.
+    (engine/kernels/fused_norm.py), == the eager ops, and greedy decoding through it == transformers.
 
 Triton on a machine without CUDA runs under its interpreter, TRITON_INTERPRET=1, which
 tests/conftest.py sets before anything imports triton (triton's own library functions are
@@ -29,12 +29,13 @@ from engine.attention.base import PagedAttentionBatch
 from engine.attention.flash_attn_backend import FlashAttnBackend, flash_attn_available
 from engine.attention.registry import kv_cache_dtype_problem, make_attention_backend
 from engine.attention.torch_ref import TorchReferenceBackend
-from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_heads, triton_available
-from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_heads
+from engine.kernels import triton_available
+from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner, load_model
-from engine.fused_norm import triton_add_layer_norm
-from engine.model import add_layer_norm
+from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.kernels.fused_norm import triton_add_layer_norm
+from engine.model.whisper import add_layer_norm
 from engine.request import DecodeOptions
 from tests.conftest import SPEECH_DIR
 from tests.hf_reference import hf_greedy, hf_model
@@ -411,7 +412,7 @@ def test_flash_attn_matches_reference(name, dtype):
 
 
 def test_fused_residual_norm_matches_eager():
-    """engine.fused_norm's kernel == the eager add + layer norm, on ragged widths too."""
+    """engine.kernels.fused_norm's kernel == the eager add + layer norm, on ragged widths too."""
     generator = torch.Generator().manual_seed(0)
     for rows, cols in ((1, 64), (5, 100), (3, 384)):
         x, delta = (torch.randn(2, rows, cols, generator=generator) * 3).to(DEVICE)

@@ -10,7 +10,7 @@ import soundfile
 import torch
 from transformers import WhisperFeatureExtractor
 
-from engine.audio import N_SAMPLES, SAMPLE_RATE, decode_audio, load_audio_file, log_mel_spectrogram, pad_or_trim, resample
+from engine.model.audio import N_SAMPLES, SAMPLE_RATE, decode_audio, load_audio_file, log_mel_spectrogram, pad_or_trim, resample
 from engine.errors import AudioDecodeError
 
 from tests.conftest import english_clips

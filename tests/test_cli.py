@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from engine.cli import main
+from engine.transcribe.cli import main
 from tests.conftest import SPEECH_DIR
 
 

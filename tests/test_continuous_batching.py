@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import pad_or_trim, load_audio_file
+from engine.model.audio import pad_or_trim, load_audio_file
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner
+from engine.decode.engine import DecoderEngine, EncoderRunner
 from engine.errors import CacheFullError
-from engine.kv_cache import BlockPool
+from engine.kv.block_pool import BlockPool
 import time
 
 from engine.request import CrossKVTensor, DecodeOptions, FinishReason, Priority

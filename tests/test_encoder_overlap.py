@@ -1,4 +1,4 @@
-"""Encoding beside decoding (engine/encoder_overlap.py): a batch run on the worker thread yields
+"""Encoding beside decoding (engine/encode/overlap.py): a batch run on the worker thread yields
 what the encoder computes inline, one batch at a time, errors come back to the caller, and the
 offline API transcribes the same text with the encoder overlapped as with it inline.
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import load_audio_file, pad_or_trim
-from engine.encoder_overlap import OverlappedEncoder
-from engine.engine import EncoderRunner
-from engine.offline import Transcriber
+from engine.model.audio import load_audio_file, pad_or_trim
+from engine.encode.overlap import OverlappedEncoder
+from engine.decode.engine import EncoderRunner
+from engine.transcribe.offline import Transcriber
 from engine.request import DecodeOptions
 from tests.conftest import english_clips, short_english_clips
 

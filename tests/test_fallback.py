@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import load_audio_file, pad_or_trim
+from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.decoding import compression_ratio
-from engine.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.decoding import compression_ratio
+from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.request import CrossKVTensor, DecodeOptions, FallbackOptions
 from tests.conftest import SPEECH_DIR
 

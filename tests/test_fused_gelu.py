@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.model import MLP
+from engine.model.whisper import MLP
 
 
 def test_the_fused_mlp_is_the_second_product_of_the_tanh_gelu_of_the_first():

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from benchmarks.gpu_models import engine_model, random_hf_whisper
-from engine.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner
-from engine.evaluation import load_manifest
+from engine.decode.engine import DecoderEngine, EncoderRunner
+from engine.transcribe.evaluation import load_manifest
 from engine.request import CrossKVTensor, DecodeOptions
 from tests.conftest import bundled_tokenizer
 from tests.hf_reference import hf_greedy

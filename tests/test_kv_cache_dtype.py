@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine
-from engine.kv_storage import PagedKVStorage, to_cache_dtype
+from engine.decode.engine import DecoderEngine
+from engine.kv.storage import PagedKVStorage, to_cache_dtype
 
 FP8 = torch.float8_e4m3fn
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
@@ -72,12 +72,12 @@ def test_blocks_written_to_an_fp8_cache_read_back_within_fp8_precision():
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16, FP8])
 def test_the_block_write_kernel_writes_what_the_per_block_copies_write(cache_dtype):
-    """engine/block_write.py's kernel (a GPU's admission path; here under Triton's interpreter, or
+    """engine/kernels/block_write.py's kernel (a GPU's admission path; here under Triton's interpreter, or
     compiled on a GPU machine) == write_sequence's per-block copies on the CPU, from a strided view
     of a projection's product as admission passes it: values, the last block's zeroed padding, and
     no write elsewhere."""
-    from engine.attention.triton_paged import triton_available
-    from engine.block_write import triton_write_sequence
+    from engine.kernels import triton_available
+    from engine.kernels.block_write import triton_write_sequence
 
     if not triton_available():
         pytest.skip("triton is not installed")

@@ -22,11 +22,11 @@ import ray
 import torch
 from pydantic import ValidationError
 
-from engine.audio import load_audio_file, pad_or_trim
+from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner, load_model
-from engine.kv_cache import BlockPool
-from engine.kv_storage import PagedKVStorage, split_into_blocks
+from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.kv.block_pool import BlockPool
+from engine.kv.storage import PagedKVStorage, split_into_blocks
 from engine.request import CrossKVTensor, DecodeOptions, FinishReason
 from kv_transfer import make_receiver, make_sender
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, KVSender, StagingFullError, TransferError, TransferHandle

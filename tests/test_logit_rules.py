@@ -15,8 +15,8 @@ from transformers.generation.logits_process import (
     SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor, WhisperTimeStampLogitsProcessor,
 )
 
-from engine.decoding import MAX_INITIAL_TIMESTAMP_S, LogitRules
-from engine.tokenizer import WhisperTokenizer
+from engine.decode.decoding import MAX_INITIAL_TIMESTAMP_S, LogitRules
+from engine.model.tokenizer import WhisperTokenizer
 from tests.conftest import bundled_tokenizer
 
 # tiny.en's vocabulary; its tokenizer alone is read (the GPU machine has no bundled weights).

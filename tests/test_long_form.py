@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from engine.evaluation import LONG_FORM_CLIP_IDS, ConcatenatedSpeech, long_form_file, word_error_rate
-from engine.offline import Transcriber
+from engine.transcribe.evaluation import LONG_FORM_CLIP_IDS, ConcatenatedSpeech, long_form_file, word_error_rate
+from engine.transcribe.offline import Transcriber
 from engine.request import DecodeOptions
-from engine.transcript import Transcription, split_windows
+from engine.transcribe.windows import Transcription, split_windows
 from tests.conftest import SPEECH_DIR, english_clips
 
 WITH_WORDS = DecodeOptions(timestamps=True, word_timestamps=True)

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from engine.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.errors import RequestRejectedError
-from engine.offline import Transcriber
+from engine.transcribe.offline import Transcriber
 from engine.request import CrossKVTensor, DecodeOptions
 from tests.conftest import SPEECH_DIR
 from tests.hf_reference import hf_greedy, hf_model

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.engine import DecoderEngine, EncoderRunner, load_model
-from engine.model import add_layer_norm
+from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.model.whisper import add_layer_norm
 from engine.request import CrossKVTensor, DecodeOptions
 from tests.conftest import SPEECH_DIR, short_english_clips
 from tests.hf_reference import hf_greedy, hf_model

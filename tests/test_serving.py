@@ -20,10 +20,10 @@ import webvtt
 import yaml
 
 from benchmarks.bench_load import metric_sum, run_load
-from engine.audio import load_audio_file
+from engine.model.audio import load_audio_file
 from engine.request import DecodeOptions, FallbackOptions
 
-from engine.offline import Transcriber
+from engine.transcribe.offline import Transcriber
 from tests.conftest import SPEECH_DIR, english_clips
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -181,7 +181,7 @@ def _encoded(samples: np.ndarray, rate: int, fmt: str, subtype: str) -> bytes:
 
 
 def _jfk_at(rate: int, channels: int = 1, subtype: str = "PCM_16", fmt: str = "WAV") -> bytes:
-    from engine.audio import resample
+    from engine.model.audio import resample
 
     samples = resample(load_audio_file(SPEECH_DIR / "jfk.flac"), 16000, rate)
     return _encoded(np.stack([samples] * channels, axis=1) if channels > 1 else samples, rate, fmt, subtype)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.audio import N_SAMPLES, SAMPLE_RATE, load_audio_file
-from engine.decoding import timed_segments
-from engine.evaluation import word_error_rate
-from engine.offline import Transcriber
+from engine.model.audio import N_SAMPLES, SAMPLE_RATE, load_audio_file
+from engine.decode.decoding import timed_segments
+from engine.transcribe.evaluation import word_error_rate
+from engine.transcribe.offline import Transcriber
 from engine.request import DecodeOptions, DecodeResult, FinishReason, TimedText
-from engine.transcript import SequentialCursor, split_windows
+from engine.transcribe.windows import SequentialCursor, split_windows
 from tests.conftest import english_clips
 
 

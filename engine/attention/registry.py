@@ -6,6 +6,7 @@ import logging
 
 import torch
 
+from engine import kernels
 from engine.attention.base import AttentionBackend
 
 logger = logging.getLogger(__name__)
@@ -24,11 +25,9 @@ def kv_cache_dtype_problem(name: str, cache_dtype: torch.dtype) -> str | None:
 
 def _triton_problem(device: torch.device, dtype: torch.dtype | None = None) -> str | None:
     """Why the triton backend cannot run on ``device`` (with a KV cache of ``dtype``), or None when it can."""
-    from engine.attention import triton_paged
-
-    if not triton_paged.triton_available():
-        return f"the 'triton' package is not importable ({triton_paged._TRITON_IMPORT_ERROR})"
-    if device.type != "cuda" and not triton_paged.triton_interpreting():
+    if not kernels.triton_available():
+        return f"the 'triton' package is not importable ({kernels.TRITON_IMPORT_ERROR})"
+    if device.type != "cuda" and not kernels.triton_interpreting():
         return f"triton kernels need a CUDA device, got {device} (TRITON_INTERPRET=1 runs them on CPU, for tests)"
     if device.type == "cuda" and dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(device) < (8, 9):
         # Triton refuses the e4m3 type below sm_89 ("fp8e4nv data type is not supported on CUDA arch < 89").

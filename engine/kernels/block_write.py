@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.triton_paged import triton_available
+from engine.kernels import tl, triton, triton_available
 
 if triton_available():
-    import triton
-    import triton.language as tl
 
     def _write_sequence_kernel(
         SRC, DST, BLOCK_IDS,

@@ -7,7 +7,7 @@ once per batch size and replayed. What makes a captured step replayable for any 
 * inputs live in one static device buffer, refilled by a single host-to-device copy per step
   (a token sampled by the step before, not read on the host yet, is taken from the runner's
   ``next_tokens`` inside the graph);
-* block tables are gathered on the device from fixed rows (engine.device_tables);
+* block tables are gathered on the device from fixed rows (engine.kv.block_tables);
 * every request's cross-attention length is Whisper's fixed 1500 frames, and the self-attention
   grid is sized for the whole 448-token text context, so kernel grids never depend on the batch;
 * a batch is padded up to the next captured size with rows that write only the null block.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.model_runner import ModelRunner, StepTensors
+from engine.decode.runner import ModelRunner, StepTensors
 from engine.request import Request
 
 # Rows of the static input buffer.

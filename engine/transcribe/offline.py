@@ -2,7 +2,7 @@
 
 A new encoder batch is started whenever the decoder's queue runs low, so the decoder keeps a full
 continuous batch while memory holds only a few batches of K/V. On a GPU the batch is encoded on its
-own stream while the decoder keeps stepping (engine/encoder_overlap.py).
+own stream while the decoder keeps stepping (engine/encode/overlap.py).
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-from engine.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
+from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.encoder_overlap import OverlappedEncoder
-from engine.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
+from engine.encode.overlap import OverlappedEncoder
+from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
 from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FinishReason
-from engine.transcript import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
+from engine.transcribe.windows import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
 
 AudioInput = Union[bytes, str, os.PathLike, np.ndarray]
 

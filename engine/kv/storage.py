@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.triton_paged import triton_available
-from engine.block_write import triton_write_sequence
+from engine.kernels import triton_available
+from engine.kernels.block_write import triton_write_sequence
 
 
 def to_cache_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -78,7 +78,7 @@ class PagedKVStorage:
         """Write one request's K/V for all layers, kv [layers, 2, seq_len, H, D] (any strides, any
         device), into its blocks; the last block's unused slots are zeroed.
 
-        On a GPU one Triton kernel writes every block (engine/block_write.py). Elsewhere, one copy
+        On a GPU one Triton kernel writes every block (engine/kernels/block_write.py). Elsewhere, one copy
         per block, cast on the way, rather than padding, reordering into blocks and scattering the
         whole sequence (on an H100 that took ~1.9 ms of GPU time for a large-v3 request)."""
         seq_len = kv.shape[2]

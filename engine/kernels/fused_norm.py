@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention.triton_paged import triton_available
+from engine.kernels import tl, triton, triton_available
 
 if triton_available():
-    import triton
-    import triton.language as tl
 
     def _add_layer_norm_kernel(
         X, DELTA, WEIGHT, BIAS, SUM_OUT, NORM_OUT,
@@ -49,7 +47,7 @@ _JITTED: dict[str, object] = {}
 def triton_add_layer_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as ``engine.model.add_layer_norm``: (x + delta, layer_norm(x + delta)), x and
+    """Same contract as ``engine.model.whisper.add_layer_norm``: (x + delta, layer_norm(x + delta)), x and
     delta [T, d] with a contiguous last dimension."""
     if "kernel" not in _JITTED:
         _JITTED["kernel"] = triton.jit(_add_layer_norm_kernel)

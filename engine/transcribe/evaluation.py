@@ -47,7 +47,7 @@ class ConcatenatedSpeech:
 
 def concatenate_clips(clips: list[SpeechClip], silence_s: float) -> ConcatenatedSpeech:
     """Built when needed from the speech set, so no long audio sits in the repository."""
-    from engine.audio import SAMPLE_RATE, load_audio_file
+    from engine.model.audio import SAMPLE_RATE, load_audio_file
 
     silence = np.zeros(round(silence_s * SAMPLE_RATE), dtype=np.float32)
     pieces, starts, ends, position = [], [], [], 0

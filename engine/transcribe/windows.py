@@ -13,7 +13,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine.audio import N_SAMPLES, SAMPLE_RATE
+from engine.model.audio import N_SAMPLES, SAMPLE_RATE
 from engine.request import DecodeOptions, DecodeResult
 
 # parallel: windows cut at quiet points, all decoded at once. sequential: openai-whisper's loop,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.host_device import upload
+from engine.decode.host_device import upload
 from engine.request import Request
 
 

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
-from engine.device_tables import DeviceBlockTables
-from engine.host_device import upload
-from engine.kv_cache import blocks_needed
-from engine.kv_storage import PagedKVStorage
-from engine.model import DecoderStepMetadata, Whisper
+from engine.kv.block_tables import DeviceBlockTables
+from engine.decode.host_device import upload
+from engine.kv.block_pool import blocks_needed
+from engine.kv.storage import PagedKVStorage
+from engine.model.whisper import DecoderStepMetadata, Whisper
 from engine.request import Request
 
 
@@ -70,7 +70,7 @@ class ModelRunner:
         # The last launched step's token by row (sampled, or a detected language): what a
         # FROM_LAST_STEP input reads. Written by the engine after sampling, read by the next step.
         self.next_tokens = torch.zeros(max_requests, dtype=torch.long, device=self.device)
-        self.graphs = None  # engine.cuda_graphs.DecodeGraphs, when captured
+        self.graphs = None  # engine.decode.cuda_graphs.DecodeGraphs, when captured
 
     @torch.inference_mode()
     def write_cross_kv_from_states(self, block_ids: list[int], states: torch.Tensor) -> None:

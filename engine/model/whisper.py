@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
-from engine.kv_storage import PagedKVStorage, to_cache_dtype
-from engine.weights import ModelDims
+from engine.kv.storage import PagedKVStorage, to_cache_dtype
+from engine.model.weights import ModelDims
 
 
 @dataclass
@@ -35,7 +35,7 @@ def add_layer_norm(
     """The residual stream ``x + delta``, and that sum layer-normed (the next sublayer's input).
 
     The decoder calls it through ``TextDecoder.add_norm``, which ``fuse_residual_norms`` swaps
-    for one Triton kernel with the same contract (engine/fused_norm.py).
+    for one Triton kernel with the same contract (engine/kernels/fused_norm.py).
     """
     x = x + delta
     return x, F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
@@ -177,7 +177,7 @@ class TextDecoder(nn.Module):
 
     def fuse_residual_norms(self) -> None:
         """Run each residual add and the layer norm after it as one Triton kernel (CUDA)."""
-        from engine.fused_norm import triton_add_layer_norm
+        from engine.kernels.fused_norm import triton_add_layer_norm
 
         self.add_norm = triton_add_layer_norm
 
@@ -219,7 +219,7 @@ class Whisper(nn.Module):
         self.decoder = TextDecoder(dims)
 
     def load_canonical_state_dict(self, state_dict: dict[str, torch.Tensor]) -> None:
-        """Load Hugging Face-named, unfused weights (engine.weights' canonical form), fusing them."""
+        """Load Hugging Face-named, unfused weights (engine.model.weights' canonical form), fusing them."""
         sd = state_dict
         dims = self.dims
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from engine.errors import CacheFullError
-from engine.kv_cache import BlockPool, blocks_needed
+from engine.kv.block_pool import BlockPool, blocks_needed
 from engine.request import FinishReason, Priority, Request, RequestStatus, is_promoted
 
 

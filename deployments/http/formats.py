@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.decoding import compression_ratio
+from engine.decode.decoding import compression_ratio
 from engine.request import TimedText
-from engine.transcript import Transcription
+from engine.transcribe.windows import Transcription
 
 ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")

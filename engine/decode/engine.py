@@ -21,25 +21,25 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.alignment import align_words, alignment_heads_of
+from engine.decode.alignment import align_words, alignment_heads_of
 from engine.attention.registry import make_attention_backend
-from engine.audio import CHUNK_LENGTH_S, N_SAMPLES, log_mel_spectrogram
+from engine.model.audio import CHUNK_LENGTH_S, N_SAMPLES, log_mel_spectrogram
 from engine.config import EngineConfig
-from engine.decoding import (
+from engine.decode.decoding import (
     LogitRules, build_prompt, compression_ratio, detect_language, is_silence, needs_fallback, sample, timed_segments,
 )
 from engine.errors import RetriableError
-from engine.host_device import PendingDownload, upload
-from engine.kv_cache import BlockPool
-from engine.kv_storage import PagedKVStorage, to_cache_dtype
-from engine.model import Whisper
-from engine.model_runner import ModelRunner
+from engine.decode.host_device import PendingDownload, upload
+from engine.kv.block_pool import BlockPool
+from engine.kv.storage import PagedKVStorage, to_cache_dtype
+from engine.model.whisper import Whisper
+from engine.decode.runner import ModelRunner
 from engine.request import (
     FROM_LAST_STEP, CrossKVSource, DecodeOptions, DecodeResult, FinishReason, Request, RequestStatus,
 )
-from engine.scheduler import Scheduler
-from engine.tokenizer import WhisperTokenizer
-from engine.weights import LoadedWeights, load_weights
+from engine.decode.scheduler import Scheduler
+from engine.model.tokenizer import WhisperTokenizer
+from engine.model.weights import LoadedWeights, load_weights
 
 logger = logging.getLogger(__name__)
 
@@ -153,13 +153,13 @@ class DecoderEngine:
         backend = make_attention_backend(config.attention_backend, self.device, block_size=config.block_size,
                                          dtype=cache_dtype)
         if config.fused_decoder_norms and self.device.type == "cuda":
-            from engine.attention.triton_paged import triton_available
+            from engine.kernels import triton_available
 
             if triton_available():
                 loaded.model.decoder.fuse_residual_norms()  # before the decode graphs capture the step
         self.runner = ModelRunner(loaded.model, storage, backend, config.max_num_seqs)
         if config.cuda_graphs and self.device.type == "cuda" and backend.graph_safe:
-            from engine.cuda_graphs import DecodeGraphs
+            from engine.decode.cuda_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(self.runner, config.max_num_seqs)
         self.stepped_prompt_tokens = config.stepped_prompt_tokens

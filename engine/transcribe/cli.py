@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
-    from engine.offline import Transcriber  # heavy imports after argument errors are reported
+    from engine.transcribe.offline import Transcriber  # heavy imports after argument errors are reported
 
     try:
         options = DecodeOptions(language=args.language, task=args.task, temperature=args.temperature,

@@ -3,7 +3,7 @@
 The rules are openai-whisper's (decoding.py): suppress a fixed token list, suppress blank and
 end-of-text at the first sampled position, and, with timestamps on, the timestamp pairing and
 monotonicity rules, applied to a whole batch at once, on the device, with no read back to the host
-(the decode loop runs a step ahead of the host's reading; see engine/engine.py).
+(the decode loop runs a step ahead of the host's reading; see engine/decode/engine.py).
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import RequestRejectedError
-from engine.attention.triton_paged import triton_available
-from engine.host_device import upload
-from engine.timestamp_kernels import triton_apply_timestamp_rules, triton_record_timestamps
+from engine.kernels import triton_available
+from engine.decode.host_device import upload
+from engine.kernels.timestamp_rules import triton_apply_timestamp_rules, triton_record_timestamps
 from engine.request import DecodeOptions, FallbackOptions, TimedText
-from engine.tokenizer import WhisperTokenizer
-from engine.weights import ModelDims
+from engine.model.tokenizer import WhisperTokenizer
+from engine.model.weights import ModelDims
 
 # openai-whisper: the first timestamp may not be later than 1 s into the window.
 MAX_INITIAL_TIMESTAMP_S = 1.0
@@ -110,7 +110,7 @@ class LogitRules:
         # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp or -1].
         self._history = torch.zeros((3, num_slots), dtype=torch.long, device=device)
         self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
-        # On a GPU the timestamp rules run as two Triton kernels (engine/timestamp_kernels.py);
+        # On a GPU the timestamp rules run as two Triton kernels (engine/kernels/timestamp_rules.py);
         # None: there, and as PyTorch operations elsewhere (True runs them under Triton's interpreter).
         self.use_triton = use_triton if use_triton is not None else device.type == "cuda" and triton_available()
 

@@ -19,10 +19,10 @@ import torch
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.torch_ref import TorchReferenceBackend
-from engine.model import DecoderStepMetadata
+from engine.model.whisper import DecoderStepMetadata
 from engine.request import Request, TimedText, TimedWord
-from engine.tokenizer import TIMESTAMP_RESOLUTION_S, WhisperTokenizer
-from engine.weights import LoadedWeights
+from engine.model.tokenizer import TIMESTAMP_RESOLUTION_S, WhisperTokenizer
+from engine.model.weights import LoadedWeights
 
 # openai-whisper's choices: the width of the median filter over audio frames, and the punctuation
 # that joins the word after it (prepended) or before it (appended).

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from engine.engine import EncoderRunner
+from engine.decode.engine import EncoderRunner
 
 
 class OverlappedEncoder:
