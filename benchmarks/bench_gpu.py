@@ -41,7 +41,8 @@ from engine.encode.overlap import OverlappedEncoder  # noqa: E402
 from engine.decode.engine import DecoderEngine, EncoderRunner  # noqa: E402
 from engine.kv.block_pool import blocks_needed  # noqa: E402
 from engine.kv.storage import PagedKVStorage  # noqa: E402
-from engine.request import CrossKVTensor, DecodeOptions, EncoderStates  # noqa: E402
+from engine.kv.sources import CrossKVTensor, EncoderStates  # noqa: E402
+from engine.types import DecodeOptions  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 
 OUTPUT_TOKENS = 100

@@ -28,7 +28,7 @@ from engine.config import EngineConfig  # noqa: E402
 from engine.decode.engine import load_model  # noqa: E402
 from engine.transcribe.evaluation import LONG_FORM_CLIP_IDS, long_form_file, word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
-from engine.request import DecodeOptions  # noqa: E402
+from engine.types import DecodeOptions  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 

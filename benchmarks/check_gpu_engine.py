@@ -24,7 +24,8 @@ from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig  # noqa: E402
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model  # noqa: E402
 from engine.transcribe.evaluation import load_manifest  # noqa: E402
-from engine.request import CrossKVTensor, DecodeOptions  # noqa: E402
+from engine.kv.sources import CrossKVTensor  # noqa: E402
+from engine.types import DecodeOptions  # noqa: E402
 from tests.hf_reference import hf_greedy, hf_model  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"

@@ -21,7 +21,7 @@ from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TO
 from deployments.config import AppConfig
 from deployments.routing import KVRoutingStats
 from engine.decode.engine import DecoderEngine, load_model
-from engine.request import DecodeOptions, DecodeResult, FinishReason, Priority
+from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
 from kv_transfer.base import TransferHandle
 from kv_transfer.source import TransferredCrossKV

@@ -22,7 +22,7 @@ from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
 from engine.model.audio import pad_or_trim
 from engine.decode.engine import EncoderRunner, load_model
-from engine.request import Priority, is_promoted
+from engine.types import Priority, is_promoted
 from kv_transfer import make_sender
 from kv_transfer.base import TransferHandle
 

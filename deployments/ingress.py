@@ -29,7 +29,7 @@ from deployments.metrics import ServingMetrics
 from deployments.encoder import WindowJob
 from engine.model.audio import SAMPLE_RATE, decode_audio
 from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
-from engine.request import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
+from engine.types import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
 from engine.transcribe.windows import (
     AudioWindow, LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows,
 )

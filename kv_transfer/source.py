@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.decode.runner import ModelRunner
+from engine.kv.sources import StateProjection
+from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import KVReceiver, TransferHandle
 
 
@@ -20,8 +21,8 @@ class TransferredCrossKV:
     def discard(self) -> None:
         self.receiver.discard(self.handle)
 
-    def load_into(self, runner: ModelRunner, block_ids: list[int]) -> None:
+    def load_into(self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection) -> None:
         if self.handle.layout.payload == "cross_kv":
-            self.receiver.pull_blocks(self.handle, runner.storage, block_ids)
+            self.receiver.pull_blocks(self.handle, storage, block_ids)
         else:
-            runner.write_cross_kv_from_states(block_ids, self.receiver.pull_states(self.handle))
+            storage.write_sequence(block_ids, project_states(self.receiver.pull_states(self.handle)))

@@ -16,7 +16,8 @@ import torch
 from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
-from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
 from tests.conftest import SPEECH_DIR, short_english_clips
 
 

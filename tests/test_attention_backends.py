@@ -36,7 +36,7 @@ from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.kernels.fused_norm import triton_add_layer_norm
 from engine.model.whisper import add_layer_norm
-from engine.request import DecodeOptions
+from engine.types import DecodeOptions
 from tests.conftest import SPEECH_DIR
 from tests.hf_reference import hf_greedy, hf_model
 from tests.test_parity_hf import decode_alone

@@ -14,7 +14,8 @@ from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool
 import time
 
-from engine.request import CrossKVTensor, DecodeOptions, FinishReason, Priority
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions, FinishReason, Priority
 from tests.conftest import short_english_clips
 
 

@@ -19,7 +19,7 @@ from engine.model.audio import load_audio_file, pad_or_trim
 from engine.encode.overlap import OverlappedEncoder
 from engine.decode.engine import EncoderRunner
 from engine.transcribe.offline import Transcriber
-from engine.request import DecodeOptions
+from engine.types import DecodeOptions
 from tests.conftest import english_clips, short_english_clips
 
 

@@ -14,7 +14,8 @@ from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.decode.decoding import compression_ratio
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
-from engine.request import CrossKVTensor, DecodeOptions, FallbackOptions
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions, FallbackOptions
 from tests.conftest import SPEECH_DIR
 
 
@@ -25,9 +26,9 @@ class CountedLoads:
     kv: CrossKVTensor
     loads: int = 0
 
-    def load_into(self, runner, block_ids):
+    def load_into(self, storage, block_ids, project_states):
         self.loads += 1
-        self.kv.load_into(runner, block_ids)
+        self.kv.load_into(storage, block_ids, project_states)
 
 
 def cross_kv_of(loaded, samples: np.ndarray) -> torch.Tensor:

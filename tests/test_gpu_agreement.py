@@ -19,7 +19,8 @@ from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner
 from engine.transcribe.evaluation import load_manifest
-from engine.request import CrossKVTensor, DecodeOptions
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions
 from tests.conftest import bundled_tokenizer
 from tests.hf_reference import hf_greedy
 

@@ -27,7 +27,8 @@ from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.kv.block_pool import BlockPool
 from engine.kv.storage import PagedKVStorage, split_into_blocks
-from engine.request import CrossKVTensor, DecodeOptions, FinishReason
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions, FinishReason
 from kv_transfer import make_receiver, make_sender
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, KVSender, StagingFullError, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig

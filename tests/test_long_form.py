@@ -9,7 +9,7 @@ import pytest
 
 from engine.transcribe.evaluation import LONG_FORM_CLIP_IDS, ConcatenatedSpeech, long_form_file, word_error_rate
 from engine.transcribe.offline import Transcriber
-from engine.request import DecodeOptions
+from engine.types import DecodeOptions
 from engine.transcribe.windows import Transcription, split_windows
 from tests.conftest import SPEECH_DIR, english_clips
 

@@ -12,7 +12,8 @@ from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.errors import RequestRejectedError
 from engine.transcribe.offline import Transcriber
-from engine.request import CrossKVTensor, DecodeOptions
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions
 from tests.conftest import SPEECH_DIR
 from tests.hf_reference import hf_greedy, hf_model
 

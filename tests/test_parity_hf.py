@@ -9,7 +9,8 @@ from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, 
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.model.whisper import add_layer_norm
-from engine.request import CrossKVTensor, DecodeOptions
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions
 from tests.conftest import SPEECH_DIR, short_english_clips
 from tests.hf_reference import hf_greedy, hf_model
 

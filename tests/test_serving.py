@@ -21,7 +21,7 @@ import yaml
 
 from benchmarks.bench_load import metric_sum, run_load
 from engine.model.audio import load_audio_file
-from engine.request import DecodeOptions, FallbackOptions
+from engine.types import DecodeOptions, FallbackOptions
 
 from engine.transcribe.offline import Transcriber
 from tests.conftest import SPEECH_DIR, english_clips

@@ -10,7 +10,7 @@ from engine.model.audio import N_SAMPLES, SAMPLE_RATE, load_audio_file
 from engine.decode.decoding import timed_segments
 from engine.transcribe.evaluation import word_error_rate
 from engine.transcribe.offline import Transcriber
-from engine.request import DecodeOptions, DecodeResult, FinishReason, TimedText
+from engine.types import DecodeOptions, DecodeResult, FinishReason, TimedText
 from engine.transcribe.windows import SequentialCursor, split_windows
 from tests.conftest import english_clips
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from engine.decode.decoding import compression_ratio
-from engine.request import TimedText
+from engine.types import TimedText
 from engine.transcribe.windows import Transcription
 
 ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]

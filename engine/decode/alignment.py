@@ -20,7 +20,8 @@ import torch
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.torch_ref import TorchReferenceBackend
 from engine.model.whisper import DecoderStepMetadata
-from engine.request import Request, TimedText, TimedWord
+from engine.decode.request import Request
+from engine.types import TimedText, TimedWord
 from engine.model.tokenizer import TIMESTAMP_RESOLUTION_S, WhisperTokenizer
 from engine.model.weights import LoadedWeights
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from engine.decode.runner import ModelRunner, StepTensors
-from engine.request import Request
+from engine.decode.request import Request
 
 # Rows of the static input buffer.
 _TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(6)

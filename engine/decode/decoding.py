@@ -18,7 +18,7 @@ from engine.errors import RequestRejectedError
 from engine.kernels import triton_available
 from engine.decode.host_device import upload
 from engine.kernels.timestamp_rules import triton_apply_timestamp_rules, triton_record_timestamps
-from engine.request import DecodeOptions, FallbackOptions, TimedText
+from engine.types import DecodeOptions, FallbackOptions, TimedText
 from engine.model.tokenizer import WhisperTokenizer
 from engine.model.weights import ModelDims
 

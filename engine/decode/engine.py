@@ -34,9 +34,9 @@ from engine.kv.block_pool import BlockPool
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
 from engine.model.whisper import Whisper
 from engine.decode.runner import ModelRunner
-from engine.request import (
-    FROM_LAST_STEP, CrossKVSource, DecodeOptions, DecodeResult, FinishReason, Request, RequestStatus,
-)
+from engine.decode.request import FROM_LAST_STEP, Request, RequestStatus
+from engine.kv.sources import CrossKVSource
+from engine.types import DecodeOptions, DecodeResult, FinishReason
 from engine.decode.scheduler import Scheduler
 from engine.model.tokenizer import WhisperTokenizer
 from engine.model.weights import LoadedWeights, load_weights
@@ -297,7 +297,7 @@ class DecoderEngine:
         scheduled = self.scheduler.schedule()
         for request in scheduled.admitted:
             try:
-                request.cross_source.load_into(self.runner, request.blocks.cross_block_ids)
+                request.cross_source.load_into(self.runner.storage, request.blocks.cross_block_ids, self.runner.project_cross_kv)
             except Exception as exc:
                 # A failed K/V load (e.g. a transfer error) fails this request only, and frees its blocks.
                 logger.exception("loading cross-attention K/V for %s failed", request.request_id)

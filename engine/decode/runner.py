@@ -23,7 +23,7 @@ from engine.decode.host_device import upload
 from engine.kv.block_pool import blocks_needed
 from engine.kv.storage import PagedKVStorage
 from engine.model.whisper import DecoderStepMetadata, Whisper
-from engine.request import Request
+from engine.decode.request import Request
 
 
 @dataclass
@@ -73,10 +73,10 @@ class ModelRunner:
         self.graphs = None  # engine.decode.cuda_graphs.DecodeGraphs, when captured
 
     @torch.inference_mode()
-    def write_cross_kv_from_states(self, block_ids: list[int], states: torch.Tensor) -> None:
+    def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
+        """One window's encoder states [frames, d_model] -> its cross-attention K/V [layers, 2, frames, H, D]."""
         states = states.to(self.device, next(self.model.parameters()).dtype)
-        cross_kv = self.model.decoder.project_cross_kv(states.unsqueeze(0))[0]
-        self.storage.write_sequence(block_ids, cross_kv)
+        return self.model.decoder.project_cross_kv(states.unsqueeze(0))[0]
 
     def release(self, request_id: str) -> None:
         self.tables.release(request_id)

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 
 from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool, blocks_needed
-from engine.request import FinishReason, Priority, Request, RequestStatus, is_promoted
+from engine.decode.request import Request, RequestStatus
+from engine.types import FinishReason, Priority, is_promoted
 
 
 @dataclass

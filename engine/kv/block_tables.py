@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.decode.host_device import upload
-from engine.request import Request
+from engine.decode.request import Request
 
 
 class DeviceBlockTables:

@@ -9,7 +9,7 @@ import sys
 
 from engine.config import EngineConfig
 from engine.errors import EngineError
-from engine.request import DecodeOptions, FallbackOptions
+from engine.types import DecodeOptions, FallbackOptions
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_o
 from engine.config import EngineConfig
 from engine.encode.overlap import OverlappedEncoder
 from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
-from engine.request import CrossKVTensor, DecodeOptions, DecodeResult, FinishReason
+from engine.kv.sources import CrossKVTensor
+from engine.types import DecodeOptions, DecodeResult, FinishReason
 from engine.transcribe.windows import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
 
 AudioInput = Union[bytes, str, os.PathLike, np.ndarray]

@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 
 from engine.model.audio import N_SAMPLES, SAMPLE_RATE
-from engine.request import DecodeOptions, DecodeResult
+from engine.types import DecodeOptions, DecodeResult
 
 # parallel: windows cut at quiet points, all decoded at once. sequential: openai-whisper's loop,
 # each window conditioned on the text before it and starting where that text's last segment ended.

@@ -1,17 +1,14 @@
-"""What crosses the engine's boundaries: decoding options, a request in flight, its result."""
+"""What crosses the engine's boundary: how to decode a window, who waits for it, what comes back.
+
+Deployments, the offline API and the HTTP layer speak only these; the decode loop's own request
+state (engine/decode/request.py) never leaves the engine.
+"""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol
-
-import torch
-
-from engine.kv.block_pool import RequestBlocks
-
-if TYPE_CHECKING:
-    from engine.decode.runner import ModelRunner
+from dataclasses import dataclass
+from typing import Literal
 
 
 @dataclass(frozen=True)
@@ -67,102 +64,11 @@ def is_promoted(priority: Priority, waited_s: float, batch_aging_s: float) -> bo
     return priority == Priority.INTERACTIVE or waited_s >= batch_aging_s
 
 
-# A pending token the host does not know yet: the device reads it from the last launched step.
-FROM_LAST_STEP = -1
-
-
-class RequestStatus(enum.Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
-
-
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # end of text sampled
     LENGTH = "length"  # max_tokens or the text context reached
     ABORTED = "aborted"
     ERROR = "error"
-
-
-class CrossKVSource(Protocol):
-    """Where a request's cross-attention K/V comes from; loaded into its blocks at admission."""
-
-    def load_into(self, runner: "ModelRunner", block_ids: list[int]) -> None: ...
-
-    def discard(self) -> None:
-        """Give the K/V up unloaded (the request ended before admission); never raises."""
-
-
-@dataclass
-class CrossKVTensor:
-    """Cross-attention K/V already computed in this process: [layers, 2, frames, H, D]."""
-
-    cross_kv: torch.Tensor
-
-    def load_into(self, runner: "ModelRunner", block_ids: list[int]) -> None:
-        runner.storage.write_sequence(block_ids, self.cross_kv)
-
-    def discard(self) -> None:
-        pass  # an in-process tensor: freed with the request
-
-
-@dataclass
-class EncoderStates:
-    """Encoder output [frames, d_model]; the decoder side projects it to cross K/V itself."""
-
-    states: torch.Tensor
-
-    def load_into(self, runner: "ModelRunner", block_ids: list[int]) -> None:
-        runner.write_cross_kv_from_states(block_ids, self.states)
-
-    def discard(self) -> None:
-        pass  # an in-process tensor: freed with the request
-
-
-@dataclass
-class Request:
-    request_id: str
-    prompt_tokens: list[int]  # the whole decoder prompt, <|startofprev|> ... <|notimestamps|>
-    sot_index: int  # position of <|startoftranscript|> in prompt_tokens
-    max_tokens: int
-    options: DecodeOptions
-    cross_source: CrossKVSource | None
-    detect_language: bool = False  # prompt_tokens[sot_index + 1] is a placeholder until detected
-    priority: Priority = Priority.INTERACTIVE
-
-    status: RequestStatus = RequestStatus.WAITING
-    # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch aging counts it.
-    waiting_since_s: float = 0.0
-    blocks: RequestBlocks = field(default_factory=RequestBlocks)
-    num_computed_tokens: int = 0  # tokens whose K/V sit (or are being written) in the self-attention blocks
-    # Fed at the next step. The first may be FROM_LAST_STEP: the token the last launched step
-    # produced at row ``pending_source_row`` (sampled, or the detected language), not read yet.
-    pending_tokens: list[int] = field(default_factory=list)
-    pending_source_row: int = -1
-    unread_tokens: int = 0  # tokens sampled in launched steps that the host has not read yet
-    launched_in: int = -1  # the last step launched with this request in it
-    epoch: int = 0  # bumped when the window starts again (fallback): rows launched before are stale
-    output_tokens: list[int] = field(default_factory=list)
-    sum_logprob: float = 0.0
-    no_speech_prob: float | None = None
-    language: str | None = None
-    generator: torch.Generator | None = None
-    temperature: float = 0.0  # of the current attempt: options.temperatures()[attempt]
-    attempt: int = 0  # how many times fallback has restarted this window
-    audio_duration_s: float | None = None  # of the window's audio, for word alignment; None: 30 s
-    finish_reason: FinishReason | None = None
-    error: str | None = None
-    error_retriable: bool = False
-
-    @property
-    def fed_from_row(self) -> int:
-        """The row of the last launched step whose token the first pending token is, or -1 (known here)."""
-        return self.pending_source_row if self.pending_tokens[:1] == [FROM_LAST_STEP] else -1
-
-    @property
-    def max_total_tokens(self) -> int:
-        # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
-        return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,69 @@
+"""A window's state inside the decode loop: its prompt, blocks, tokens so far and async-step
+bookkeeping. Built by the engine from DecodeOptions, never handed across the package boundary."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.kv.block_pool import RequestBlocks
+from engine.kv.sources import CrossKVSource
+from engine.types import DecodeOptions, FinishReason, Priority
+
+# A pending token the host does not know yet: the device reads it from the last launched step.
+FROM_LAST_STEP = -1
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_tokens: list[int]  # the whole decoder prompt, <|startofprev|> ... <|notimestamps|>
+    sot_index: int  # position of <|startoftranscript|> in prompt_tokens
+    max_tokens: int
+    options: DecodeOptions
+    cross_source: CrossKVSource | None
+    detect_language: bool = False  # prompt_tokens[sot_index + 1] is a placeholder until detected
+    priority: Priority = Priority.INTERACTIVE
+
+    status: RequestStatus = RequestStatus.WAITING
+    # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch aging counts it.
+    waiting_since_s: float = 0.0
+    blocks: RequestBlocks = field(default_factory=RequestBlocks)
+    num_computed_tokens: int = 0  # tokens whose K/V sit (or are being written) in the self-attention blocks
+    # Fed at the next step. The first may be FROM_LAST_STEP: the token the last launched step
+    # produced at row ``pending_source_row`` (sampled, or the detected language), not read yet.
+    pending_tokens: list[int] = field(default_factory=list)
+    pending_source_row: int = -1
+    unread_tokens: int = 0  # tokens sampled in launched steps that the host has not read yet
+    launched_in: int = -1  # the last step launched with this request in it
+    epoch: int = 0  # bumped when the window starts again (fallback): rows launched before are stale
+    output_tokens: list[int] = field(default_factory=list)
+    sum_logprob: float = 0.0
+    no_speech_prob: float | None = None
+    language: str | None = None
+    generator: torch.Generator | None = None
+    temperature: float = 0.0  # of the current attempt: options.temperatures()[attempt]
+    attempt: int = 0  # how many times fallback has restarted this window
+    audio_duration_s: float | None = None  # of the window's audio, for word alignment; None: 30 s
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    error_retriable: bool = False
+
+    @property
+    def fed_from_row(self) -> int:
+        """The row of the last launched step whose token the first pending token is, or -1 (known here)."""
+        return self.pending_source_row if self.pending_tokens[:1] == [FROM_LAST_STEP] else -1
+
+    @property
+    def max_total_tokens(self) -> int:
+        # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
+        return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)
