@@ -36,9 +36,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.gpu_models import SHAPES, engine_model, random_hf_whisper  # noqa: E402
 from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
 from engine.model.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
-from engine.config import EngineConfig  # noqa: E402
+from engine.config import EngineConfig, GPUSwitches  # noqa: E402
 from engine.encode.overlap import OverlappedEncoder  # noqa: E402
-from engine.decode.engine import DecoderEngine, EncoderRunner  # noqa: E402
+from engine.decode.engine import DecoderEngine  # noqa: E402
+from engine.encode.runner import EncoderRunner  # noqa: E402
 from engine.kv.block_pool import blocks_needed  # noqa: E402
 from engine.kv.storage import PagedKVStorage  # noqa: E402
 from engine.kv.sources import CrossKVTensor, EncoderStates  # noqa: E402
@@ -132,8 +133,10 @@ def step_bytes(loaded, batch: int, mean_position: int) -> int:
 def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None, **overrides) -> EngineConfig:
     """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case requests
     (and, if given, another cache dtype and other settings)."""
+    gpu = {key: overrides.pop(key) for key in list(overrides) if key in GPUSwitches.model_fields}
     update = dict(max_num_seqs=max_num_seqs) | (dict(kv_cache_dtype=kv_cache_dtype) if kv_cache_dtype else {}) | overrides
     config = EngineConfig.model_validate(loaded.config.model_dump() | update)
+    config.gpu = config.gpu.model_copy(update=gpu)
     dims = loaded.weights.dims
     blocks = blocks_needed(dims.n_audio_ctx, config.block_size) + blocks_needed(dims.n_text_ctx, config.block_size)
     block_bytes = PagedKVStorage.bytes_per_block(dims.decoder_layers, config.block_size, dims.decoder_heads,
@@ -274,7 +277,7 @@ def bench_engine_ours(loaded, encoder_runner: EncoderRunner, device: str, count:
             next_arrival += 1
         pending = next_arrival - encoded - in_flight
         # Encode when the decoder could admit the batch soon: keeps staged K/V bounded.
-        if not encoder.busy and pending and engine.num_waiting < encoder_batch:
+        if not encoder.busy and pending and engine.stats().num_waiting < encoder_batch:
             in_flight = min(pending, encoder_batch)
             encoder.submit(window[:in_flight])
         states = encoder.take(wait=not engine.has_work) if encoder.busy else None
@@ -410,7 +413,7 @@ def main() -> None:
         hf = random_hf_whisper(shape, device, dtype)
         config = EngineConfig(model=shape, device=device, dtype=str(dtype).removeprefix("torch."),
                               attention_backend=args.attention_backend, kv_cache_dtype=args.kv_cache_dtype,
-                              cuda_graphs=not args.no_cuda_graphs)
+                              gpu={"cuda_graphs": not args.no_cuda_graphs})
         loaded = engine_model(hf, tokenizer_file, config)
         _TOKENIZER = loaded.tokenizer
         encoder_rate = None

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode.engine import load_model  # noqa: E402
+from engine.model.loading import load_model  # noqa: E402
 from engine.transcribe.evaluation import LONG_FORM_CLIP_IDS, long_form_file, word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.model.audio import N_SAMPLES, load_audio_file  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode.decoding import LogitRules  # noqa: E402
-from engine.decode.engine import load_model  # noqa: E402
+from engine.decode.logit_rules import LogitRules  # noqa: E402
+from engine.model.loading import load_model  # noqa: E402
 from engine.transcribe.evaluation import load_manifest, word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
@@ -38,8 +38,8 @@ def timed(fn):
 
 
 def run_ours(clips, in_flight: int):
-    loaded = load_model(EngineConfig(max_num_seqs=max(in_flight, 1), encoder_batch_size=min(in_flight, 8)))
-    transcriber = Transcriber(loaded=loaded)
+    loaded = load_model(EngineConfig(max_num_seqs=max(in_flight, 1)))
+    transcriber = Transcriber(loaded=loaded, encoder_batch_size=min(in_flight, 8))
     audio = [load_audio_file(c.path) for c in clips]
     transcriber.transcribe(audio[:1])  # warm-up
     if in_flight == 1:

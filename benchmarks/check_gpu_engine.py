@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model  # noqa: E402
+from engine.decode.engine import DecoderEngine  # noqa: E402
+from engine.encode.runner import EncoderRunner  # noqa: E402
+from engine.model.loading import load_model  # noqa: E402
 from engine.transcribe.evaluation import load_manifest  # noqa: E402
 from engine.kv.sources import CrossKVTensor  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402

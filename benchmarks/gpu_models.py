@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from engine.config import EngineConfig
-from engine.decode.engine import LoadedModel, load_model
+from engine.model.loading import LoadedModel, load_model
 from engine.model.weights import hugging_face_weights
 
 SHAPES: dict[str, dict] = {

@@ -53,7 +53,7 @@ def main() -> None:
     hf = random_hf_whisper(args.shape, args.device, dtype)
     config = EngineConfig(model=args.shape, device=args.device, dtype=str(dtype).removeprefix("torch."),
                           attention_backend="triton" if args.device.startswith("cuda") else "torch",
-                          cuda_graphs=False, compile_encoder=False, kv_cache_dtype=args.kv_cache_dtype)
+                          kv_cache_dtype=args.kv_cache_dtype, gpu={"cuda_graphs": False, "compile_encoder": False})
     loaded = engine_model(hf, args.tokenizer or resolve_model_folder("base") / "tokenizer.json", config)
     del hf
     engine, requests = engine_at_batch(loaded, args.batch, args.device)

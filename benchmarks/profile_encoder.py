@@ -23,7 +23,7 @@ from benchmarks.gpu_models import SHAPES, engine_model, profile_arguments, rando
 from benchmarks.recording import markdown_table  # noqa: E402
 from engine.model.audio import N_SAMPLES  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode.engine import EncoderRunner  # noqa: E402
+from engine.encode.runner import EncoderRunner  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 
 # Kernel-name fragments -> the part of the encoder they belong to; the first match wins.
@@ -66,7 +66,7 @@ def main() -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     hf = random_hf_whisper(args.shape, args.device, dtype)
     config = EngineConfig(model=args.shape, device=args.device, dtype=str(dtype).removeprefix("torch."),
-                          compile_encoder=False)
+                          gpu={"compile_encoder": False})
     loaded = engine_model(hf, args.tokenizer or resolve_model_folder("base") / "tokenizer.json", config)
     del hf
     if cuda:

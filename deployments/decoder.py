@@ -20,7 +20,8 @@ import torch
 from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TOTAL_BLOCKS
 from deployments.config import AppConfig
 from deployments.routing import KVRoutingStats
-from engine.decode.engine import DecoderEngine, load_model
+from engine.decode.engine import DecoderEngine
+from engine.model.loading import load_model
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
 from kv_transfer.base import TransferHandle
@@ -55,7 +56,7 @@ class DecoderDeployment:
         if config.engine.torch_device.type == "cuda":
             torch.cuda.empty_cache()  # back to the GPU, which an encoder replica may share
         self.engine = DecoderEngine(self.loaded)
-        self.receiver = make_receiver(config.transfer, storage=self.engine.runner.storage)
+        self.receiver = make_receiver(config.transfer, storage=self.engine.storage)
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._waiters_lock = threading.Lock()
         self._work = threading.Event()
@@ -63,8 +64,6 @@ class DecoderDeployment:
         self.windows_decoded = 0
         self.windows_aborted = 0
         self.tokens_generated = 0
-        # A window with default options: what one more routed window reserves.
-        self.blocks_per_window = self.engine.scheduler.blocks_for(self.engine.make_request(DecodeOptions(), None))
         self._routing_reports = itertools.count()
         self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
         self._loop_thread.start()
@@ -79,8 +78,7 @@ class DecoderDeployment:
         """Decode one window whose cross-attention K/V (or states) the handle points at;
         ``audio_duration_s``: how much of the window is audio (word timestamps look only there)."""
         request = self.engine.make_request(options, TransferredCrossKV(handle, self.receiver), request_id=handle.request_id,
-                                           audio_duration_s=audio_duration_s)
-        request.priority = priority
+                                           audio_duration_s=audio_duration_s, priority=priority)
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._waiters_lock:
@@ -135,42 +133,34 @@ class DecoderDeployment:
         for loop, future in waiters:
             loop.call_soon_threadsafe(_fail, future, RuntimeError(message))
 
-    def _waiting_blocks(self) -> int:
-        """Reservations of windows submitted and not admitted yet (those still in the engine's inbox
-        are counted at a default window's size; they reach the scheduler at the next step)."""
-        scheduler = self.engine.scheduler
-        waiting = list(scheduler.waiting)  # a copy: the loop thread changes the list
-        in_inbox = max(0, self.engine.num_waiting - len(waiting))
-        return sum(scheduler.blocks_for(request) for request in waiting) + in_inbox * self.blocks_per_window
-
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve calls this every metrics interval; deployments/autoscaling.py reads it."""
-        pool = self.engine.pool
+        stats = self.engine.stats()
         return {
-            KV_DEMAND_BLOCKS: pool.num_used_blocks + self._waiting_blocks(),
-            KV_TOTAL_BLOCKS: pool.num_blocks,
-            INTERACTIVE_WAITING: self.engine.scheduler.num_waiting_of(Priority.INTERACTIVE),
+            KV_DEMAND_BLOCKS: stats.num_used_blocks + stats.waiting_blocks,
+            KV_TOTAL_BLOCKS: stats.num_total_blocks,
+            INTERACTIVE_WAITING: stats.num_waiting_interactive,
         }
 
     def record_routing_stats(self) -> dict[str, int]:
         """Serve calls this every routing_stats_period_s; deployments/routing.py ranks replicas by it."""
-        pool = self.engine.pool
+        stats = self.engine.stats()
         return KVRoutingStats(
             report_id=next(self._routing_reports),
-            num_total_blocks=pool.num_blocks,
-            num_free_blocks=pool.num_free_blocks,
-            waiting_blocks=self._waiting_blocks(),
-            blocks_per_window=self.blocks_per_window,
+            num_total_blocks=stats.num_total_blocks,
+            num_free_blocks=stats.num_free_blocks,
+            waiting_blocks=stats.waiting_blocks,
+            blocks_per_window=self.engine.blocks_per_window,
         ).as_dict()
 
     def stats(self) -> DecoderStats:
-        pool = self.engine.pool
+        stats = self.engine.stats()
         return DecoderStats(
-            num_free_blocks=pool.num_free_blocks,
-            num_used_blocks=pool.num_used_blocks,
-            num_total_blocks=pool.num_blocks,
-            num_running=len(self.engine.scheduler.running),
-            num_waiting=self.engine.num_waiting,
+            num_free_blocks=stats.num_free_blocks,
+            num_used_blocks=stats.num_used_blocks,
+            num_total_blocks=stats.num_total_blocks,
+            num_running=stats.num_running,
+            num_waiting=stats.num_waiting,
             windows_decoded=self.windows_decoded,
             windows_aborted=self.windows_aborted,
             tokens_generated=self.tokens_generated,

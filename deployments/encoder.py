@@ -21,7 +21,8 @@ import torch
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
 from engine.model.audio import pad_or_trim
-from engine.decode.engine import EncoderRunner, load_model
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import load_model
 from engine.types import Priority, is_promoted
 from kv_transfer import make_sender
 from kv_transfer.base import TransferHandle

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -11,6 +12,74 @@ from engine.attention.registry import kv_cache_dtype_problem
 
 # kv_cache_dtype names -> the cache's torch dtype ("auto" is the model's dtype).
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
+
+# Whisper's own prompt is 2 to 4 tokens (<|startoftranscript|>, language, task, <|notimestamps|>);
+# fed one a step they cost a new request 3 steps more, against an eager step for everyone.
+STEPPED_PROMPT_TOKENS_WITH_GRAPHS = 8
+
+
+@dataclass(frozen=True)
+class ResolvedGPUSwitches:
+    """The switches as they apply on the configured device: each one a plain value."""
+
+    cuda_graphs: bool
+    async_steps: bool
+    stepped_prompt_tokens: int
+    compile_encoder: bool
+    fused_encoder_gelu: bool
+    fused_decoder_norms: bool
+
+
+class GPUSwitches(BaseModel):
+    """Speed switches that matter only on a CUDA device; on a CPU every one of them is off. The
+    measured effect of each is in benchmarks/RESULTS.md."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cuda_graphs: bool = Field(
+        True, description="replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs "
+        "(with an attention backend that can be captured: triton)"
+    )
+    async_steps: bool | None = Field(
+        None, description="launch each decode step before reading the tokens of the one before, so the host's "
+        "work (reading tokens, ending requests, scheduling, preparing inputs) overlaps the GPU's; costs a "
+        "wasted row for each window that ends at end of text. None: on where decode CUDA graphs are captured",
+    )
+    stepped_prompt_tokens: int | None = Field(
+        None, ge=0, description="a prompt of at most this many tokens is fed one token a step, so that a step "
+        "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several tokens "
+        "of one request runs eagerly); a longer prompt (previous text) is fed in one step. None: "
+        f"{STEPPED_PROMPT_TOKENS_WITH_GRAPHS} where decode CUDA graphs are captured, else 0",
+    )
+    compile_encoder: bool = Field(
+        True, description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
+        "between the matrix products); start-up takes ~1 min longer"
+    )
+    fused_encoder_gelu: bool = Field(
+        True, description="in bf16 or fp16, apply the encoder MLPs' GELU in the first product's cuBLASLt "
+        "epilogue, in its tanh form (error under bf16's rounding); fp32 keeps the exact GELU",
+    )
+    fused_decoder_norms: bool = Field(
+        True, description="run each residual add in the decoder and the layer norm after it as one Triton kernel"
+    )
+
+    def resolve(self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True) -> ResolvedGPUSwitches:
+        """The switches on ``device_type`` in ``dtype``; ``graphs_capturable``: whether the attention
+        backend in use can be captured in a CUDA graph (known once it is built)."""
+        on_cuda = device_type == "cuda"
+        graphs = on_cuda and self.cuda_graphs and graphs_capturable
+        stepped = self.stepped_prompt_tokens
+        if stepped is None:
+            stepped = STEPPED_PROMPT_TOKENS_WITH_GRAPHS if graphs else 0
+        return ResolvedGPUSwitches(
+            cuda_graphs=graphs,
+            # A CPU computes as it launches: nothing to overlap, unless asked for (tests do).
+            async_steps=self.async_steps if self.async_steps is not None else graphs,
+            stepped_prompt_tokens=stepped,
+            compile_encoder=on_cuda and self.compile_encoder,
+            fused_encoder_gelu=on_cuda and self.fused_encoder_gelu and dtype in (torch.bfloat16, torch.float16),
+            fused_decoder_norms=on_cuda and self.fused_decoder_norms,
+        )
 
 
 class EngineConfig(BaseModel):
@@ -43,36 +112,7 @@ class EngineConfig(BaseModel):
         "kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot read it",
     )
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
-    cuda_graphs: bool = Field(
-        True, description="on CUDA, replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs"
-    )
-    stepped_prompt_tokens: int | None = Field(
-        None, ge=0, description="a prompt of at most this many tokens is fed one token a step, so that a step "
-        "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several tokens "
-        "of one request runs eagerly: on an H100, large-v3, 256 requests, ~65 ms against ~14); a longer prompt "
-        "(previous text) is fed in one step. None: 8 when decode CUDA graphs are captured, else 0 (no graphs, "
-        "nothing to keep replayable)",
-    )
-    async_steps: bool | None = Field(
-        None, description="launch each decode step before reading the tokens of the one before, so the host's "
-        "work (reading tokens, ending requests, scheduling, preparing inputs) overlaps the GPU's; costs a "
-        "wasted row for each window that ends at end of text. None: on where decode CUDA graphs are captured "
-        "(the GPU), off elsewhere (a CPU computes as it launches: nothing to overlap)",
-    )
-    compile_encoder: bool = Field(
-        True, description="on CUDA, compile the encoder with torch.compile (fuses the norms, GELUs and "
-        "layout copies between the matrix products); start-up takes ~1 min longer"
-    )
-    fused_encoder_gelu: bool = Field(
-        True, description="on CUDA in bf16 or fp16, apply the encoder MLPs' GELU in the first product's cuBLASLt "
-        "epilogue, in its tanh form (error under bf16's rounding): on an H100, large-v3, 207 -> 222 windows/s. "
-        "fp32 keeps the exact GELU",
-    )
-    fused_decoder_norms: bool = Field(
-        True, description="on CUDA, run each residual add in the decoder and the layer norm after it as "
-        "one Triton kernel: 97 kernels fewer per large-v3 decode step"
-    )
-    encoder_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
+    gpu: GPUSwitches = Field(default_factory=GPUSwitches, description="switches that matter on CUDA only")
 
     @field_validator("block_size")
     @classmethod
@@ -114,6 +154,10 @@ class EngineConfig(BaseModel):
             raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} with attention_backend "
                              f"{self.attention_backend!r}: {problem}")
         return self
+
+    def gpu_switches(self, graphs_capturable: bool = True) -> ResolvedGPUSwitches:
+        """The GPU switches resolved against this config's device and dtype (the one place that does)."""
+        return self.gpu.resolve(self.torch_device.type, self.torch_dtype, graphs_capturable)
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -17,7 +17,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode.engine import LoadedModel, load_model  # noqa: E402
+from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from engine.transcribe.evaluation import SpeechClip, load_manifest  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 

@@ -13,7 +13,7 @@ import torch
 
 from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import load_model
+from engine.model.loading import load_model
 from engine.transcribe.evaluation import ctranslate2_greedy_transcripts, faster_whisper_transcripts, word_error_rate
 from engine.transcribe.offline import Transcriber
 from engine.transcribe.windows import split_windows

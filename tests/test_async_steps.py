@@ -15,7 +15,9 @@ import torch
 
 from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import LoadedModel, load_model
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
 from tests.conftest import SPEECH_DIR, short_english_clips
@@ -39,7 +41,8 @@ def cross_kvs_of(loaded: LoadedModel, paths) -> list[torch.Tensor]:
 def decode_all(loaded: LoadedModel, submissions: list[Submission], async_steps: bool,
                abort: tuple[int, str] | None = None, **config) -> dict[str, DecodeResult]:
     """Run the submissions to the end; ``abort``: (step, request id) to abort before that step."""
-    engine = DecoderEngine(loaded, EngineConfig(**{**loaded.config.model_dump(), **config, "async_steps": async_steps}))
+    gpu = {**loaded.config.gpu.model_dump(), **config, "async_steps": async_steps}
+    engine = DecoderEngine(loaded, EngineConfig(**{**loaded.config.model_dump(), "gpu": gpu}))
     assert engine.async_steps is async_steps
     results: dict[str, DecodeResult] = {}
     for step in range(5_000):

@@ -33,7 +33,9 @@ from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_hea
 from engine.kernels import triton_available
 from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import load_model
 from engine.kernels.fused_norm import triton_add_layer_norm
 from engine.model.whisper import add_layer_norm
 from engine.types import DecodeOptions
@@ -427,7 +429,7 @@ def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whis
     """The decoder with engine.fused_decoder_norms' kernel stays token-exact with transformers."""
     reference, _ = hf_model(str(random_whisper_folder))
     loaded = load_model(EngineConfig(model=str(random_whisper_folder), device=DEVICE.type, dtype="float32",
-                                     block_size=8, kv_cache_memory_mb=64, compile_encoder=False))
+                                     block_size=8, kv_cache_memory_mb=64, gpu={"compile_encoder": False}))
     loaded.model.decoder.fuse_residual_norms()
     assert loaded.model.decoder.add_norm is triton_add_layer_norm
     engine = DecoderEngine(loaded)

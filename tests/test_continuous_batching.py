@@ -9,7 +9,8 @@ import torch
 
 from engine.model.audio import pad_or_trim, load_audio_file
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
 from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool
 import time
@@ -75,13 +76,13 @@ def test_prompts_fed_a_token_a_step_decode_what_one_prompt_step_decodes(tiny_en,
     options = [DecodeOptions(max_tokens=6 + 3 * i, timestamps=i % 2 == 1) for i in range(8)]
     outcomes = []
     for stepped in (0, 8):
-        engine = engine_with(tiny_en, block_size=16, stepped_prompt_tokens=stepped)
+        engine = engine_with(tiny_en, block_size=16, gpu={"stepped_prompt_tokens": stepped})
         fed_per_request: list[int] = []
         execute = engine.runner.execute
 
-        def execute_and_note(requests, execute=execute, fed=fed_per_request):  # observes what each step feeds
-            fed.extend(len(r.pending_tokens) for r in requests)
-            return execute(requests)
+        def execute_and_note(step, execute=execute, fed=fed_per_request):  # observes what each step feeds
+            fed.extend(len(row.tokens) for row in step.rows)
+            return execute(step)
 
         engine.runner.execute = execute_and_note
         results = {}

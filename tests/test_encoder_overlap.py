@@ -17,7 +17,7 @@ import torch
 
 from engine.model.audio import load_audio_file, pad_or_trim
 from engine.encode.overlap import OverlappedEncoder
-from engine.decode.engine import EncoderRunner
+from engine.encode.runner import EncoderRunner
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions
 from tests.conftest import english_clips, short_english_clips
@@ -68,8 +68,8 @@ def test_the_offline_api_transcribes_the_same_with_the_encoder_overlapped(tiny_e
     inline.encoder = OverlappedEncoder(inline.encoder.runner, project_cross_kv=True, overlap=False)
     overlapped = Transcriber(loaded=tiny_en)
     overlapped.encoder = OverlappedEncoder(overlapped.encoder.runner, project_cross_kv=True, overlap=True)
-    overlapped.config = overlapped.config.model_copy(update=dict(encoder_batch_size=2))  # several batches in flight in turn
-    inline.config = overlapped.config
+    overlapped.encoder_batch_size = 2  # several batches in flight in turn
+    inline.encoder_batch_size = 2
     with overlapped:
         expected = [t.text for t in inline.transcribe(paths, options)]
         assert [t.text for t in overlapped.transcribe(paths, options)] == expected

@@ -12,8 +12,10 @@ import torch
 
 from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.decoding import compression_ratio
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.fallback import compression_ratio
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import load_model
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, FallbackOptions
 from tests.conftest import SPEECH_DIR

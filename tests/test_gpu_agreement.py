@@ -17,7 +17,8 @@ import torch
 from benchmarks.gpu_models import engine_model, random_hf_whisper
 from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
 from engine.transcribe.evaluation import load_manifest
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions

@@ -24,7 +24,9 @@ from pydantic import ValidationError
 
 from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import load_model
 from engine.kv.block_pool import BlockPool
 from engine.kv.storage import PagedKVStorage, split_into_blocks
 from engine.kv.sources import CrossKVTensor

@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
     SuppressTokensAtBeginLogitsProcessor, SuppressTokensLogitsProcessor, WhisperTimeStampLogitsProcessor,
 )
 
-from engine.decode.decoding import MAX_INITIAL_TIMESTAMP_S, LogitRules
+from engine.decode.logit_rules import LogitRules, MAX_INITIAL_TIMESTAMP_S
 from engine.model.tokenizer import WhisperTokenizer
 from tests.conftest import bundled_tokenizer
 

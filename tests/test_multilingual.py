@@ -9,7 +9,9 @@ import torch
 
 from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import load_model
 from engine.errors import RequestRejectedError
 from engine.transcribe.offline import Transcriber
 from engine.kv.sources import CrossKVTensor
@@ -89,7 +91,7 @@ def test_a_random_multilingual_model_detects_the_language_transformers_ranks_fir
     random_multilingual_whisper_folder, language, task, stepped_prompt_tokens
 ):
     loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder), block_size=8, kv_cache_memory_mb=64,
-                                     stepped_prompt_tokens=stepped_prompt_tokens))
+                                     gpu={"stepped_prompt_tokens": stepped_prompt_tokens}))
     reference, _ = hf_model(str(random_multilingual_whisper_folder))
     tokenizer = loaded.tokenizer
     audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]

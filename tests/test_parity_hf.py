@@ -7,7 +7,9 @@ import torch
 
 from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import load_model
 from engine.model.whisper import add_layer_norm
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions
@@ -44,7 +46,8 @@ PROMPT_CASES = [
 @pytest.mark.parametrize("options", PROMPT_CASES)
 def test_random_small_whisper_decodes_the_same_tokens_as_transformers(random_setup, options, stepped_prompt_tokens):
     loaded, reference = random_setup
-    engine = DecoderEngine(loaded, EngineConfig(**loaded.config.model_dump() | dict(stepped_prompt_tokens=stepped_prompt_tokens)))
+    gpu = {"stepped_prompt_tokens": stepped_prompt_tokens}
+    engine = DecoderEngine(loaded, EngineConfig(**loaded.config.model_dump() | dict(gpu=gpu)))
     audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
     encoder = EncoderRunner(loaded)
     with torch.inference_mode():

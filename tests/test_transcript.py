@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.model.audio import N_SAMPLES, SAMPLE_RATE, load_audio_file
-from engine.decode.decoding import timed_segments
+from engine.decode.results import timed_segments
 from engine.transcribe.evaluation import word_error_rate
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, DecodeResult, FinishReason, TimedText

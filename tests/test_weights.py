@@ -88,7 +88,8 @@ def test_unknown_names_and_uncached_hub_ids_raise_model_not_found(tmp_path, monk
 def test_encoder_side_keeps_only_the_cross_kv_projections_and_projects_the_same(random_whisper_folder):
     """What an encoder replica frees of the decoder leaves its cross-K/V unchanged."""
     from engine.config import EngineConfig
-    from engine.decode.engine import EncoderRunner, load_model
+    from engine.encode.runner import EncoderRunner
+    from engine.model.loading import load_model
 
     config = EngineConfig(model=str(random_whisper_folder))
     full, trimmed = load_model(config), load_model(config)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from engine.decode.decoding import compression_ratio
+from engine.decode.fallback import compression_ratio
 from engine.types import TimedText
 from engine.transcribe.windows import Transcription
 

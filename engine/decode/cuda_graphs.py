@@ -18,8 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.decode.runner import ModelRunner, StepTensors
-from engine.decode.request import Request
+from engine.decode.runner import ModelRunner, StepInput, StepTensors
 
 # Rows of the static input buffer.
 _TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(6)
@@ -84,13 +83,14 @@ class DecodeGraphs:
             self._graphs[size] = graph
         torch.cuda.synchronize(self.runner.device)
 
-    def fits(self, requests: list[Request]) -> bool:
+    def fits(self, step: StepInput) -> bool:
         """A step of a captured size that feeds one token per request (sampled, or a prompt's)."""
-        return len(requests) <= self.sizes[-1] and all(len(r.pending_tokens) == 1 for r in requests)
+        return len(step.rows) <= self.sizes[-1] and all(len(row.tokens) == 1 for row in step.rows)
 
-    def replay(self, requests: list[Request], slots: list[int]) -> torch.Tensor:
-        """Run the step; returns float32 logits [len(requests), vocab] (a view, valid until the next replay)."""
-        count = len(requests)
+    def replay(self, step: StepInput) -> torch.Tensor:
+        """Run the step; returns float32 logits [len(step.rows), vocab] (a view, valid until the next replay)."""
+        rows = step.rows
+        count = len(rows)
         size = next(s for s in self.sizes if s >= count)
         turn = self._turn
         self._turn = (turn + 1) % _HOST_BUFFERS
@@ -99,11 +99,11 @@ class DecodeGraphs:
         self._copied[turn].synchronize()
         host_tensor = self._hosts[turn]
         host = host_tensor.numpy()
-        positions = np.fromiter((r.num_computed_tokens for r in requests), dtype=np.int32, count=count)
-        host[_TOKEN, :count] = [r.pending_tokens[0] for r in requests]
-        host[_SOURCE, :count] = [r.fed_from_row for r in requests]
+        positions = np.fromiter((row.start for row in rows), dtype=np.int32, count=count)
+        host[_TOKEN, :count] = [row.tokens[0] for row in rows]
+        host[_SOURCE, :count] = [row.source_row for row in rows]
         host[_POSITION, :count] = positions
-        host[_SLOT, :count] = slots
+        host[_SLOT, :count] = step.slots
         host[_SELF_LEN, :count] = positions + 1
         host[_CROSS_LEN, :count] = self.runner.cross_len
         host[:, count:size] = self._padding

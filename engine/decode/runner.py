@@ -1,4 +1,4 @@
-"""Tensors in, logits out: turns a scheduled batch of requests into one decoder forward.
+"""Tensors in, logits out: turns one step's rows (slots, fed tokens, positions) into a decoder forward.
 
 It owns the decoder weights, the KV tensors, the device block tables and the attention backend;
 it knows nothing of scheduling or decoding rules. A step whose requests each feed one token (a
@@ -23,7 +23,26 @@ from engine.decode.host_device import upload
 from engine.kv.block_pool import blocks_needed
 from engine.kv.storage import PagedKVStorage
 from engine.model.whisper import DecoderStepMetadata, Whisper
-from engine.decode.request import Request
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """What the runner needs of one request in a step (never the request itself)."""
+
+    slot: int  # its block-table row
+    tokens: list[int]  # fed this step; the first may be FROM_LAST_STEP
+    source_row: int  # the row of the last launched step whose token a FROM_LAST_STEP means, or -1
+    start: int  # position of the first fed token
+    sot_offset: int  # index of <|startoftranscript|> in ``tokens``, or -1 when it is not fed
+
+
+@dataclass(frozen=True)
+class StepInput:
+    rows: list[StepRow]
+
+    @property
+    def slots(self) -> list[int]:
+        return [row.slot for row in self.rows]
 
 
 @dataclass
@@ -114,16 +133,17 @@ class ModelRunner:
             hidden = hidden[logits_index]
         return self.model.decoder.logits(hidden).float()
 
-    def execute(self, requests: list[Request]) -> StepLogits:
-        slots = [self.tables.slot_of(request) for request in requests]
-        if self.graphs is not None and self.graphs.fits(requests):
-            last = self.graphs.replay(requests, slots)
+    def execute(self, step: StepInput) -> StepLogits:
+        slots = step.slots
+        if self.graphs is not None and self.graphs.fits(step):
+            last = self.graphs.replay(step)
             # Every row fed one token: a row that fed <|startoftranscript|> has those logits in ``last``.
-            at_sot = {row: last[row] for row, r in enumerate(requests) if r.num_computed_tokens == r.sot_index}
+            at_sot = {index: last[index] for index, row in enumerate(step.rows) if row.sot_offset == 0}
             return StepLogits(last=last, at_sot=at_sot, slots=slots)
-        return self._execute_eager(requests, slots)
+        return self._execute_eager(step)
 
-    def _execute_eager(self, requests: list[Request], slots: list[int]) -> StepLogits:
+    def _execute_eager(self, step_input: StepInput) -> StepLogits:
+        rows, slots = step_input.rows, step_input.slots
         token_ids: list[int] = []
         token_sources: list[int] = []
         positions: list[int] = []
@@ -132,21 +152,21 @@ class ModelRunner:
         self_lens: list[int] = []
         last_index: list[int] = []
         sot_rows: dict[int, int] = {}
-        for row, request in enumerate(requests):
-            start = request.num_computed_tokens
-            fed = request.pending_tokens
-            if start <= request.sot_index < start + len(fed):
-                sot_rows[row] = len(token_ids) + request.sot_index - start
+        for index, row in enumerate(rows):
+            start = row.start
+            fed = row.tokens
+            if row.sot_offset >= 0:
+                sot_rows[index] = len(token_ids) + row.sot_offset
             token_ids.extend(fed)
-            token_sources.extend([request.fed_from_row] + [-1] * (len(fed) - 1))
+            token_sources.extend([row.source_row] + [-1] * (len(fed) - 1))
             positions.extend(range(start, start + len(fed)))
-            token_rows.extend([row] * len(fed))
+            token_rows.extend([index] * len(fed))
             query_start.append(len(token_ids))
             self_lens.append(start + len(fed))
             last_index.append(len(token_ids) - 1)
 
         # One upload for every per-token and per-request list.
-        count = len(requests)
+        count = len(rows)
         host = np.asarray(token_ids + token_sources + positions + token_rows + slots + query_start + self_lens
                           + last_index + list(sot_rows.values()), dtype=np.int64)
         packed = upload(host, torch.long, self.device)
@@ -160,10 +180,10 @@ class ModelRunner:
             slots=slots_t,
             query_start_loc=query_start_t.int(),
             self_lens=self_lens_t.int(),
-            cross_lens=torch.full((len(requests),), self.cross_len, dtype=torch.int32, device=self.device),
-            max_query_len=max(len(r.pending_tokens) for r in requests),
+            cross_lens=torch.full((count,), self.cross_len, dtype=torch.int32, device=self.device),
+            max_query_len=max(len(row.tokens) for row in rows),
             max_self_len=max(self_lens),
         )
         logits = self.forward(step, logits_index)
-        at_sot = {row: logits[count + i] for i, row in enumerate(sot_rows)}
+        at_sot = {index: logits[count + i] for i, index in enumerate(sot_rows)}
         return StepLogits(last=logits[:count], at_sot=at_sot, slots=slots)

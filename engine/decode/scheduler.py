@@ -20,16 +20,26 @@ behind a batch backlog as alone, while batch work loses at most ``batch_aging_s`
 ``interactive_reserved_seqs`` keeps that many sequence slots, and room in the pool for that many
 more requests of the same size, out of batch work's reach, so an interactive request arriving
 behind a batch backlog is admitted at the next step instead of waiting for batch windows to finish.
+
+After a step is read, ``update_from_output`` appends each row's token to its request and says
+which requests reached a stop (end of text, or their length); the engine decides whether such a
+request restarts (fallback) or finishes. A request finished while a step launched with it is
+still on the device keeps its blocks until that step has been read (``step_read``).
+
+Time comes from an injected clock (``time.monotonic`` by default), so the policy is testable
+without sleeping.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.decode.request import Request, RequestStatus
+from engine.decode.step_output import StepOutput
 from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool, blocks_needed
-from engine.decode.request import Request, RequestStatus
 from engine.types import FinishReason, Priority, is_promoted
 
 
@@ -48,8 +58,14 @@ class Scheduler:
         max_num_batched_tokens: int,
         interactive_reserved_seqs: int = 0,
         batch_aging_s: float = 30.0,
+        eot: int | None = None,
+        n_text_ctx: int = 448,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.pool = pool
+        self.eot = eot  # end of text: a sampled eot stops a request (None: only length stops)
+        self.n_text_ctx = n_text_ctx
+        self.clock = clock
         self.cross_blocks_per_request = blocks_needed(cross_tokens_per_request, pool.block_size)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -57,6 +73,8 @@ class Scheduler:
         self.batch_aging_s = batch_aging_s
         self.waiting: list[Request] = []  # in arrival order
         self.running: list[Request] = []
+        self.last_read_step = -1  # steps launched after it may still be on the device
+        self._held: list[Request] = []  # finished, their blocks held until their last step is read
 
     def blocks_for(self, request: Request) -> int:
         return self.cross_blocks_per_request + blocks_needed(request.max_total_tokens, self.pool.block_size)
@@ -68,7 +86,7 @@ class Scheduler:
                 f"cache has {self.pool.num_blocks}: raise kv_cache_memory_mb"
             )
         request.status = RequestStatus.WAITING
-        request.waiting_since_s = time.monotonic()
+        request.waiting_since_s = self.clock()
         self.waiting.append(request)
 
     @property
@@ -78,7 +96,7 @@ class Scheduler:
     def schedule(self) -> ScheduledStep:
         budget = self.max_num_batched_tokens - sum(len(r.pending_tokens) for r in self.running)
         admitted: list[Request] = []
-        now = time.monotonic()
+        now = self.clock()
         while self.waiting:
             request = self._next_to_admit(now)
             needed = self.blocks_for(request)
@@ -124,18 +142,58 @@ class Scheduler:
     def num_waiting_of(self, priority: Priority) -> int:
         return sum(1 for request in self.waiting if request.priority == priority)
 
-    def finish(self, request: Request, reason: FinishReason, keep_blocks: bool = False) -> None:
+    def update_from_output(self, output: StepOutput) -> list[tuple[Request, FinishReason]]:
+        """Append a read step's tokens to their requests; return the requests that reached a stop."""
+        stopped: list[tuple[Request, FinishReason]] = []
+        for row, request in enumerate(output.batch):
+            if request.status == RequestStatus.FINISHED or request.epoch != output.epochs[row]:
+                continue  # ended, or started again, since: the row is stale
+            token = output.tokens[row]
+            if row in output.no_speech_probs:
+                request.no_speech_prob = output.no_speech_probs[row]
+            if row in output.languages:
+                request.language = output.languages[row]
+                request.prompt_tokens[request.sot_index + 1] = token
+            if request.launched_in == output.step_id and request.fed_from_row >= 0:
+                request.pending_tokens[0] = token  # no later step ran it: the next one takes it from the host
+            if row not in output.sampled_rows:
+                continue
+            request.unread_tokens -= 1
+            request.sum_logprob += output.logprobs[row]
+            if token == self.eot and not request.options.ignore_eot:
+                stopped.append((request, FinishReason.STOP))
+                continue
+            request.output_tokens.append(token)
+            full = output.computed_after[row] + 1 >= self.n_text_ctx
+            if len(request.output_tokens) >= request.max_tokens or full:
+                stopped.append((request, FinishReason.LENGTH))
+        return stopped
+
+    def step_read(self, step_id: int) -> None:
+        """Step ``step_id`` (and every one before it) has run: blocks held for it go back."""
+        self.last_read_step = step_id
+        still_held = []
+        for request in self._held:
+            if request.launched_in > step_id:
+                still_held.append(request)
+            else:
+                self.release_blocks(request)
+        self._held = still_held
+
+    def finish(self, request: Request, reason: FinishReason) -> None:
         """Take a request out, wherever it is, and return its blocks; safe to call once per request.
 
-        ``keep_blocks``: a step launched with it may still be running on the device and writing
-        its K/V; the engine calls ``release_blocks`` once that step is done."""
+        If a step launched with it has not been read yet, that step may still be writing its K/V:
+        its blocks are held until ``step_read`` says that step has run."""
         if request.status == RequestStatus.FINISHED:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
-        else:
+        elif request in self.waiting:  # (one refused by ``add`` never joined)
             self.waiting.remove(request)
-        if not keep_blocks:
+        if request.launched_in > self.last_read_step:
+            self._held.append(request)
+        else:
             self.release_blocks(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason

@@ -29,7 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from engine.decode.engine import EncoderRunner
+from engine.encode.runner import EncoderRunner
 
 
 class OverlappedEncoder:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.decode.host_device import upload
-from engine.decode.request import Request
+from engine.kv.block_pool import RequestBlocks
 
 
 class DeviceBlockTables:
@@ -25,16 +25,16 @@ class DeviceBlockTables:
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 
-    def slot_of(self, request: Request) -> int:
-        """The request's row, assigned (and written) on first use."""
-        slot = self._slot_by_request.get(request.request_id)
+    def slot_of(self, request_id: str, blocks: RequestBlocks) -> int:
+        """The request's row, assigned (and written with its ``blocks``) on first use."""
+        slot = self._slot_by_request.get(request_id)
         if slot is None:
             if not self._free_slots:
                 raise RuntimeError("more running requests than block-table rows (max_num_seqs)")
             slot = self._free_slots.pop()
-            self._write_row(self.self_tables, slot, request.blocks.self_block_ids)
-            self._write_row(self.cross_tables, slot, request.blocks.cross_block_ids)
-            self._slot_by_request[request.request_id] = slot
+            self._write_row(self.self_tables, slot, blocks.self_block_ids)
+            self._write_row(self.cross_tables, slot, blocks.cross_block_ids)
+            self._slot_by_request[request_id] = slot
         return slot
 
     def release(self, request_id: str) -> None:

@@ -17,7 +17,9 @@ import torch
 from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.encode.overlap import OverlappedEncoder
-from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.loading import LoadedModel, load_model
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, DecodeResult, FinishReason
 from engine.transcribe.windows import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
@@ -35,9 +37,12 @@ def to_samples(audio: AudioInput) -> np.ndarray:
 
 
 class Transcriber:
-    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None):
+    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None,
+                 encoder_batch_size: int = 8):
+        """``encoder_batch_size``: most 30 s windows in one encoder forward."""
         self.loaded = loaded or load_model(config or EngineConfig())
         self.config = self.loaded.config
+        self.encoder_batch_size = encoder_batch_size
         self.encoder = OverlappedEncoder(EncoderRunner(self.loaded), project_cross_kv=True)
         self.decoder = DecoderEngine(self.loaded)
 
@@ -85,11 +90,11 @@ class Transcriber:
         """windows: (key, samples, options); returns each key's results in window order."""
         order: dict[str, tuple[int, int]] = {}
         results: dict[int, dict[int, DecodeResult]] = {}
-        batch_size = self.config.encoder_batch_size
+        batch_size = self.encoder_batch_size
         counter = 0
         encoding: list[tuple[int, np.ndarray, DecodeOptions]] = []  # the windows of the batch in flight
         while windows or encoding or self.decoder.has_work:
-            if not encoding and windows and self.decoder.num_waiting < batch_size:
+            if not encoding and windows and self.decoder.stats().num_waiting < batch_size:
                 encoding = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
                 self.encoder.submit(torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in encoding])))
             # With nothing to decode, wait for the batch; otherwise take it only once it is done.

@@ -1,75 +1,22 @@
-"""How we decode what the model computes: Whisper's prompt, its logit rules, and sampling.
-
-The rules are openai-whisper's (decoding.py): suppress a fixed token list, suppress blank and
-end-of-text at the first sampled position, and, with timestamps on, the timestamp pairing and
-monotonicity rules, applied to a whole batch at once, on the device, with no read back to the host
-(the decode loop runs a step ahead of the host's reading; see engine/decode/engine.py).
+"""Whisper's logit rules, as openai-whisper's decoding.py applies them: suppress a fixed token list,
+suppress blank and end-of-text at the first sampled position, and, with timestamps on, the
+timestamp pairing and monotonicity rules; applied to a whole batch at once, on the device, with no
+read back to the host (the decode loop runs a step ahead of the host's reading).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
-from dataclasses import dataclass
 
 import torch
 
-from engine.errors import RequestRejectedError
-from engine.kernels import triton_available
 from engine.decode.host_device import upload
+from engine.kernels import triton_available
 from engine.kernels.timestamp_rules import triton_apply_timestamp_rules, triton_record_timestamps
-from engine.types import DecodeOptions, FallbackOptions, TimedText
 from engine.model.tokenizer import WhisperTokenizer
-from engine.model.weights import ModelDims
 
 # openai-whisper: the first timestamp may not be later than 1 s into the window.
 MAX_INITIAL_TIMESTAMP_S = 1.0
-
-
-@dataclass(frozen=True)
-class Prompt:
-    tokens: list[int]
-    sot_index: int
-    max_tokens: int
-    detect_language: bool
-
-
-def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOptions) -> Prompt:
-    special = tokenizer.special
-    tokens: list[int] = []
-    if options.prompt:
-        # openai-whisper keeps at most half the context for previous text, most recent last.
-        previous = tokenizer.encode(" " + options.prompt.strip()) if isinstance(options.prompt, str) else list(options.prompt)
-        previous = previous[-(dims.n_text_ctx // 2 - 1) :]
-        tokens = [special.sot_prev, *previous]
-    sot_index = len(tokens)
-    tokens.append(special.sot)
-    detect = False
-    if dims.is_multilingual:
-        if options.language is None:
-            detect = True
-            tokens.append(tokenizer.language_tokens["en"])  # placeholder until detection
-        elif options.language not in tokenizer.language_tokens:
-            raise RequestRejectedError(f"language {options.language!r} is not one this model knows", param="language")
-        else:
-            tokens.append(tokenizer.language_tokens[options.language])
-        tokens.append(special.translate if options.task == "translate" else special.transcribe)
-    else:
-        if options.language not in (None, "en"):
-            raise RequestRejectedError(
-                f"model is English-only; language {options.language!r} is not available", param="language"
-            )
-        if options.task == "translate":
-            raise RequestRejectedError("model is English-only; it cannot translate", param="task")
-    if options.word_timestamps and not options.timestamps:
-        raise RequestRejectedError("word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]")
-    if not options.timestamps:
-        tokens.append(special.no_timestamps)
-    room = dims.n_text_ctx - len(tokens)
-    max_tokens = options.max_tokens if options.max_tokens is not None else dims.n_text_ctx // 2
-    if max_tokens < 1:
-        raise RequestRejectedError(f"max_tokens must be at least 1, got {max_tokens}")
-    return Prompt(tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect)
 
 
 class LogitRules:
@@ -199,73 +146,3 @@ class LogitRules:
         if self._stamp_offset_ids is None or self._stamp_offset_ids.shape[-1] != n_stamps:
             self._stamp_offset_ids = torch.arange(n_stamps, device=device)[None, :]
         return self._stamp_offset_ids
-
-
-def sample(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows with temperature 0 take the argmax; others sample from softmax(logits / T).
-
-    Returns the tokens [B] and their log-probabilities under the rule-filtered logits [B]."""
-    tokens = logits.argmax(dim=-1)
-    for row, (temperature, generator) in enumerate(zip(temperatures, generators)):
-        if temperature > 0:
-            probs = torch.softmax(logits[row] / temperature, dim=-1)
-            tokens[row] = torch.multinomial(probs, 1, generator=generator)[0]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return tokens, logprobs
-
-
-def detect_language(tokenizer: WhisperTokenizer, sot_logits: torch.Tensor) -> torch.Tensor:
-    """Per row of ``sot_logits`` [N, V], the most likely language token at <|startoftranscript|>,
-    as openai-whisper's detect_language; on the device, so the host need not wait for it."""
-    ids = upload(list(tokenizer.language_tokens.values()), torch.long, sot_logits.device)
-    return ids[sot_logits[:, ids].argmax(dim=-1)]
-
-
-def timed_segments(tokenizer: WhisperTokenizer, tokens: list[int], window_s: float) -> list[TimedText]:
-    """Cut a window's sampled tokens at timestamp tokens, as openai-whisper's transcribe does.
-
-    Text between a pair of timestamps is one segment (a pair is two timestamps in a row: the end
-    of one segment and the start of the next). Text after the last timestamp has no end marker
-    and runs to the end of the window's audio (``window_s``).
-    """
-    begin = tokenizer.special.timestamp_begin
-    segments: list[TimedText] = []
-    start_s: float | None = None
-    last_end_s = 0.0
-    text_tokens: list[int] = []
-    for token in tokens:
-        if token < begin:
-            text_tokens.append(token)
-        elif text_tokens:  # the timestamp closing a segment
-            end_s = tokenizer.timestamp_seconds(token)
-            segments.append(TimedText(start_s if start_s is not None else last_end_s, end_s,
-                                      tokenizer.decode(text_tokens), text_tokens))
-            start_s, last_end_s, text_tokens = None, end_s, []
-        else:  # a segment's opening timestamp
-            start_s = tokenizer.timestamp_seconds(token)
-    if text_tokens:
-        start = start_s if start_s is not None else last_end_s
-        segments.append(TimedText(start, max(window_s, start), tokenizer.decode(text_tokens), text_tokens, closed=False))
-    return [segment for segment in segments if segment.text.strip()]
-
-
-def compression_ratio(text: str) -> float:
-    """openai-whisper's repetition signal: raw bytes / zlib-compressed bytes."""
-    raw = text.encode("utf-8")
-    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
-
-
-def is_silence(fallback: FallbackOptions, avg_logprob: float, no_speech_prob: float) -> bool:
-    """openai-whisper's rule: <|nospeech|> is likely and the text unsure, so the window holds no speech."""
-    if fallback.no_speech_threshold is None or no_speech_prob <= fallback.no_speech_threshold:
-        return False
-    return fallback.logprob_threshold is None or avg_logprob <= fallback.logprob_threshold
-
-
-def needs_fallback(fallback: FallbackOptions, text: str, avg_logprob: float, no_speech_prob: float) -> bool:
-    """Whether a decoded window fails the thresholds and should be decoded again, hotter."""
-    if is_silence(fallback, avg_logprob, no_speech_prob) and fallback.logprob_threshold is not None:
-        return False  # silence is not retried (openai-whisper: low log-probability is expected there)
-    too_repetitive = fallback.compression_ratio_threshold is not None and compression_ratio(text) > fallback.compression_ratio_threshold
-    too_unsure = fallback.logprob_threshold is not None and avg_logprob < fallback.logprob_threshold
-    return too_repetitive or too_unsure

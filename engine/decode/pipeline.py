@@ -1,0 +1,184 @@
+"""A decode step's trip through the device: launched, then read.
+
+Launching runs the forward, the logit rules and sampling, all queued on the device, and leaves the
+tokens on their way to the host; reading waits for them. With async steps the engine reads a step
+only after launching the next one (fed the tokens still on the device, through the runner's
+``next_tokens``), so the host's work for one step overlaps the device's for the next, as
+TensorRT-LLM's overlap scheduler and vLLM's async scheduling do. The price: a window that ends at
+end of text has run one step too many, whose row is dropped when it is read (its ``epoch`` or its
+finished status tells the row is stale), and its blocks are held until that step has been read
+(the scheduler holds them: see ``Scheduler.finish``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.decode.host_device import PendingDownload, upload
+from engine.decode.language import detect_language, no_speech_probability
+from engine.decode.logit_rules import LogitRules
+from engine.decode.prompt import next_prompt_tokens
+from engine.decode.request import FROM_LAST_STEP, Request
+from engine.decode.runner import ModelRunner, StepInput, StepRow
+from engine.decode.sampling import sample_rows
+from engine.decode.step_output import StepOutput
+from engine.model.tokenizer import WhisperTokenizer
+
+# Rows of a launched step's read-back: the token (sampled, or the detected language), its
+# log-probability, and at <|startoftranscript|> the no-speech probability.
+_TOKEN, _LOGPROB, _NO_SPEECH = range(3)
+
+
+@dataclass
+class LaunchedStep:
+    """A step on its way through the device, and what reading its tokens back needs."""
+
+    step_id: int
+    batch: list[Request]
+    epochs: list[int]  # each row's request.epoch at launch: a row of a window restarted since is stale
+    sampling_rows: list[int]
+    sot_rows: list[int]  # rows that fed <|startoftranscript|>: their no-speech probability is read
+    detect_rows: list[int]  # of those, rows whose language is detected there
+    computed_after: list[int]  # each row's tokens in the cache once this step has run
+    readback: PendingDownload  # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH
+    # Per request that sampled with its own generator: the generator's state before this step's draw.
+    generator_states: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class StepPipeline:
+    def __init__(self, runner: ModelRunner, rules: LogitRules, tokenizer: WhisperTokenizer, n_text_ctx: int,
+                 stepped_prompt_tokens: int, async_steps: bool):
+        self.runner = runner
+        self.rules = rules
+        self.tokenizer = tokenizer
+        self.n_text_ctx = n_text_ctx
+        self.stepped_prompt_tokens = stepped_prompt_tokens
+        self.async_steps = async_steps
+        self.in_flight: LaunchedStep | None = None  # launched and not read yet (async steps only)
+        self._step_ids = itertools.count()
+        self._language_of_token = {token: code for code, token in tokenizer.language_tokens.items()}
+
+    def first_prompt_tokens(self, request: Request) -> list[int]:
+        return next_prompt_tokens(request, self.stepped_prompt_tokens)
+
+    def step_to_read(self, launched: LaunchedStep | None) -> LaunchedStep | None:
+        """The step whose tokens to read now: the one just launched, or with async steps the one before."""
+        if not self.async_steps:
+            return launched
+        previous, self.in_flight = self.in_flight, launched
+        return previous
+
+    def undo_draw(self, request: Request) -> torch.Tensor | None:
+        """The request's generator state before the draw of the step in flight, if that step drew for it."""
+        in_flight = self.in_flight
+        if in_flight is None or request.launched_in != in_flight.step_id:
+            return None
+        return in_flight.generator_states.get(request.request_id)
+
+    def _ends_with_unread_token(self, request: Request) -> bool:
+        """Whether the token it sampled in the step in flight is its last by length: then it need
+        not run again (a window ending at end of text cannot be told apart before reading)."""
+        if not request.unread_tokens:
+            return False
+        return (len(request.output_tokens) + request.unread_tokens >= request.max_tokens
+                or request.num_computed_tokens + 1 >= self.n_text_ctx)
+
+    @torch.inference_mode()
+    def launch(self, scheduled: list[Request]) -> LaunchedStep | None:
+        """One decoder forward, logit rules and sampling for every request that still needs a step."""
+        batch = [r for r in scheduled if r.finish_reason is None and not self._ends_with_unread_token(r)]
+        if not batch:
+            return None
+        step_id = next(self._step_ids)
+        logits = self.runner.execute(self._step_input(batch))
+        sampling_rows, sot_rows, detect_rows, computed_after = [], [], [], []
+        for row, request in enumerate(batch):
+            start, fed = request.num_computed_tokens, len(request.pending_tokens)
+            feeds_sot = start <= request.sot_index < start + fed
+            if feeds_sot:
+                sot_rows.append(row)
+            request.num_computed_tokens = start + fed
+            request.launched_in = step_id
+            computed_after.append(request.num_computed_tokens)
+            if feeds_sot and request.detect_language:
+                # The rest of the prompt starts with the language detected here, on the device.
+                detect_rows.append(row)
+                request.detect_language = False
+                request.pending_tokens = self.first_prompt_tokens(request)
+                request.pending_tokens[0], request.pending_source_row = FROM_LAST_STEP, row
+            elif request.num_computed_tokens < len(request.prompt_tokens):
+                # The rest of the prompt (language, task, timestamp tokens) runs before any sampling.
+                request.pending_tokens = self.first_prompt_tokens(request)
+            else:
+                sampling_rows.append(row)
+        readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
+        generator_states = self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else {}
+        if sot_rows:
+            self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
+        self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
+        return LaunchedStep(
+            step_id=step_id, batch=batch, epochs=[r.epoch for r in batch], sampling_rows=sampling_rows,
+            sot_rows=sot_rows, detect_rows=detect_rows, computed_after=computed_after,
+            readback=PendingDownload(readback), generator_states=generator_states,
+        )
+
+    def _step_input(self, batch: list[Request]) -> StepInput:
+        rows = []
+        for request in batch:
+            start, fed = request.num_computed_tokens, request.pending_tokens
+            rows.append(StepRow(
+                slot=self.runner.tables.slot_of(request.request_id, request.blocks),
+                tokens=fed,
+                source_row=request.fed_from_row,
+                start=start,
+                sot_offset=request.sot_index - start if start <= request.sot_index < start + len(fed) else -1,
+            ))
+        return StepInput(rows)
+
+    def _sample(self, logits: torch.Tensor, slots: list[int], batch: list[Request], rows: list[int],
+                readback: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; returns
+        the generators' states before their draws."""
+        sampled = sample_rows(self.rules, logits, slots, batch, rows)
+        if sampled.row_index is None:
+            readback[_TOKEN] = sampled.tokens
+            readback[_LOGPROB] = sampled.logprobs
+        else:
+            readback[_TOKEN].index_copy_(0, sampled.row_index, sampled.tokens.float())
+            readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
+        for row in rows:
+            request = batch[row]
+            request.pending_tokens, request.pending_source_row = [FROM_LAST_STEP], row
+            request.unread_tokens += 1
+        return sampled.generator_states
+
+    def _read_sot_logits(self, at_sot: dict[int, torch.Tensor], sot_rows: list[int], detect_rows: list[int],
+                         readback: torch.Tensor) -> None:
+        """No-speech probabilities, and detected languages, from the logits at <|startoftranscript|>."""
+        device = self.runner.device
+        sot_logits = torch.stack([at_sot[row] for row in sot_rows])
+        readback[_NO_SPEECH].index_copy_(0, upload(sot_rows, torch.long, device),
+                                         no_speech_probability(self.tokenizer, sot_logits))
+        if detect_rows:
+            local = upload([sot_rows.index(row) for row in detect_rows], torch.long, device)
+            languages = detect_language(self.tokenizer, sot_logits[local])
+            readback[_TOKEN].index_copy_(0, upload(detect_rows, torch.long, device), languages.float())
+
+    def read(self, step: LaunchedStep) -> StepOutput:
+        """Wait for a launched step's tokens."""
+        values = step.readback.wait()
+        tokens = [int(token) for token in values[_TOKEN].tolist()]
+        return StepOutput(
+            step_id=step.step_id,
+            batch=step.batch,
+            epochs=step.epochs,
+            tokens=tokens,
+            logprobs=values[_LOGPROB].tolist(),
+            sampled_rows=set(step.sampling_rows),
+            no_speech_probs={row: float(values[_NO_SPEECH, row]) for row in step.sot_rows},
+            languages={row: self._language_of_token[tokens[row]] for row in step.detect_rows},
+            computed_after=step.computed_after,
+        )

@@ -1,0 +1,106 @@
+"""Whisper's decoder prompt for a window, the request built around it, and how much of the prompt a
+step feeds.
+
+<|startofprev|> previous text, <|startoftranscript|>, the language (a placeholder while it is to
+be detected), the task, and <|notimestamps|> when timestamps are off; as openai-whisper builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.decode.request import Request
+from engine.errors import RequestRejectedError
+from engine.kv.sources import CrossKVSource
+from engine.model.tokenizer import WhisperTokenizer
+from engine.model.weights import ModelDims
+from engine.types import DecodeOptions
+
+@dataclass(frozen=True)
+class Prompt:
+    tokens: list[int]
+    sot_index: int
+    max_tokens: int
+    detect_language: bool
+
+
+def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOptions) -> Prompt:
+    special = tokenizer.special
+    tokens: list[int] = []
+    if options.prompt:
+        # openai-whisper keeps at most half the context for previous text, most recent last.
+        previous = tokenizer.encode(" " + options.prompt.strip()) if isinstance(options.prompt, str) else list(options.prompt)
+        previous = previous[-(dims.n_text_ctx // 2 - 1) :]
+        tokens = [special.sot_prev, *previous]
+    sot_index = len(tokens)
+    tokens.append(special.sot)
+    detect = False
+    if dims.is_multilingual:
+        if options.language is None:
+            detect = True
+            tokens.append(tokenizer.language_tokens["en"])  # placeholder until detection
+        elif options.language not in tokenizer.language_tokens:
+            raise RequestRejectedError(f"language {options.language!r} is not one this model knows", param="language")
+        else:
+            tokens.append(tokenizer.language_tokens[options.language])
+        tokens.append(special.translate if options.task == "translate" else special.transcribe)
+    else:
+        if options.language not in (None, "en"):
+            raise RequestRejectedError(
+                f"model is English-only; language {options.language!r} is not available", param="language"
+            )
+        if options.task == "translate":
+            raise RequestRejectedError("model is English-only; it cannot translate", param="task")
+    if options.word_timestamps and not options.timestamps:
+        raise RequestRejectedError("word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]")
+    if not options.timestamps:
+        tokens.append(special.no_timestamps)
+    room = dims.n_text_ctx - len(tokens)
+    max_tokens = options.max_tokens if options.max_tokens is not None else dims.n_text_ctx // 2
+    if max_tokens < 1:
+        raise RequestRejectedError(f"max_tokens must be at least 1, got {max_tokens}")
+    return Prompt(tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect)
+
+
+def next_prompt_tokens(request: Request, stepped_prompt_tokens: int) -> list[int]:
+    """The prompt tokens to feed at the request's next step: one, while the rest of the prompt is
+    short enough to feed a token a step (``stepped_prompt_tokens``), else all of it."""
+    # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
+    end = request.sot_index + 1 if request.detect_language else len(request.prompt_tokens)
+    rest = request.prompt_tokens[request.num_computed_tokens : end]
+    return rest[:1] if len(rest) <= stepped_prompt_tokens else rest
+
+
+# A greedy decode's fallback samples from this seed unless given one, so its transcript is the
+# same on every run and replica, offline and over HTTP; a temperature asked for stays random.
+FALLBACK_SEED = 0
+
+
+def build_request(tokenizer: WhisperTokenizer, dims: ModelDims, device: torch.device, options: DecodeOptions,
+                  cross_source: CrossKVSource | None, request_id: str, audio_duration_s: float | None,
+                  stepped_prompt_tokens: int) -> Request:
+    """Validate ``options`` for this model and build the request that decodes a window with them;
+    raises RequestRejectedError for options the model cannot honour."""
+    prompt = build_prompt(tokenizer, dims, options)
+    request = Request(
+        request_id=request_id,
+        prompt_tokens=prompt.tokens,
+        sot_index=prompt.sot_index,
+        max_tokens=prompt.max_tokens,
+        options=options,
+        cross_source=cross_source,
+        detect_language=prompt.detect_language,
+        temperature=options.temperature,
+        audio_duration_s=audio_duration_s,
+    )
+    request.pending_tokens = next_prompt_tokens(request, stepped_prompt_tokens)
+    seed = options.seed if options.seed is not None or options.temperature > 0 else FALLBACK_SEED
+    if seed is not None and max(options.temperatures()) > 0:
+        request.generator = torch.Generator(device=device).manual_seed(seed)
+    if not dims.is_multilingual:
+        request.language = "en"
+    elif options.language is not None:
+        request.language = options.language
+    return request

@@ -1,0 +1,22 @@
+"""What reading a step gives the scheduler: each row's token and what came with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.decode.request import Request
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """A step's results on the host, by row of ``batch``: what the scheduler appends."""
+
+    step_id: int
+    batch: list[Request]
+    epochs: list[int]
+    tokens: list[int]  # sampled, or at a detect row the language token
+    logprobs: list[float]
+    sampled_rows: set[int]
+    no_speech_probs: dict[int, float]  # rows that fed <|startoftranscript|>
+    languages: dict[int, str]  # rows whose language was detected
+    computed_after: list[int]

@@ -1,0 +1,33 @@
+"""A model loaded once per replica: weights, the Whisper module on its device, the tokenizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.config import EngineConfig
+from engine.model.tokenizer import WhisperTokenizer
+from engine.model.weights import LoadedWeights, load_weights
+from engine.model.whisper import Whisper
+
+
+@dataclass
+class LoadedModel:
+    weights: LoadedWeights
+    model: Whisper
+    tokenizer: WhisperTokenizer
+    config: EngineConfig
+
+
+def load_model(config: EngineConfig, weights: LoadedWeights | None = None) -> LoadedModel:
+    """Load ``config.model`` (or take ``weights`` already in memory) onto the configured device."""
+    config.check_device_present()
+    weights = weights or load_weights(config.model)
+    with torch.device("meta"):
+        model = Whisper(weights.dims)
+    model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
+    model.load_canonical_state_dict(weights.state_dict)
+    model.eval()
+    weights.state_dict = {}  # the model holds the (fused) weights now; free the loader's copy
+    return LoadedModel(weights, model, WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size), config)
