@@ -1,4 +1,4 @@
-"""A transcript -> the response body of each OpenAI `response_format`.
+"""A transcript -> the response of each OpenAI `response_format`.
 
 Segment times are on the file's timeline: Whisper's timestamp tokens offset by the window's start
 (srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
+
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.decode.fallback import compression_ratio
 from engine.types import TimedText
@@ -114,3 +116,15 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
         # OpenAI's shape: one list for the whole file, each word without its leading space.
         body["words"] = [{"word": w.word.strip(), "start": w.start_s, "end": w.end_s} for s in segments for w in s.words or []]
     return body
+
+
+def to_response(transcription: Transcription, response_format: str, task: str, with_words: bool) -> Response:
+    if response_format == "text":
+        return PlainTextResponse(transcription.text + "\n")
+    if response_format == "srt":
+        return PlainTextResponse(to_srt(segments_of(transcription)), media_type="application/x-subrip")
+    if response_format == "vtt":
+        return PlainTextResponse(to_vtt(segments_of(transcription)), media_type="text/vtt")
+    if response_format == "verbose_json":
+        return JSONResponse(to_verbose_json(transcription, task, with_words=with_words))
+    return JSONResponse({"text": transcription.text})

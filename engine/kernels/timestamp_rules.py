@@ -1,5 +1,5 @@
 """Whisper's timestamp rules as two Triton kernels: one applies them to a step's logits, one
-records the sampled tokens into each slot's history (engine.decode.decoding.LogitRules uses them on a GPU).
+records the sampled tokens into each slot's history (engine.decode.logit_rules.LogitRules uses them on a GPU).
 
 As PyTorch operations the rules took ~45 small kernels a step, whose launches cost the host
 ~1.1 ms: with async steps that is hidden behind a large model's step, but large-v3-turbo's step

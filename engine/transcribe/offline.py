@@ -22,7 +22,7 @@ from engine.encode.runner import EncoderRunner
 from engine.model.loading import LoadedModel, load_model
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, DecodeResult, FinishReason
-from engine.transcribe.windows import LongFormMode, SequentialCursor, Transcription, assemble_transcription, split_windows
+from engine.transcribe.windows import LongFormMode, Transcription, long_form_cursor
 
 AudioInput = Union[bytes, str, os.PathLike, np.ndarray]
 
@@ -61,30 +61,15 @@ class Transcriber:
         self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions(), long_form: LongFormMode = "parallel",
     ) -> list[Transcription]:
         self.decoder.make_request(options, cross_source=None)  # fail fast on bad options
-        samples = [to_samples(audio) for audio in inputs]
-        if long_form == "sequential":
-            return self._transcribe_sequentially(samples, options)
-        file_windows = [split_windows(audio) for audio in samples]
-        windows = deque(
-            (file_index, window.samples, options) for file_index, cut in enumerate(file_windows) for window in cut
-        )
-        results = self.run_windows(windows)
-        return [
-            assemble_transcription(audio, file_windows[file_index], results.get(file_index, []))
-            for file_index, audio in enumerate(samples)
-        ]
-
-    def _transcribe_sequentially(self, samples: list[np.ndarray], options: DecodeOptions) -> list[Transcription]:
-        """Each file's windows one after another; the files' current windows share batches."""
-        cursors = [SequentialCursor(audio, options) for audio in samples]
-        while True:
-            current = {index: step for index, cursor in enumerate(cursors) if (step := cursor.next_window()) is not None}
-            if not current:
-                return [cursor.transcription() for cursor in cursors]
-            results = self.run_windows(deque((index, window.samples, window_options)
-                                             for index, (window, window_options) in current.items()))
-            for index, (window, _) in current.items():
-                cursors[index].accept(window, results[index][0])
+        cursors = [long_form_cursor(to_samples(audio), options, long_form) for audio in inputs]
+        # Rounds of what the cursors hand out, the files' windows sharing batches: in parallel mode
+        # one round of every window, in sequential mode each file's current window.
+        while handed_out := [(cursor, pending) for cursor in cursors for pending in cursor.next_windows()]:
+            results = self.run_windows(deque((key, pending.window.samples, pending.options)
+                                             for key, (_, pending) in enumerate(handed_out)))
+            for key, (cursor, pending) in enumerate(handed_out):
+                cursor.accept(pending.window, results[key][0])
+        return [cursor.transcription() for cursor in cursors]
 
     def run_windows(self, windows: deque) -> dict[int, list[DecodeResult]]:
         """windows: (key, samples, options); returns each key's results in window order."""

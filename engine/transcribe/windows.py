@@ -1,13 +1,17 @@
-"""A file's audio -> windows of at most 30 s cut at quiet points, and the windows' decode results
--> one transcript on the file's timeline; or, in sequential mode, openai-whisper's loop, where each
-window starts where the previous one's finished text ended.
+"""The long-form policy, shared by the offline API and the HTTP ingress so both cut, decode and
+join a file's audio the same way: a file's audio -> windows of at most 30 s, and the windows'
+decode results -> one transcript on the file's timeline.
 
-Shared by the offline API and the HTTP ingress so both cut and join audio the same way.
+A ``LongFormCursor`` says which windows to decode next and with what options, and takes each
+window's result; its drivers (the synchronous offline loop, the async ingress) only decode what it
+hands out. Parallel: every window, cut at quiet points, at once. Sequential: openai-whisper's loop,
+each window starting where the previous one's finished text ended.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Literal
 
@@ -76,16 +80,70 @@ def assemble_transcription(samples: np.ndarray, windows: list[AudioWindow], resu
     )
 
 
+@dataclass(frozen=True)
+class PendingWindow:
+    """A window a cursor hands out to be decoded, with the options to decode it with."""
+
+    index: int  # its place among the file's windows
+    window: AudioWindow
+    options: DecodeOptions
+
+
+class LongFormCursor(ABC):
+    """One file's long-form loop. Its driver decodes the windows ``next_windows`` hands out, batched
+    or scheduled however it likes, and gives each result to ``accept`` in window order; when
+    ``next_windows`` hands out nothing and no window is being decoded, the transcript is done."""
+
+    @abstractmethod
+    def next_windows(self) -> list[PendingWindow]:
+        """The windows that can be decoded now and were not handed out before; none while the next
+        window depends on a result not yet accepted, or once the file is covered."""
+
+    @abstractmethod
+    def accept(self, window: AudioWindow, result: DecodeResult) -> DecodeResult:
+        """Record a window's result; returns the result as it enters the transcript."""
+
+    @abstractmethod
+    def transcription(self) -> Transcription:
+        """The transcript of the windows accepted so far."""
+
+
+class ParallelCursor(LongFormCursor):
+    """Every window, cut at quiet points (``split_windows``), handed out at once with the same options."""
+
+    def __init__(self, samples: np.ndarray, options: DecodeOptions):
+        self.samples = samples
+        self.options = options
+        self.windows = split_windows(samples)
+        self.results: list[DecodeResult] = []
+        self._handed_out = False
+
+    def next_windows(self) -> list[PendingWindow]:
+        if self._handed_out:
+            return []
+        self._handed_out = True
+        return [PendingWindow(index, window, self.options) for index, window in enumerate(self.windows)]
+
+    def accept(self, window: AudioWindow, result: DecodeResult) -> DecodeResult:
+        if window is not self.windows[len(self.results)]:
+            raise ValueError("a parallel cursor takes its windows' results in window order")
+        self.results.append(result)
+        return result
+
+    def transcription(self) -> Transcription:
+        return assemble_transcription(self.samples, self.windows[: len(self.results)], self.results)
+
+
 # openai-whisper stops conditioning on previous text after a window this hot: it was unsure, and
 # feeding unsure text forward makes the next window repeat it.
 PROMPT_RESET_TEMPERATURE = 0.5
 MAX_PREVIOUS_TOKENS = 448
 
 
-class SequentialCursor:
-    """openai-whisper's sequential long-form loop over one file, as a cursor its driver (the
-    offline API, the HTTP ingress) advances: ask ``next_window``, decode it with the options it
-    gives (the previous text as prompt, timestamps on), hand the result to ``accept``.
+class SequentialCursor(LongFormCursor):
+    """openai-whisper's sequential long-form loop over one file: one window at a time, decoded with
+    the options ``next_window`` gives (the previous text as prompt, timestamps on), its result handed
+    to ``accept`` before the next window is known.
 
     A window's unfinished last segment (text after its last timestamp, when earlier segments
     closed) is dropped and the next window starts where it began, so no word is cut at 30 s.
@@ -101,6 +159,14 @@ class SequentialCursor:
         # tends to stop emitting timestamps and skip speech (seen with tiny.en). A text prompt
         # from the caller conditions the first window.
         self._previous_tokens: list[int] = []
+        self._awaiting_result = False  # the current window was handed out by next_windows
+
+    def next_windows(self) -> list[PendingWindow]:
+        step = None if self._awaiting_result else self.next_window()
+        if step is None:
+            return []
+        self._awaiting_result = True
+        return [PendingWindow(len(self.results), *step)]
 
     def next_window(self) -> tuple[AudioWindow, DecodeOptions] | None:
         if self.seek_sample >= len(self.samples):
@@ -111,6 +177,7 @@ class SequentialCursor:
 
     def accept(self, window: AudioWindow, result: DecodeResult) -> DecodeResult:
         """Record the window's result, cut to its finished segments; returns that cut result."""
+        self._awaiting_result = False
         segments = result.segments or []
         advance_s = len(window.samples) / SAMPLE_RATE
         tail = segments[-1] if segments else None
@@ -133,3 +200,9 @@ class SequentialCursor:
 
     def transcription(self) -> Transcription:
         return assemble_transcription(self.samples, self.windows, self.results)
+
+
+def long_form_cursor(samples: np.ndarray, options: DecodeOptions, mode: LongFormMode) -> LongFormCursor:
+    if mode == "sequential":
+        return SequentialCursor(samples, options)
+    return ParallelCursor(samples, options)

@@ -1,0 +1,82 @@
+"""Errors as the HTTP API answers them: ``APIError``, OpenAI's error JSON, and the one table
+(``api_error_of``) that turns every error type raised anywhere below the ingress into a status
+code, so the same failure always answers the same way.
+"""
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from ray.exceptions import RayActorError, RayTaskError
+from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+
+from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
+from kv_transfer.base import StagingFullError
+
+logger = logging.getLogger("ray.serve")
+
+# What a replica that died or is restarting looks like to its caller.
+REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError)
+
+
+class APIError(Exception):
+    """An error with its HTTP status and OpenAI error fields, raised inside route handlers."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 error_type: str = "invalid_request_error", retry_after_s: int | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.error_type, self.retry_after_s = error_type, retry_after_s
+
+    def body(self) -> dict:
+        """OpenAI's error object: the value of ``error`` in a response, or of a stream's error event."""
+        return {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}
+
+
+def at_capacity() -> APIError:
+    return APIError(503, "The server is at capacity; retry shortly.", code="overloaded",
+                    error_type="server_overloaded", retry_after_s=1)
+
+
+def error_response(error: APIError) -> JSONResponse:
+    headers = {"Retry-After": str(error.retry_after_s)} if error.retry_after_s is not None else None
+    return JSONResponse({"error": error.body()}, status_code=error.status, headers=headers)
+
+
+def api_error_of(error: Exception) -> APIError:
+    if isinstance(error, RayTaskError) and isinstance(error.cause, Exception):
+        error = error.cause  # raised in another replica: answer for the original error, not Ray's wrapper
+    if isinstance(error, APIError):
+        return error
+    if isinstance(error, AudioDecodeError):
+        return APIError(400, f"Invalid audio file: {error}", param="file", code="invalid_audio")
+    if isinstance(error, RequestRejectedError):
+        return APIError(400, str(error), param=error.param, code="invalid_request")
+    if isinstance(error, (BackPressureError, StagingFullError)):
+        return at_capacity()
+    if isinstance(error, REPLICA_LOST):
+        return APIError(503, "A server replica is restarting; retry shortly.", code="replica_unavailable",
+                        error_type="server_error", retry_after_s=2)
+    if isinstance(error, RetriableError):
+        return APIError(503, f"Transcription failed transiently: {error}", code="retry",
+                        error_type="server_error", retry_after_s=1)
+    logger.exception("unexpected error", exc_info=error)
+    return APIError(500, "Internal server error.", error_type="server_error")
+
+
+async def _api_error(_: Request, error: APIError) -> JSONResponse:
+    return error_response(error)
+
+
+async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
+    first = error.errors()[0] if error.errors() else {}
+    field = str(first.get("loc", ["", "?"])[-1])
+    message = f"Invalid value for '{field}': {first.get('msg', 'invalid')}"
+    return error_response(APIError(400, message, param=field))
+
+
+def add_exception_handlers(app: FastAPI) -> None:
+    """Errors that escape a route, and FastAPI's own validation errors, answer as OpenAI's error JSON."""
+    app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)

@@ -1,0 +1,161 @@
+"""A transcription or translation request's multipart body -> a validated ``TranscriptionForm``:
+the audio bytes, the ``DecodeOptions`` its fields ask for, and how to answer. Every field that is
+wrong answers with an ``APIError`` naming it, as OpenAI's API does.
+"""
+
+import asyncio
+from dataclasses import dataclass
+
+from fastapi import Request
+from starlette.datastructures import FormData
+
+from deployments.config import AppConfig
+from deployments.http.errors import APIError
+from deployments.http.formats import RESPONSE_FORMATS
+from engine.transcribe.windows import LongFormMode
+from engine.types import DecodeOptions, FallbackOptions, Priority
+
+
+@dataclass(frozen=True)
+class TranscriptionForm:
+    """The multipart fields of a transcription or translation request, validated."""
+
+    data: bytes
+    options: DecodeOptions
+    response_format: str
+    timestamp_granularities: tuple[str, ...]
+    long_form: LongFormMode
+    stream: bool
+    priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
+
+
+def _parse_flag(raw, name: str, default: bool) -> bool:
+    if raw in (None, ""):
+        return default
+    if str(raw).lower() in ("true", "1"):
+        return True
+    if str(raw).lower() in ("false", "0"):
+        return False
+    raise APIError(400, f"Invalid {name} '{raw}'; expected true or false.", param=name)
+
+
+def _parse_threshold(raw, name: str, default: float | None) -> float | None:
+    """A fallback threshold (a vendor field): a number, or 'none' to not check it."""
+    if raw in (None, ""):
+        return default
+    if str(raw).lower() == "none":
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid {name} '{raw}'; expected a number or 'none'.", param=name) from None
+
+
+def _parse_temperature(raw) -> float:
+    if raw in (None, ""):
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.",
+                       param="temperature") from None
+    if not 0.0 <= value <= 1.0:
+        raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.",
+                       param="temperature")
+    return value
+
+
+def _parse_priority(raw) -> Priority | None:
+    """The vendor field `priority` (interactive | batch); absent: chosen by the audio's length."""
+    if raw in (None, ""):
+        return None
+    try:
+        return Priority(raw)
+    except ValueError:
+        raise APIError(400, f"Invalid priority '{raw}'; expected 'interactive' or 'batch'.",
+                       param="priority") from None
+
+
+async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, bytes]:
+    """The multipart form and its audio file's bytes, within the upload's size and time limits."""
+    limit_bytes = int(config.http.max_upload_mb * 2**20)
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit_bytes + 64 * 1024:
+        raise APIError(413, f"Request body exceeds {config.http.max_upload_mb:g} MB.", param="file",
+                       code="file_too_large")
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise APIError(400, "Send the audio as multipart/form-data with a 'file' field.", param="file")
+    try:
+        form = await asyncio.wait_for(request.form(max_files=1, max_fields=32), config.http.upload_timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"The request body did not arrive within {config.http.upload_timeout_s:g} s.",
+                       code="upload_timeout") from None
+    except Exception as error:
+        raise APIError(400, f"Could not parse the multipart body: {error}") from None
+    upload = form.get("file")
+    if upload is None or isinstance(upload, str):
+        raise APIError(400, "Missing required field 'file' (the audio file).", param="file",
+                       code="missing_file")
+    data = await upload.read()
+    if len(data) > limit_bytes:
+        raise APIError(413, f"File exceeds {config.http.max_upload_mb:g} MB.", param="file",
+                       code="file_too_large")
+    return form, data
+
+
+async def parse_transcription_form(request: Request, task: str, config: AppConfig) -> TranscriptionForm:
+    form, data = await _read_upload(request, config)
+
+    model = form.get("model")
+    if not model:
+        raise APIError(400, "Missing required field 'model'.", param="model")
+    if model not in config.accepted_model_names:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves "
+                       f"{', '.join(sorted(config.accepted_model_names))}.", param="model",
+                       code="model_not_found")
+
+    response_format = form.get("response_format") or "json"
+    if response_format not in RESPONSE_FORMATS:
+        raise APIError(400, f"Invalid response_format '{response_format}'; expected one of "
+                       f"{', '.join(RESPONSE_FORMATS)}.", param="response_format")
+    temperature = _parse_temperature(form.get("temperature"))
+    granularities = tuple(
+        form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities"))
+    for granularity in granularities:
+        if granularity not in ("segment", "word"):
+            raise APIError(400, f"Invalid timestamp_granularities value '{granularity}'; expected "
+                           "'segment' or 'word'.", param="timestamp_granularities[]")
+    language = form.get("language") or None
+    if task == "translate":
+        language = None  # translations detect the spoken language and always output English
+    stream = _parse_flag(form.get("stream"), "stream", False)
+    if stream and response_format not in ("json", "text"):
+        raise APIError(400, f"stream=true gives text events; response_format '{response_format}' cannot be "
+                       "streamed (use json or text).", param="stream")
+    long_form = form.get("long_form") or "parallel"  # vendor field
+    if long_form not in ("parallel", "sequential"):
+        raise APIError(400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.",
+                       param="long_form")
+    beam_size = form.get("beam_size")  # vendor field
+    if beam_size not in (None, "", "1"):
+        raise APIError(400, "beam_size > 1 is not supported yet (greedy or sampled decoding only; "
+                       "see the README).", param="beam_size")
+    # As OpenAI's API: temperature 0 falls back to higher temperatures when a window's text
+    # fails openai-whisper's thresholds; the vendor fields tune or switch that off.
+    fallback = None
+    if _parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
+        defaults = FallbackOptions()
+        fallback = FallbackOptions(**{
+            name: _parse_threshold(form.get(name), name, getattr(defaults, name))
+            for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
+        })
+    # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
+    # sequential long-form, which seeks by them); words are only shown in verbose_json.
+    timestamps = response_format in ("srt", "vtt", "verbose_json")
+    words = "word" in granularities and response_format == "verbose_json"
+    options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
+                            temperature=temperature, timestamps=timestamps, fallback=fallback,
+                            word_timestamps=words)
+    return TranscriptionForm(data, options, response_format, granularities, long_form, stream,
+                             _parse_priority(form.get("priority")))

@@ -1,0 +1,90 @@
+"""A request's windows through the encoder and decoder deployments: the windows its long-form
+cursor (engine/transcribe/windows.py) hands out, a sliding window of them in flight, and a window
+whose replica is lost or whose K/V transfer failed sent through the encoder again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+
+from ray.serve.handle import DeploymentHandle
+
+from deployments.encoder import WindowJob
+from deployments.http.errors import REPLICA_LOST
+from engine.errors import RetriableError
+from engine.model.audio import SAMPLE_RATE
+from engine.transcribe.windows import LongFormCursor, PendingWindow, Transcription
+from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
+
+logger = logging.getLogger("ray.serve")
+
+# A window is tried this many times (encoded again each time) before the request fails with 503.
+WINDOW_ATTEMPTS = 3
+
+
+class WindowPipeline:
+    def __init__(self, encoder: DeploymentHandle, decoder: DeploymentHandle, max_windows_in_flight: int):
+        self.encoder = encoder
+        self.decoder = decoder
+        self.max_windows_in_flight = max_windows_in_flight
+
+    async def transcribe(self, cursor: LongFormCursor, priority: Priority) -> Transcription:
+        async for _ in self.decoded(cursor, priority):
+            pass
+        return cursor.transcription()
+
+    async def decoded(self, cursor: LongFormCursor, priority: Priority) -> AsyncIterator[DecodeResult]:
+        """Each window's result as it enters the transcript, in order, as soon as it and those
+        before it are decoded. Up to ``max_windows_in_flight`` of the windows the cursor has handed
+        out are in flight at once, so they share encoder batches and decoder steps (a sequential
+        cursor hands out one at a time, each prompted by the text before it)."""
+        request_id = uuid.uuid4().hex
+        handed_out: deque[PendingWindow] = deque()
+        in_flight: deque[tuple[PendingWindow, asyncio.Future]] = deque()
+
+        def start_windows() -> None:
+            handed_out.extend(cursor.next_windows())
+            while handed_out and len(in_flight) < self.max_windows_in_flight:
+                pending = handed_out.popleft()
+                decoding = self.decode_window(f"{request_id}-{pending.index}", pending.window.samples,
+                                              pending.options, priority)
+                in_flight.append((pending, asyncio.ensure_future(decoding)))
+
+        start_windows()
+        try:
+            while in_flight:
+                pending, decoding = in_flight.popleft()
+                result = cursor.accept(pending.window, await decoding)
+                start_windows()  # a sliding window: memory stays flat however long the file
+                yield result
+        finally:
+            for _, decoding in in_flight:
+                decoding.cancel()  # a failed window or a client gone: stop decoding the others
+
+    async def decode_window(self, window_id: str, samples, options: DecodeOptions,
+                            priority: Priority) -> DecodeResult:
+        """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
+        K/V transfer sends the window through the encoder again, to whichever replicas Serve
+        routes it to now; only when every attempt fails does the request get a 503."""
+        failure = "no attempt made"
+        duration_s = len(samples) / SAMPLE_RATE
+        for attempt in range(WINDOW_ATTEMPTS):
+            try:
+                job = WindowJob(f"{window_id}-a{attempt}", samples, priority)
+                handle = await self.encoder.encode.remote(job)
+                result: DecodeResult = await self.decoder.decode.remote(handle, options, duration_s, priority)
+            except REPLICA_LOST as error:
+                failure = f"a replica was lost ({type(error).__name__})"
+                logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)
+                continue
+            if result.finish_reason != FinishReason.ERROR:
+                return result
+            if not result.retriable:
+                raise RuntimeError(f"decoding window {window_id} failed: {result.error}")
+            failure = result.error or "cross-attention K/V transfer failed"
+            logger.warning("window %s: %s; encoding again (attempt %d)", window_id, failure, attempt + 1)
+        raise RetriableError(f"window {window_id} failed {WINDOW_ATTEMPTS} times; last: {failure}")
