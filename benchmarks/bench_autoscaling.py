@@ -44,23 +44,51 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEECH_DIR = ROOT / "tests" / "data" / "speech"
 APP_NAME = "whisper"
 ENCODER, DECODER = "WhisperEncoder", "WhisperDecoder"
-NODE_RESOURCE = {"ingress": "whisper_ingress_node", ENCODER: "whisper_encoder_node", DECODER: "whisper_decoder_node"}
+NODE_RESOURCE = {
+    "ingress": "whisper_ingress_node",
+    ENCODER: "whisper_encoder_node",
+    DECODER: "whisper_decoder_node",
+}
 MAX_REPLICAS = 3
 
 
 def scenario_config(upscale_delay_s: float = 2.0, downscale_delay_s: float = 6.0) -> dict:
     """The app's args for the scenario: short autoscaling delays so a run takes minutes."""
-    scaling = {"min_replicas": 1, "max_replicas": MAX_REPLICAS, "upscale_delay_s": upscale_delay_s,
-               "downscale_delay_s": downscale_delay_s, "metrics_interval_s": 0.5, "look_back_period_s": 3.0}
+    scaling = {
+        "min_replicas": 1,
+        "max_replicas": MAX_REPLICAS,
+        "upscale_delay_s": upscale_delay_s,
+        "downscale_delay_s": downscale_delay_s,
+        "metrics_interval_s": 0.5,
+        "look_back_period_s": 3.0,
+    }
     return {
         "engine": {"model": "tiny.en", "device": "cpu", "max_num_seqs": 2, "kv_cache_memory_mb": 300},
         # The object store works between raylets with no further setup; NIXL would need UCX networking.
         "transfer": {"connector": "object_store", "staging_memory_mb": 256},
-        "encoder": {"num_cpus": 0.5, "torch_threads": 1, "max_batch_size": 2, "target_pending_windows": 6,
-                    "resources": {NODE_RESOURCE[ENCODER]: 1}, "autoscaling": scaling, "drain_timeout_s": 60},
-        "decoder": {"num_cpus": 0.5, "torch_threads": 1, "target_kv_utilization": 0.5, "routing_stats_period_s": 0.5,
-                    "resources": {NODE_RESOURCE[DECODER]: 1}, "autoscaling": scaling, "drain_timeout_s": 60},
-        "ingress": {"num_cpus": 0.25, "max_ongoing_requests": 1024, "resources": {NODE_RESOURCE["ingress"]: 1}},
+        "encoder": {
+            "num_cpus": 0.5,
+            "torch_threads": 1,
+            "max_batch_size": 2,
+            "target_pending_windows": 6,
+            "resources": {NODE_RESOURCE[ENCODER]: 1},
+            "autoscaling": scaling,
+            "drain_timeout_s": 60,
+        },
+        "decoder": {
+            "num_cpus": 0.5,
+            "torch_threads": 1,
+            "target_kv_utilization": 0.5,
+            "routing_stats_period_s": 0.5,
+            "resources": {NODE_RESOURCE[DECODER]: 1},
+            "autoscaling": scaling,
+            "drain_timeout_s": 60,
+        },
+        "ingress": {
+            "num_cpus": 0.25,
+            "max_ongoing_requests": 1024,
+            "resources": {NODE_RESOURCE["ingress"]: 1},
+        },
     }
 
 
@@ -70,8 +98,14 @@ def start_cluster():
     os.environ["RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"] = "0.5"
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "resources": {NODE_RESOURCE["ingress"]: 2}, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 2,
+            "resources": {NODE_RESOURCE["ingress"]: 2},
+            "include_dashboard": False,
+        },
+    )
     for deployment in (ENCODER, DECODER):
         cluster.add_node(num_cpus=2, resources={NODE_RESOURCE[deployment]: MAX_REPLICAS})
     cluster.wait_for_nodes()
@@ -118,7 +152,8 @@ def replica_nodes() -> dict[str, set[str]]:
         stats = serve.get_deployment_handle(name, APP_NAME).broadcast("stats").results(timeout_s=30)
         for replica_stats in stats:
             placed.setdefault(name, set()).update(
-                r for r in node_resources.get(replica_stats.node_id, ()) if r.startswith("whisper_"))
+                r for r in node_resources.get(replica_stats.node_id, ()) if r.startswith("whisper_")
+            )
     return placed
 
 
@@ -152,7 +187,9 @@ class Timeline:
     """Replica counts sampled every second, with the phase each sample fell in."""
 
     started: float = field(default_factory=time.monotonic)
-    samples: list[tuple[float, str, int, int]] = field(default_factory=list)  # (t_s, phase, encoders, decoders)
+    samples: list[tuple[float, str, int, int]] = field(
+        default_factory=list
+    )  # (t_s, phase, encoders, decoders)
     phase: str = "start"
 
     def sample(self) -> dict[str, int]:
@@ -173,8 +210,15 @@ class LoadOutcome:
     lost: list[str] = field(default_factory=list)  # no answer, or an answer other than 200
 
 
-def run_clients(url: str, payloads: list[bytes], clients: int, duration_s: float, outcome: LoadOutcome,
-                timeline: Timeline, stagger_s: float = 0.0) -> None:
+def run_clients(
+    url: str,
+    payloads: list[bytes],
+    clients: int,
+    duration_s: float,
+    outcome: LoadOutcome,
+    timeline: Timeline,
+    stagger_s: float = 0.0,
+) -> None:
     """``clients`` threads, the i-th starting i * ``stagger_s`` in, send ``payloads`` back to back
     until ``duration_s``; replicas are sampled meanwhile."""
     lock = threading.Lock()
@@ -190,9 +234,16 @@ def run_clients(url: str, payloads: list[bytes], clients: int, duration_s: float
                 with lock:
                     outcome.sent += 1
                 try:
-                    response = http.post(f"{url}/v1/audio/transcriptions", files={"file": ("audio.wav", data)},
-                                         data={"model": "tiny.en"})
-                    failure = None if response.status_code == 200 else f"HTTP {response.status_code}: {response.text[:200]}"
+                    response = http.post(
+                        f"{url}/v1/audio/transcriptions",
+                        files={"file": ("audio.wav", data)},
+                        data={"model": "tiny.en"},
+                    )
+                    failure = (
+                        None
+                        if response.status_code == 200
+                        else f"HTTP {response.status_code}: {response.text[:200]}"
+                    )
                 except httpx.HTTPError as error:
                     failure = f"{type(error).__name__}: {error}"
                 with lock:
@@ -235,12 +286,19 @@ class ScenarioResult:
             "decoder_replicas_max_decoder_load": self.timeline.max_of("decoder load", 3),
             "lost_requests": len(self.outcome.lost),
             "requests": self.outcome.sent,
-            "back_to_one_replica_each_after_idle": self.returned_to_one_after_burst and self.returned_to_one_after_load,
+            "back_to_one_replica_each_after_idle": self.returned_to_one_after_burst
+            and self.returned_to_one_after_load,
         }
 
 
-def run_scenario(url: str, burst_s: float, load_s: float, burst_clients: int = 16, load_clients: int = 5,
-                 idle_timeout_s: float = 90) -> ScenarioResult:
+def run_scenario(
+    url: str,
+    burst_s: float,
+    load_s: float,
+    burst_clients: int = 16,
+    load_clients: int = 5,
+    idle_timeout_s: float = 90,
+) -> ScenarioResult:
     timeline, outcome = Timeline(), LoadOutcome()
     silent = [near_silent_clip(seed) for seed in range(8)]
     dense = [dense_speech_file()]
@@ -273,7 +331,12 @@ def plot(timeline: Timeline, path: Path) -> None:
     for phase in ("encoder burst", "decoder load"):
         phase_times = [s[0] for s in timeline.samples if s[1] == phase]
         if phase_times:
-            axes.axvspan(min(phase_times), max(phase_times), alpha=0.12, color="tab:green" if "encoder" in phase else "tab:red")
+            axes.axvspan(
+                min(phase_times),
+                max(phase_times),
+                alpha=0.12,
+                color="tab:green" if "encoder" in phase else "tab:red",
+            )
             axes.text(min(phase_times), MAX_REPLICAS + 0.25, phase, fontsize=9)
     axes.set_xlabel("seconds")
     axes.set_ylabel("running replicas")
@@ -311,12 +374,19 @@ def main() -> None:
     png = ROOT / "benchmarks" / "autoscaling.png"
     plot(result.timeline, png)
     if args.record:
-        notes = (f"Replica counts over time: `benchmarks/autoscaling.png`. Placement by custom resource: "
-                 f"{ {name: sorted(r) for name, r in result.placement.items()} }. Encoder burst: 16 clients "
-                 f"sending 2 s near-silent clips back to back for {args.burst_s:g} s; decoder load: 5 clients sending "
-                 f"85 s dense-speech files for {args.load_s:g} s (client starts spread over the first half); autoscaling delays 2 s up / 6 s down.")
-        record("Autoscaling on a local 3-raylet cluster (bench_autoscaling.py)", table, notes,
-               json_path=ROOT / "benchmarks" / "results" / "autoscaling.json", metrics=metrics)
+        notes = (
+            f"Replica counts over time: `benchmarks/autoscaling.png`. Placement by custom resource: "
+            f"{ {name: sorted(r) for name, r in result.placement.items()} }. Encoder burst: 16 clients "
+            f"sending 2 s near-silent clips back to back for {args.burst_s:g} s; decoder load: 5 clients sending "
+            f"85 s dense-speech files for {args.load_s:g} s (client starts spread over the first half); autoscaling delays 2 s up / 6 s down."
+        )
+        record(
+            "Autoscaling on a local 3-raylet cluster (bench_autoscaling.py)",
+            table,
+            notes,
+            json_path=ROOT / "benchmarks" / "results" / "autoscaling.json",
+            metrics=metrics,
+        )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,13 @@ from engine.model.weights import resolve_model_folder  # noqa: E402
 HEADS, HEAD_DIM, KEYS, BATCH, LAYERS = 20, 64, 1500, 64, 32  # large-v3's cross-attention
 
 
-def layer_read_us(layers: int, block_size: int, dtype: torch.dtype, batch_size: int = BATCH,
-                  backends: dict[str, TritonPagedBackend] | None = None) -> dict[str, float]:
+def layer_read_us(
+    layers: int,
+    block_size: int,
+    dtype: torch.dtype,
+    batch_size: int = BATCH,
+    backends: dict[str, TritonPagedBackend] | None = None,
+) -> dict[str, float]:
     """One layer's cross-attention over blocks in random order, microseconds, by backend (default:
     the production one, under "default")."""
     from triton.testing import do_bench
@@ -53,20 +58,33 @@ def layer_read_us(layers: int, block_size: int, dtype: torch.dtype, batch_size: 
         block = storage.cache[start : start + 64]
         block.copy_(torch.randn(block.shape, device="cuda", dtype=torch.bfloat16))
     tables = torch.randperm(num_blocks, device="cuda").int().view(batch_size, blocks_per_request)
-    batch = PagedAttentionBatch(torch.arange(batch_size + 1, dtype=torch.int32, device="cuda"),
-                                torch.full((batch_size,), KEYS, dtype=torch.int32, device="cuda"), tables, False, 1,
-                                KEYS)
+    batch = PagedAttentionBatch(
+        torch.arange(batch_size + 1, dtype=torch.int32, device="cuda"),
+        torch.full((batch_size,), KEYS, dtype=torch.int32, device="cuda"),
+        tables,
+        False,
+        1,
+        KEYS,
+    )
     layer = storage.layer_cache(layers - 1)
     query = torch.randn(batch_size, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     backends = backends or {"default": TritonPagedBackend()}
-    calls = {label: (lambda backend=backend: backend.paged_attention(query, layer[:, 0], layer[:, 1], batch, 0.125))
-             for label, backend in backends.items()}
+    calls = {
+        label: (
+            lambda backend=backend, layer=layer: backend.paged_attention(
+                query, layer[:, 0], layer[:, 1], batch, 0.125
+            )
+        )
+        for label, backend in backends.items()
+    }
     for call in calls.values():  # compile every variant before timing any
         call()
     torch.cuda.synchronize()
     # The best of two rounds, each variant once a round: timed once each, the same kernel came out
     # 177 and 388 us in one sweep (H100, bf16, batch 64).
-    rounds = [{label: do_bench(call, warmup=10, rep=60) * 1e3 for label, call in calls.items()} for _ in range(2)]
+    rounds = [
+        {label: do_bench(call, warmup=10, rep=60) * 1e3 for label, call in calls.items()} for _ in range(2)
+    ]
     micros = {label: min(timed[label] for timed in rounds) for label in calls}
     del storage, layer
     torch.cuda.empty_cache()
@@ -75,14 +93,22 @@ def layer_read_us(layers: int, block_size: int, dtype: torch.dtype, batch_size: 
 
 def decode_kernel_variants(element_bytes: int) -> dict[str, TritonPagedBackend]:
     """One head per program (its production tiles), then grouped tiles around the production ones."""
-    variants = {"production default": TritonPagedBackend(),
-                "1 head per program (production tiles)": TritonPagedBackend(decode_heads_per_program=1)}
+    variants = {
+        "production default": TritonPagedBackend(),
+        "1 head per program (production tiles)": TritonPagedBackend(decode_heads_per_program=1),
+    }
     keys = (64, 128) if element_bytes == 1 else (32, 64)
     for heads in (2, 4):
         for keys_per_tile in keys:
             for warps in (2, 4):
-                variants[f"{heads} heads, {keys_per_tile} keys, {warps} warps, 3 stages"] = TritonPagedBackend(
-                    decode_heads_per_program=heads, decode_block_n=keys_per_tile, num_warps=warps, num_stages=3)
+                variants[f"{heads} heads, {keys_per_tile} keys, {warps} warps, 3 stages"] = (
+                    TritonPagedBackend(
+                        decode_heads_per_program=heads,
+                        decode_block_n=keys_per_tile,
+                        num_warps=warps,
+                        num_stages=3,
+                    )
+                )
     return variants
 
 
@@ -107,11 +133,24 @@ def main() -> None:
             one_layer = layer_read_us(1, 16, dtype)["default"]
             for block_size in block_sizes:
                 micros = layer_read_us(LAYERS, block_size, dtype)["default"]
-                rows.append([str(dtype).removeprefix("torch."), block_size, round(micros, 1), round(one_layer, 1)])
+                rows.append(
+                    [str(dtype).removeprefix("torch."), block_size, round(micros, 1), round(one_layer, 1)]
+                )
                 print(rows[-1], flush=True)
-        tables.append(("(a) one layer's cross-attention read, large-v3 shape, batch 64, Triton", markdown_table(
-            ["cache dtype", "block size", "us, 32-layer block-major cache", "us, one-layer cache (16-token blocks)"],
-            rows)))
+        tables.append(
+            (
+                "(a) one layer's cross-attention read, large-v3 shape, batch 64, Triton",
+                markdown_table(
+                    [
+                        "cache dtype",
+                        "block size",
+                        "us, 32-layer block-major cache",
+                        "us, one-layer cache (16-token blocks)",
+                    ],
+                    rows,
+                ),
+            )
+        )
 
     if "step" in sections:
         dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
@@ -121,24 +160,41 @@ def main() -> None:
         rows = []
         for cache_dtype in cache_dtypes:
             for block_size in block_sizes:
-                loaded = engine_model(hf, tokenizer, EngineConfig(
-                    model=args.shape, device=args.device, dtype=str(dtype).removeprefix("torch."),
-                    kv_cache_dtype=cache_dtype, block_size=block_size))
+                loaded = engine_model(
+                    hf,
+                    tokenizer,
+                    EngineConfig(
+                        model=args.shape,
+                        device=args.device,
+                        dtype=str(dtype).removeprefix("torch."),
+                        kv_cache_dtype=cache_dtype,
+                        block_size=block_size,
+                    ),
+                )
                 bench_gpu._TOKENIZER = loaded.tokenizer
                 row = [cache_dtype, block_size]
                 for batch in (int(b) for b in args.batches.split(",")):
                     engine, requests = bench_gpu.engine_at_batch(loaded, batch, args.device)
-                    seconds = bench_gpu.timed_per_call(lambda: engine.runner.execute(requests), args.device, args.seconds)
+                    step = engine.pipeline.step_input(requests)
+                    seconds = bench_gpu.timed_per_call(
+                        lambda: engine.runner.execute(step), args.device, args.seconds
+                    )
                     row.append(round(seconds * 1e3, 2))
-                    del engine, requests
+                    del engine, requests, step
                     gc.collect()
                 print(row, flush=True)
                 rows.append(row)
                 del loaded
                 gc.collect()
                 torch.cuda.empty_cache() if args.device.startswith("cuda") else None
-        tables.append((f"(b) {args.shape} decode step, ms", markdown_table(
-            ["cache dtype", "block size", *(f"batch {b}" for b in args.batches.split(","))], rows)))
+        tables.append(
+            (
+                f"(b) {args.shape} decode step, ms",
+                markdown_table(
+                    ["cache dtype", "block size", *(f"batch {b}" for b in args.batches.split(","))], rows
+                ),
+            )
+        )
 
     if "kernel" in sections:
         rows = []
@@ -148,18 +204,32 @@ def main() -> None:
                 micros = layer_read_us(LAYERS, 128, dtype, batch_size, variants)
                 read_bytes = batch_size * KEYS * HEADS * HEAD_DIM * 2 * dtype.itemsize
                 for label, us in micros.items():
-                    rows.append([str(dtype).removeprefix("torch."), batch_size, label, round(us, 1),
-                                 round(read_bytes / us / 1e6, 2)])
+                    rows.append(
+                        [
+                            str(dtype).removeprefix("torch."),
+                            batch_size,
+                            label,
+                            round(us, 1),
+                            round(read_bytes / us / 1e6, 2),
+                        ]
+                    )
                     print(rows[-1], flush=True)
-        tables.append(("(c) decode kernels, one layer's cross-attention read, large-v3 shape, 128-token blocks",
-                       markdown_table(["cache dtype", "batch", "kernel", "us", "TB/s"], rows)))
+        tables.append(
+            (
+                "(c) decode kernels, one layer's cross-attention read, large-v3 shape, 128-token blocks",
+                markdown_table(["cache dtype", "batch", "kernel", "us", "TB/s"], rows),
+            )
+        )
 
     body = titled_tables(tables)
     print(body)
     if args.record:
-        record("KV block size and dtype vs decode speed (bench_kv_layout.py)", body,
-               "The cache is block-major: within one layer's view, a block's keys are the piece read "
-               "contiguously, so small blocks scatter each layer's reads across the whole pool.")
+        record(
+            "KV block size and dtype vs decode speed (bench_kv_layout.py)",
+            body,
+            "The cache is block-major: within one layer's view, a block's keys are the piece read "
+            "contiguously, so small blocks scatter each layer's reads across the whole pool.",
+        )
 
 
 if __name__ == "__main__":

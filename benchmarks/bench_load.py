@@ -77,8 +77,14 @@ def metric_sum(url: str, prefix: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix + "{"))
 
 
-def run_load(url: str, clients: int, duration_s: float, warmup_s: float, api_key: str | None = None,
-             request_timeout_s: float = 300.0) -> LoadReport:
+def run_load(
+    url: str,
+    clients: int,
+    duration_s: float,
+    warmup_s: float,
+    api_key: str | None = None,
+    request_timeout_s: float = 300.0,
+) -> LoadReport:
     clips = [c for c in load_manifest(SPEECH_DIR) if c.text]
     payloads = [(c.path.name, c.path.read_bytes(), c.duration_s) for c in clips]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -95,8 +101,12 @@ def run_load(url: str, clients: int, duration_s: float, warmup_s: float, api_key
                 with lock:
                     report.sent += 1
                 try:
-                    response = http.post(f"{url}/v1/audio/transcriptions", headers=headers,
-                                         files={"file": (name, data)}, data={"model": "whisper-1"})
+                    response = http.post(
+                        f"{url}/v1/audio/transcriptions",
+                        headers=headers,
+                        files={"file": (name, data)},
+                        data={"model": "whisper-1"},
+                    )
                 except httpx.HTTPError as error:
                     with lock:
                         report.lost.append(f"{name}: {type(error).__name__}")
@@ -118,7 +128,9 @@ def run_load(url: str, clients: int, duration_s: float, warmup_s: float, api_key
     while any(thread.is_alive() for thread in threads):
         for pid, name in processes.items():
             try:
-                report.rss_mb.setdefault(f"{name} ({pid})", []).append(psutil.Process(pid).memory_info().rss / 2**20)
+                report.rss_mb.setdefault(f"{name} ({pid})", []).append(
+                    psutil.Process(pid).memory_info().rss / 2**20
+                )
             except psutil.NoSuchProcess:
                 pass
         time.sleep(5)
@@ -161,32 +173,57 @@ def main() -> None:
     url = args.url or start_default_app()
     report = run_load(url, args.clients, args.duration_s, args.warmup_s)
     rows = [
-        ["clients", report.clients], ["duration s", report.duration_s], ["requests sent", report.sent],
-        ["answered", report.answered], ["lost (no answer)", len(report.lost)],
-        ["statuses", dict(sorted(report.statuses.items()))], ["unexpected 5xx", report.unexpected_5xx],
+        ["clients", report.clients],
+        ["duration s", report.duration_s],
+        ["requests sent", report.sent],
+        ["answered", report.answered],
+        ["lost (no answer)", len(report.lost)],
+        ["statuses", dict(sorted(report.statuses.items()))],
+        ["unexpected 5xx", report.unexpected_5xx],
         ["audio s transcribed", round(report.audio_s, 1)],
         ["wall s (to the last answer)", round(report.wall_s, 1)],
         ["throughput (audio s / wall s)", round(report.audio_s / report.wall_s, 2)],
-        ["latency p50 s", round(report.percentile_s(0.5), 2)], ["latency p95 s", round(report.percentile_s(0.95), 2)],
+        ["latency p50 s", round(report.percentile_s(0.5), 2)],
+        ["latency p95 s", round(report.percentile_s(0.95), 2)],
         ["max RSS growth after warm-up", f"{report.max_rss_growth:.1%}"],
-        ["KV blocks used at end", report.kv_blocks_used_at_end], ["staged K/V at end", report.staged_at_end],
+        ["KV blocks used at end", report.kv_blocks_used_at_end],
+        ["staged K/V at end", report.staged_at_end],
     ]
-    rss_rows = [[name, round(s[0]), round(s[-1]), f"{(s[-1] - s[0]) / s[0]:.1%}"] for name, s in report.rss_mb.items() if s]
-    table = markdown_table(["figure", "value"], rows) + "\n\n" + markdown_table(["process", "RSS MB after warm-up", "RSS MB at end", "growth"], rss_rows)
+    rss_rows = [
+        [name, round(s[0]), round(s[-1]), f"{(s[-1] - s[0]) / s[0]:.1%}"]
+        for name, s in report.rss_mb.items()
+        if s
+    ]
+    table = (
+        markdown_table(["figure", "value"], rows)
+        + "\n\n"
+        + markdown_table(["process", "RSS MB after warm-up", "RSS MB at end", "growth"], rss_rows)
+    )
     print(table)
     if report.lost:
         print("lost:", report.lost[:10])
     if args.record:
         metrics = {
-            "clients": report.clients, "duration_s": report.duration_s, "sent": report.sent, "answered": report.answered,
-            "lost_requests": len(report.lost), "unexpected_5xx": report.unexpected_5xx,
-            "statuses": {str(k): v for k, v in report.statuses.items()}, "max_rss_growth": report.max_rss_growth,
-            "latency_p50_s": report.percentile_s(0.5), "latency_p95_s": report.percentile_s(0.95),
-            "kv_blocks_used_at_end": report.kv_blocks_used_at_end, "staged_at_end": report.staged_at_end,
+            "clients": report.clients,
+            "duration_s": report.duration_s,
+            "sent": report.sent,
+            "answered": report.answered,
+            "lost_requests": len(report.lost),
+            "unexpected_5xx": report.unexpected_5xx,
+            "statuses": {str(k): v for k, v in report.statuses.items()},
+            "max_rss_growth": report.max_rss_growth,
+            "latency_p50_s": report.percentile_s(0.5),
+            "latency_p95_s": report.percentile_s(0.95),
+            "kv_blocks_used_at_end": report.kv_blocks_used_at_end,
+            "staged_at_end": report.staged_at_end,
         }
-        record("Load test, default app on CPU (bench_load.py)", table,
-               "Clients loop over the 42 English clips of the speech set, one request at a time each.",
-               json_path=ROOT / "benchmarks" / "results" / "load.json", metrics=metrics)
+        record(
+            "Load test, default app on CPU (bench_load.py)",
+            table,
+            "Clients loop over the 42 English clips of the speech set, one request at a time each.",
+            json_path=ROOT / "benchmarks" / "results" / "load.json",
+            metrics=metrics,
+        )
 
 
 if __name__ == "__main__":

@@ -39,14 +39,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="runs of each mode, interleaved")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny.en", help="bundled name or model folder")
-    parser.add_argument("--no-wer", action="store_true", help="where the test extra (jiwer, the normalizer) is missing")
+    parser.add_argument(
+        "--no-wer", action="store_true", help="where the test extra (jiwer, the normalizer) is missing"
+    )
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     long_file = long_form_file(SPEECH_DIR)
     transcriber = Transcriber(loaded=load_model(EngineConfig(model=args.model, device=args.device)))
     options = DecodeOptions(timestamps=True)
-    transcriber.transcribe([long_file.samples[:16000 * 5]], options)  # warm-up
+    transcriber.transcribe([long_file.samples[: 16000 * 5]], options)  # warm-up
 
     seconds: dict[str, list[float]] = {"parallel": [], "sequential": []}
     outputs = {}
@@ -60,17 +62,26 @@ def main() -> None:
     fastest = {mode: min(times) for mode, times in seconds.items()}
     median = {mode: statistics.median(times) for mode, times in seconds.items()}
     rows = [
-        [mode, len(outputs[mode].windows), round(fastest[mode], 2), round(median[mode], 2),
-         round(long_file.duration_s / fastest[mode], 1),
-         "-" if args.no_wer else f"{word_error_rate([long_file.text], [outputs[mode].text]):.1%}"]
+        [
+            mode,
+            len(outputs[mode].windows),
+            round(fastest[mode], 2),
+            round(median[mode], 2),
+            round(long_file.duration_s / fastest[mode], 1),
+            "-" if args.no_wer else f"{word_error_rate([long_file.text], [outputs[mode].text]):.1%}",
+        ]
         for mode in seconds
     ]
-    table = markdown_table(["mode", "windows", "fastest wall s", "median wall s", "RTFx (fastest)", "WER"], rows)
-    notes = (f"{long_file.duration_s:.0f} s file of {len(LONG_FORM_CLIP_IDS)} speech-set clips, {args.model}, {args.device}, "
-             f"{args.threads} threads, {args.repeats} interleaved runs of each mode; greedy with timestamps, no fallback.\n"
-             f"**sequential / parallel wall time: {fastest['sequential'] / fastest['parallel']:.2f}x** (fastest runs; "
-             f"{median['sequential'] / median['parallel']:.2f}x of the medians). All runs, s: "
-             + "; ".join(f"{mode} {', '.join(f'{t:.1f}' for t in times)}" for mode, times in seconds.items()))
+    table = markdown_table(
+        ["mode", "windows", "fastest wall s", "median wall s", "RTFx (fastest)", "WER"], rows
+    )
+    notes = (
+        f"{long_file.duration_s:.0f} s file of {len(LONG_FORM_CLIP_IDS)} speech-set clips, {args.model}, {args.device}, "
+        f"{args.threads} threads, {args.repeats} interleaved runs of each mode; greedy with timestamps, no fallback.\n"
+        f"**sequential / parallel wall time: {fastest['sequential'] / fastest['parallel']:.2f}x** (fastest runs; "
+        f"{median['sequential'] / median['parallel']:.2f}x of the medians). All runs, s: "
+        + "; ".join(f"{mode} {', '.join(f'{t:.1f}' for t in times)}" for mode, times in seconds.items())
+    )
     print(table)
     print(notes)
     if args.record:

@@ -20,13 +20,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
-from engine.model.audio import N_SAMPLES, load_audio_file  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.decode.logit_rules import LogitRules  # noqa: E402
+from engine.model.audio import N_SAMPLES, load_audio_file  # noqa: E402
 from engine.model.loading import load_model  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.transcribe.evaluation import load_manifest, word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
-from engine.model.weights import resolve_model_folder  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 
@@ -51,13 +51,24 @@ def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int):
     from faster_whisper import WhisperModel
 
     workers = 1 if in_flight == 1 else threads  # one CTranslate2 worker per core, fed by 16 client threads
-    model = WhisperModel(str(resolve_model_folder("tiny.en")), device="cpu", compute_type=compute_type,
-                         cpu_threads=threads // workers, num_workers=workers)
+    model = WhisperModel(
+        str(resolve_model_folder("tiny.en")),
+        device="cpu",
+        compute_type=compute_type,
+        cpu_threads=threads // workers,
+        num_workers=workers,
+    )
     audio = [load_audio_file(c.path) for c in clips]
 
     def one(samples):
-        segments, _ = model.transcribe(samples, language="en", beam_size=1, temperature=0.0,
-                                       without_timestamps=True, condition_on_previous_text=False)
+        segments, _ = model.transcribe(
+            samples,
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            without_timestamps=True,
+            condition_on_previous_text=False,
+        )
         return "".join(s.text for s in segments).strip()
 
     one(audio[0])
@@ -75,22 +86,39 @@ def run_transformers(clips, in_flight: int):
     model, weights = hf_model("tiny.en")
     loaded = load_model(EngineConfig())
     special = loaded.tokenizer.special
-    rules = LogitRules(loaded.tokenizer, weights.dims.vocab_size, weights.suppress_tokens,
-                       weights.begin_suppress_tokens, torch.device("cpu"))
+    rules = LogitRules(
+        loaded.tokenizer,
+        weights.dims.vocab_size,
+        weights.suppress_tokens,
+        weights.begin_suppress_tokens,
+        torch.device("cpu"),
+    )
     extractor = WhisperFeatureExtractor(feature_size=80)
     audio = [load_audio_file(c.path)[:N_SAMPLES] for c in clips]
     prompt = [special.sot, special.no_timestamps]
 
     def batch(samples_list):
-        features = torch.from_numpy(extractor(samples_list, sampling_rate=16000, return_tensors="np").input_features)
+        features = torch.from_numpy(
+            extractor(samples_list, sampling_rate=16000, return_tensors="np").input_features
+        )
         out = GenerationMixin.generate(
-            model, input_features=features, decoder_input_ids=torch.tensor([prompt] * len(samples_list)),
-            max_new_tokens=224, do_sample=False, num_beams=1, suppress_tokens=rules.suppress_token_ids,
-            begin_suppress_tokens=rules.begin_suppress_token_ids, eos_token_id=special.eot, pad_token_id=special.eot)
-        return [loaded.tokenizer.decode(row[len(prompt):].tolist()).strip() for row in out]
+            model,
+            input_features=features,
+            decoder_input_ids=torch.tensor([prompt] * len(samples_list)),
+            max_new_tokens=224,
+            do_sample=False,
+            num_beams=1,
+            suppress_tokens=rules.suppress_token_ids,
+            begin_suppress_tokens=rules.begin_suppress_token_ids,
+            eos_token_id=special.eot,
+            pad_token_id=special.eot,
+        )
+        return [loaded.tokenizer.decode(row[len(prompt) :].tolist()).strip() for row in out]
 
     batch(audio[:1])
-    return timed(lambda: [t for i in range(0, len(audio), in_flight) for t in batch(audio[i : i + in_flight])])
+    return timed(
+        lambda: [t for i in range(0, len(audio), in_flight) for t in batch(audio[i : i + in_flight])]
+    )
 
 
 def main() -> None:
@@ -113,14 +141,24 @@ def main() -> None:
         for name, run in systems.items():
             texts, seconds = run(in_flight)
             rtfx[(name, in_flight)] = audio_s / seconds
-            rows.append([name, in_flight, round(seconds, 2), round(audio_s / seconds, 1), f"{word_error_rate(references, texts):.1%}"])
+            rows.append(
+                [
+                    name,
+                    in_flight,
+                    round(seconds, 2),
+                    round(audio_s / seconds, 1),
+                    f"{word_error_rate(references, texts):.1%}",
+                ]
+            )
             print(rows[-1], flush=True)
     for row in rows:
         row.append(round(rtfx[("ours (fp32)", row[1])] / rtfx[(row[0], row[1])], 2))
     table = markdown_table(["system", "in flight", "wall s", "RTFx", "WER", "ours / this (RTFx ratio)"], rows)
-    notes = (f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.threads} threads for every system; greedy, no "
-             "timestamps, no fallback. 16 in flight: ours = continuous batching (encoder batches of 8); "
-             "faster-whisper = 16 client threads over one CTranslate2 worker per core; transformers = static batches of 16.")
+    notes = (
+        f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.threads} threads for every system; greedy, no "
+        "timestamps, no fallback. 16 in flight: ours = continuous batching (encoder batches of 8); "
+        "faster-whisper = 16 client threads over one CTranslate2 worker per core; transformers = static batches of 16."
+    )
     print(table)
     if args.record:
         record("Offline throughput, tiny.en on CPU (bench_offline.py)", table, notes)

@@ -51,19 +51,25 @@ def main() -> None:
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
     hf = random_hf_whisper(args.shape, args.device, dtype)
-    config = EngineConfig(model=args.shape, device=args.device, dtype=str(dtype).removeprefix("torch."),
-                          attention_backend="triton" if args.device.startswith("cuda") else "torch",
-                          kv_cache_dtype=args.kv_cache_dtype, gpu={"cuda_graphs": False, "compile_encoder": False})
+    config = EngineConfig(
+        model=args.shape,
+        device=args.device,
+        dtype=str(dtype).removeprefix("torch."),
+        attention_backend="triton" if args.device.startswith("cuda") else "torch",
+        kv_cache_dtype=args.kv_cache_dtype,
+        gpu={"cuda_graphs": False, "compile_encoder": False},
+    )
     loaded = engine_model(hf, args.tokenizer or resolve_model_folder("base") / "tokenizer.json", config)
     del hf
     engine, requests = engine_at_batch(loaded, args.batch, args.device)
+    step = engine.pipeline.step_input(requests)
     activities = [ProfilerActivity.CUDA] if args.device.startswith("cuda") else [ProfilerActivity.CPU]
     for _ in range(3):
-        engine.runner.execute(requests)
+        engine.runner.execute(step)
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
     with profile(activities=activities) as profiler:
-        engine.runner.execute(requests)
+        engine.runner.execute(step)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
 
@@ -76,11 +82,15 @@ def main() -> None:
     total = sum(micros for micros, _ in by_kind.values())
     peak, peak_source = peak_bandwidth(args.device)
     bound_ms = step_bytes(loaded, args.batch, 50) / peak * 1000
-    rows = [[kind, round(micros / 1000, 3), count, f"{micros / total:.0%}"]
-            for kind, (micros, count) in sorted(by_kind.items(), key=lambda item: -item[1][0])]
+    rows = [
+        [kind, round(micros / 1000, 3), count, f"{micros / total:.0%}"]
+        for kind, (micros, count) in sorted(by_kind.items(), key=lambda item: -item[1][0])
+    ]
     rows.append(["all kernels", round(total / 1000, 3), sum(count for _, count in by_kind.values()), "100%"])
-    print(f"{args.shape}, batch {args.batch}, {args.device}, kv cache {args.kv_cache_dtype}: one eager decode step; "
-          f"bandwidth bound {bound_ms:.2f} ms ({peak_source} {peak / 1e12:.2f} TB/s)")
+    print(
+        f"{args.shape}, batch {args.batch}, {args.device}, kv cache {args.kv_cache_dtype}: one eager decode step; "
+        f"bandwidth bound {bound_ms:.2f} ms ({peak_source} {peak / 1e12:.2f} TB/s)"
+    )
     print(markdown_table(["part of the step", "ms", "kernels", "share"], rows))
 
 

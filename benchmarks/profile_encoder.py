@@ -21,15 +21,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_models import SHAPES, engine_model, profile_arguments, random_hf_whisper  # noqa: E402
 from benchmarks.recording import markdown_table  # noqa: E402
-from engine.model.audio import N_SAMPLES  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.encode.runner import EncoderRunner  # noqa: E402
+from engine.model.audio import N_SAMPLES  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 
 # Kernel-name fragments -> the part of the encoder they belong to; the first match wins.
 KINDS = (
     # cuDNN's convolution kernels and their layout transforms first: their names say cudnn too.
-    ("convolutions (with their fused bias and GELU)", ("implicit_gemm", "nhwc", "nchw", "conv", "winograd", "im2col")),
+    (
+        "convolutions (with their fused bias and GELU)",
+        ("implicit_gemm", "nhwc", "nchw", "conv", "winograd", "im2col"),
+    ),
     ("attention (SDPA)", ("fmha", "flash", "sdpa", "attention")),
     ("matrix products", ("gemm", "nvjet", "cutlass", "sm90_xmma", "splitk", "addmm", "mm_")),
     ("log-mel (FFT)", ("fft", "stft", "radix")),
@@ -58,15 +61,25 @@ def encoder_flops(shape: str) -> float:
 
 def main() -> None:
     parser = profile_arguments(__doc__.splitlines()[0])
-    parser.add_argument("--compile-mode", default=None, help="torch.compile mode for the encoder (default: torch's)")
-    parser.add_argument("--peak-tflops", type=float, default=798.0,
-                        help="the device's bf16 matrix-product rate (798 measured on the lent H100)")
+    parser.add_argument(
+        "--compile-mode", default=None, help="torch.compile mode for the encoder (default: torch's)"
+    )
+    parser.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=798.0,
+        help="the device's bf16 matrix-product rate (798 measured on the lent H100)",
+    )
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     dtype = torch.bfloat16 if cuda else torch.float32
     hf = random_hf_whisper(args.shape, args.device, dtype)
-    config = EngineConfig(model=args.shape, device=args.device, dtype=str(dtype).removeprefix("torch."),
-                          gpu={"compile_encoder": False})
+    config = EngineConfig(
+        model=args.shape,
+        device=args.device,
+        dtype=str(dtype).removeprefix("torch."),
+        gpu={"compile_encoder": False},
+    )
     loaded = engine_model(hf, args.tokenizer or resolve_model_folder("base") / "tokenizer.json", config)
     del hf
     if cuda:
@@ -103,12 +116,16 @@ def main() -> None:
             names[kind].append((micros, event.key))
     total = sum(micros for micros, _ in by_kind.values())
     floor_ms = encoder_flops(args.shape) * args.batch / (args.peak_tflops * 1e12) * 1000
-    rows = [[kind, round(micros / 1000, 2), count, f"{micros / total:.0%}"]
-            for kind, (micros, count) in sorted(by_kind.items(), key=lambda item: -item[1][0])]
+    rows = [
+        [kind, round(micros / 1000, 2), count, f"{micros / total:.0%}"]
+        for kind, (micros, count) in sorted(by_kind.items(), key=lambda item: -item[1][0])
+    ]
     rows.append(["all kernels", round(total / 1000, 2), sum(count for _, count in by_kind.values()), "100%"])
-    print(f"{args.shape}, batch {args.batch}, {args.device}, compile mode {args.compile_mode}: "
-          f"{args.batch / seconds:.1f} windows/s ({seconds * 1000:.1f} ms a batch); compute floor "
-          f"{floor_ms:.1f} ms at {args.peak_tflops:g} TFLOP/s")
+    print(
+        f"{args.shape}, batch {args.batch}, {args.device}, compile mode {args.compile_mode}: "
+        f"{args.batch / seconds:.1f} windows/s ({seconds * 1000:.1f} ms a batch); compute floor "
+        f"{floor_ms:.1f} ms at {args.peak_tflops:g} TFLOP/s"
+    )
     print(markdown_table(["part of the encoder", "ms", "kernels", "share"], rows))
     for kind, entries in names.items():
         for micros, name in sorted(entries, reverse=True)[:4]:

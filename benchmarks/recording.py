@@ -44,7 +44,9 @@ def titled_tables(tables: list[tuple[str, str]]) -> str:
     return "\n\n".join(f"### {title}\n\n{table}" for title, table in tables)
 
 
-def record(title: str, table: str, notes: str = "", json_path: Path | None = None, metrics: dict | None = None) -> None:
+def record(
+    title: str, table: str, notes: str = "", json_path: Path | None = None, metrics: dict | None = None
+) -> None:
     date = datetime.date.today().isoformat()
     command = " ".join([Path(sys.executable).name, *sys.argv])
     machine = machine_description()
@@ -55,6 +57,10 @@ def record(title: str, table: str, notes: str = "", json_path: Path | None = Non
         out.write(block)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(
-            {"machine": machine, "date": date, "command": command, "metrics": metrics or {}}, indent=2) + "\n")
+        json_path.write_text(
+            json.dumps(
+                {"machine": machine, "date": date, "command": command, "metrics": metrics or {}}, indent=2
+            )
+            + "\n"
+        )
     print(block)

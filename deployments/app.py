@@ -17,8 +17,12 @@ from deployments.ingress import Ingress
 from deployments.routing import MostFreeKVBlocksRouter
 
 
-def _deployment_options(name: str, options: ReplicaOptions, policy: type | None = None,
-                        policy_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+def _deployment_options(
+    name: str,
+    options: ReplicaOptions,
+    policy: type | None = None,
+    policy_kwargs: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     deployment = {
         "name": name,
         "ray_actor_options": options.ray_actor_options(),
@@ -36,24 +40,42 @@ def _deployment_options(name: str, options: ReplicaOptions, policy: type | None 
     deployment["autoscaling_config"] = AutoscalingConfig(
         min_replicas=scaling.min_replicas,
         max_replicas=scaling.max_replicas,
-        initial_replicas=scaling.initial_replicas if scaling.initial_replicas is not None else max(1, scaling.min_replicas),
+        initial_replicas=scaling.initial_replicas
+        if scaling.initial_replicas is not None
+        else max(1, scaling.min_replicas),
         upscale_delay_s=scaling.upscale_delay_s,
         downscale_delay_s=scaling.downscale_delay_s,
         metrics_interval_s=scaling.metrics_interval_s,
         look_back_period_s=scaling.look_back_period_s,
         # Serve's default policy (requests per replica) for the ingress; the sides' own signal otherwise.
-        **({"policy": AutoscalingPolicy(policy_function=policy, policy_kwargs=policy_kwargs or {})} if policy else {}),
+        **(
+            {"policy": AutoscalingPolicy(policy_function=policy, policy_kwargs=policy_kwargs or {})}
+            if policy
+            else {}
+        ),
     )
     return deployment
 
 
 def build_whisper_app(config: AppConfig) -> Application:
-    encoder = serve.deployment(EncoderDeployment).options(**_deployment_options(
-        "WhisperEncoder", config.encoder, EncoderPolicy, {"target_pending_windows": config.encoder.target_pending_windows}))
+    encoder = serve.deployment(EncoderDeployment).options(
+        **_deployment_options(
+            "WhisperEncoder",
+            config.encoder,
+            EncoderPolicy,
+            {"target_pending_windows": config.encoder.target_pending_windows},
+        )
+    )
     decoder = serve.deployment(DecoderDeployment).options(
-        **_deployment_options("WhisperDecoder", config.decoder, DecoderPolicy,
-                              {"target_kv_utilization": config.decoder.target_kv_utilization,
-                               "interactive_slots_reserved": config.engine.interactive_reserved_seqs > 0}),
+        **_deployment_options(
+            "WhisperDecoder",
+            config.decoder,
+            DecoderPolicy,
+            {
+                "target_kv_utilization": config.decoder.target_kv_utilization,
+                "interactive_slots_reserved": config.engine.interactive_reserved_seqs > 0,
+            },
+        ),
         request_router_config=RequestRouterConfig(
             request_router_class=MostFreeKVBlocksRouter,
             request_routing_stats_period_s=config.decoder.routing_stats_period_s,

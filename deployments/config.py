@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from engine.config import EngineConfig
 from kv_transfer.config import TransferConfig
 
-
 API_KEYS_ENV = "WHISPER_DISAGG_API_KEYS"
 
 
@@ -26,27 +25,45 @@ class AutoscalingOptions(BaseModel):
 
     min_replicas: int = Field(1, ge=0, description="0 only with scale_to_zero: true")
     max_replicas: int = Field(4, ge=1)
-    initial_replicas: int | None = Field(None, ge=0, description="None: min_replicas (1 when scaling to zero)")
+    initial_replicas: int | None = Field(
+        None, ge=0, description="None: min_replicas (1 when scaling to zero)"
+    )
     scale_to_zero: bool = Field(
-        False, description="allow min_replicas 0: idle deployments free their GPUs, the first request waits for a "
+        False,
+        description="allow min_replicas 0: idle deployments free their GPUs, the first request waits for a "
         "replica to start (model load: seconds to minutes)",
     )
-    upscale_delay_s: float = Field(10.0, ge=0, description="how long the load must call for more replicas first")
-    downscale_delay_s: float = Field(120.0, ge=0, description="how long the load must call for fewer replicas first")
+    upscale_delay_s: float = Field(
+        10.0, ge=0, description="how long the load must call for more replicas first"
+    )
+    downscale_delay_s: float = Field(
+        120.0, ge=0, description="how long the load must call for fewer replicas first"
+    )
     metrics_interval_s: float = Field(2.0, gt=0, description="how often replicas report their load")
     look_back_period_s: float = Field(10.0, gt=0, description="the window the reports are averaged over")
 
     @model_validator(mode="after")
     def _bounds_are_consistent(self) -> "AutoscalingOptions":
         if self.min_replicas == 0 and not self.scale_to_zero:
-            raise ValueError("min_replicas is 0 but scale_to_zero is false; set scale_to_zero: true to allow it")
+            raise ValueError(
+                "min_replicas is 0 but scale_to_zero is false; set scale_to_zero: true to allow it"
+            )
         if self.max_replicas < self.min_replicas:
-            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
-        if self.initial_replicas is not None and not self.min_replicas <= self.initial_replicas <= self.max_replicas:
-            raise ValueError(f"initial_replicas ({self.initial_replicas}) must lie in [min_replicas, max_replicas]")
+            raise ValueError(
+                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
+            )
+        if (
+            self.initial_replicas is not None
+            and not self.min_replicas <= self.initial_replicas <= self.max_replicas
+        ):
+            raise ValueError(
+                f"initial_replicas ({self.initial_replicas}) must lie in [min_replicas, max_replicas]"
+            )
         if self.look_back_period_s <= self.metrics_interval_s:
-            raise ValueError(f"look_back_period_s ({self.look_back_period_s}) must exceed metrics_interval_s "
-                             f"({self.metrics_interval_s}), or the average holds a single report")
+            raise ValueError(
+                f"look_back_period_s ({self.look_back_period_s}) must exceed metrics_interval_s "
+                f"({self.metrics_interval_s}), or the average holds a single report"
+            )
         return self
 
 
@@ -57,7 +74,9 @@ class ReplicaOptions(BaseModel):
 
     num_replicas: int = Field(1, ge=1, description="the fixed replica count when `autoscaling` is absent")
     num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0, description="a fraction (e.g. 0.5) lets encoder and decoder share a GPU")
+    num_gpus: float = Field(
+        0.0, ge=0, description="a fraction (e.g. 0.5) lets encoder and decoder share a GPU"
+    )
     resources: dict[str, float] = Field(
         default_factory=dict,
         description="Ray custom resources each replica needs, e.g. {whisper_decoder_node: 1}: on a cluster, the nodes "
@@ -65,14 +84,18 @@ class ReplicaOptions(BaseModel):
     )
     autoscaling: AutoscalingOptions | None = None
     drain_timeout_s: float = Field(
-        300.0, gt=0, description="on scale-down or redeploy, how long a replica may keep finishing its requests "
+        300.0,
+        gt=0,
+        description="on scale-down or redeploy, how long a replica may keep finishing its requests "
         "(and, for an encoder, wait for its staged K/V to be pulled) before it is stopped",
     )
     max_ongoing_requests: int = Field(64, ge=1, description="requests one replica works on at once")
     max_queued_requests: int = Field(
         256, ge=1, description="requests waiting for a replica; beyond it callers get 503 (back-pressure)"
     )
-    torch_threads: int | None = Field(None, ge=1, description="torch intra-op threads per replica; None: torch's default")
+    torch_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads per replica; None: torch's default"
+    )
 
     def ray_actor_options(self) -> dict[str, Any]:
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
@@ -88,18 +111,27 @@ class EncoderOptions(ReplicaOptions):
     max_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
     batch_wait_timeout_ms: float = Field(10.0, ge=0, description="how long a batch waits to fill")
     target_pending_windows: float = Field(
-        16.0, gt=0, description="autoscaling: windows queued or encoding per replica that one replica should carry",
+        16.0,
+        gt=0,
+        description="autoscaling: windows queued or encoding per replica that one replica should carry",
     )
 
 
 class DecoderOptions(ReplicaOptions):
-    max_ongoing_requests: int = Field(512, ge=1, description="windows admitted to one decoder's queue at once")
+    max_ongoing_requests: int = Field(
+        512, ge=1, description="windows admitted to one decoder's queue at once"
+    )
     target_kv_utilization: float = Field(
-        0.7, gt=0, le=1, description="autoscaling: the share of a replica's KV blocks its windows (running and "
+        0.7,
+        gt=0,
+        le=1,
+        description="autoscaling: the share of a replica's KV blocks its windows (running and "
         "waiting, at their worst-case reservation) should take; above it decoders are added",
     )
     routing_stats_period_s: float = Field(
-        1.0, gt=0, description="how often each replica reports its free KV blocks to the router",
+        1.0,
+        gt=0,
+        description="how often each replica reports its free KV blocks to the router",
     )
 
 
@@ -109,15 +141,23 @@ class HTTPLimits(BaseModel):
     max_upload_mb: float = Field(25.0, gt=0, description="OpenAI's limit is 25 MB")
     max_audio_duration_s: float = Field(3600.0, gt=0)
     max_in_flight_requests: int = Field(
-        256, ge=1, description="requests one ingress replica works on at once; beyond it new ones get 503 + Retry-After"
+        256,
+        ge=1,
+        description="requests one ingress replica works on at once; beyond it new ones get 503 + Retry-After",
     )
-    upload_timeout_s: float = Field(60.0, gt=0, description="longest a client may take to send its request body (408 after)")
+    upload_timeout_s: float = Field(
+        60.0, gt=0, description="longest a client may take to send its request body (408 after)"
+    )
     max_windows_in_flight: int = Field(
-        16, ge=1, description="30 s windows of one file encoded or decoded at once (parallel long-form); the next "
+        16,
+        ge=1,
+        description="30 s windows of one file encoded or decoded at once (parallel long-form); the next "
         "starts as the oldest is answered, so an hour-long file holds at most this many windows' K/V",
     )
     interactive_max_duration_s: float = Field(
-        30.0, ge=0, description="requests without a `priority` field are interactive up to this audio length, "
+        30.0,
+        ge=0,
+        description="requests without a `priority` field are interactive up to this audio length, "
         "batch beyond it",
     )
     api_keys: list[str] = Field(
@@ -146,7 +186,9 @@ class AppConfig(BaseModel):
     decoder: DecoderOptions = Field(default_factory=DecoderOptions)
     # The ingress is async and mostly waits: let it hold many requests, and shed load itself
     # (http.max_in_flight_requests) so overload answers in OpenAI's error format.
-    ingress: ReplicaOptions = Field(default_factory=lambda: ReplicaOptions(num_cpus=0.5, max_ongoing_requests=1024))
+    ingress: ReplicaOptions = Field(
+        default_factory=lambda: ReplicaOptions(num_cpus=0.5, max_ongoing_requests=1024)
+    )
     http: HTTPLimits = Field(default_factory=HTTPLimits)
 
     @field_validator("served_model_names")

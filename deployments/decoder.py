@@ -73,12 +73,22 @@ class DecoderDeployment:
         any window is encoded, so a bad request costs no encoder work)."""
         self.engine.make_request(options, cross_source=None)
 
-    async def decode(self, handle: TransferHandle, options: DecodeOptions, audio_duration_s: float | None = None,
-                     priority: Priority = Priority.INTERACTIVE) -> DecodeResult:
+    async def decode(
+        self,
+        handle: TransferHandle,
+        options: DecodeOptions,
+        audio_duration_s: float | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> DecodeResult:
         """Decode one window whose cross-attention K/V (or states) the handle points at;
         ``audio_duration_s``: how much of the window is audio (word timestamps look only there)."""
-        request = self.engine.make_request(options, TransferredCrossKV(handle, self.receiver), request_id=handle.request_id,
-                                           audio_duration_s=audio_duration_s, priority=priority)
+        request = self.engine.make_request(
+            options,
+            TransferredCrossKV(handle, self.receiver),
+            request_id=handle.request_id,
+            audio_duration_s=audio_duration_s,
+            priority=priority,
+        )
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._waiters_lock:

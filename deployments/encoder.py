@@ -20,8 +20,8 @@ import torch
 
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
-from engine.model.audio import pad_or_trim
 from engine.encode.runner import EncoderRunner
+from engine.model.audio import pad_or_trim
 from engine.model.loading import load_model
 from engine.types import Priority, is_promoted
 from kv_transfer import make_sender
@@ -72,7 +72,9 @@ class EncoderDeployment:
             torch.cuda.empty_cache()
         self.runner = EncoderRunner(self.loaded)
         self.payload = config.transfer.resolved_mode()
-        self.sender = make_sender(config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device)
+        self.sender = make_sender(
+            config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device
+        )
         logger.info("encoder: %s transfer, shipping %s", config.transfer.resolved_connector(), self.payload)
         self.windows_encoded = 0
         self.batches = 0

@@ -18,7 +18,11 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
 from deployments.http.errors import (
-    APIError, add_exception_handlers, api_error_of, at_capacity, error_response,
+    APIError,
+    add_exception_handlers,
+    api_error_of,
+    at_capacity,
+    error_response,
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
@@ -57,9 +61,15 @@ class Ingress:
     async def models(self, request: Request) -> Response:
         self._authorize(request)
         names = sorted(self.config.accepted_model_names)
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": 0, "owned_by": "whisper-disagg"} for name in names
-        ]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": name, "object": "model", "created": 0, "owned_by": "whisper-disagg"}
+                    for name in names
+                ],
+            }
+        )
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -67,8 +77,12 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        encoder_stats = await self.encoder.broadcast("stats").results_async(timeout_s=5, return_exceptions=True)
-        decoder_stats = await self.decoder.broadcast("stats").results_async(timeout_s=5, return_exceptions=True)
+        encoder_stats = await self.encoder.broadcast("stats").results_async(
+            timeout_s=5, return_exceptions=True
+        )
+        decoder_stats = await self.decoder.broadcast("stats").results_async(
+            timeout_s=5, return_exceptions=True
+        )
         body = self.metrics.render(
             [s for s in encoder_stats if not isinstance(s, Exception)],
             [s for s in decoder_stats if not isinstance(s, Exception)],
@@ -91,8 +105,9 @@ class Ingress:
         finally:
             self.in_flight -= 1
 
-    async def _transcription_response(self, request: Request, task: str, route: str,
-                                      started: float) -> Response:
+    async def _transcription_response(
+        self, request: Request, task: str, route: str, started: float
+    ) -> Response:
         try:
             self._authorize(request)
             form = await parse_transcription_form(request, task, self.config)
@@ -104,8 +119,11 @@ class Ingress:
                 # A streamed request counts against max_in_flight_requests until its stream starts,
                 # not to its end: a generator that a vanished client never starts could not give
                 # its place back.
-                events = transcription_events(self.pipeline.decoded(cursor, form.priority), cursor,
-                                              partial(self._observe, route, started))
+                events = transcription_events(
+                    self.pipeline.decoded(cursor, form.priority),
+                    cursor,
+                    partial(self._observe, route, started),
+                )
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await self.pipeline.transcribe(cursor, form.priority)
             response = to_response(transcription, form.response_format, task, form.options.word_timestamps)
@@ -120,8 +138,13 @@ class Ingress:
         """Refuse audio over the length limit; give the request its priority class if it asked for none."""
         http = self.config.http
         if duration_s > http.max_audio_duration_s:
-            raise APIError(413, f"Audio is {duration_s:.0f} s long; this server accepts at most "
-                           f"{http.max_audio_duration_s:.0f} s.", param="file", code="audio_too_long")
+            raise APIError(
+                413,
+                f"Audio is {duration_s:.0f} s long; this server accepts at most "
+                f"{http.max_audio_duration_s:.0f} s.",
+                param="file",
+                code="audio_too_long",
+            )
         if form.priority is not None:
             return form
         interactive = duration_s <= http.interactive_max_duration_s

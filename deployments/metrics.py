@@ -13,19 +13,64 @@ LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
 class ServingMetrics:
     def __init__(self):
         self.registry = CollectorRegistry()
-        self.requests = Counter("whisper_requests", "HTTP requests by route and status", ["route", "status"], registry=self.registry)
-        self.latency = Histogram("whisper_request_latency_seconds", "end-to-end request latency", ["route"],
-                                 buckets=LATENCY_BUCKETS_S, registry=self.registry)
-        self.audio_seconds = Counter("whisper_audio_seconds", "seconds of audio transcribed", registry=self.registry)
-        self.kv_blocks_used = Gauge("whisper_decoder_kv_blocks_used", "KV blocks in use", ["replica"], registry=self.registry)
-        self.kv_blocks_free = Gauge("whisper_decoder_kv_blocks_free", "KV blocks free", ["replica"], registry=self.registry)
-        self.decoder_running = Gauge("whisper_decoder_running", "windows decoding", ["replica"], registry=self.registry)
-        self.decoder_waiting = Gauge("whisper_decoder_waiting", "windows waiting for KV blocks", ["replica"], registry=self.registry)
-        self.decoder_aborted = Gauge("whisper_decoder_windows_aborted", "windows aborted because their caller went away", ["replica"], registry=self.registry)
-        self.encoder_batch_size = Gauge("whisper_encoder_mean_batch_size", "mean windows per encoder forward", ["replica"], registry=self.registry)
-        self.encoder_windows = Gauge("whisper_encoder_windows_encoded", "windows encoded since start", ["replica"], registry=self.registry)
-        self.transfer = Gauge("whisper_transfer_info", "the transfer connector and payload in use", ["replica", "connector", "payload"], registry=self.registry)
-        self.encoder_staged = Gauge("whisper_encoder_staged", "windows whose K/V awaits a decoder pull", ["replica"], registry=self.registry)
+        self.requests = Counter(
+            "whisper_requests",
+            "HTTP requests by route and status",
+            ["route", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "whisper_request_latency_seconds",
+            "end-to-end request latency",
+            ["route"],
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.audio_seconds = Counter(
+            "whisper_audio_seconds", "seconds of audio transcribed", registry=self.registry
+        )
+        self.kv_blocks_used = Gauge(
+            "whisper_decoder_kv_blocks_used", "KV blocks in use", ["replica"], registry=self.registry
+        )
+        self.kv_blocks_free = Gauge(
+            "whisper_decoder_kv_blocks_free", "KV blocks free", ["replica"], registry=self.registry
+        )
+        self.decoder_running = Gauge(
+            "whisper_decoder_running", "windows decoding", ["replica"], registry=self.registry
+        )
+        self.decoder_waiting = Gauge(
+            "whisper_decoder_waiting", "windows waiting for KV blocks", ["replica"], registry=self.registry
+        )
+        self.decoder_aborted = Gauge(
+            "whisper_decoder_windows_aborted",
+            "windows aborted because their caller went away",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.encoder_batch_size = Gauge(
+            "whisper_encoder_mean_batch_size",
+            "mean windows per encoder forward",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.encoder_windows = Gauge(
+            "whisper_encoder_windows_encoded",
+            "windows encoded since start",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.transfer = Gauge(
+            "whisper_transfer_info",
+            "the transfer connector and payload in use",
+            ["replica", "connector", "payload"],
+            registry=self.registry,
+        )
+        self.encoder_staged = Gauge(
+            "whisper_encoder_staged",
+            "windows whose K/V awaits a decoder pull",
+            ["replica"],
+            registry=self.registry,
+        )
 
     def observe_request(self, route: str, status: int, latency_s: float, audio_s: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -33,8 +78,17 @@ class ServingMetrics:
         self.audio_seconds.inc(audio_s)
 
     def render(self, encoder_stats: Sequence, decoder_stats: Sequence) -> bytes:
-        for gauge in (self.kv_blocks_used, self.kv_blocks_free, self.decoder_running, self.decoder_waiting, self.decoder_aborted,
-                      self.encoder_batch_size, self.encoder_windows, self.encoder_staged, self.transfer):
+        for gauge in (
+            self.kv_blocks_used,
+            self.kv_blocks_free,
+            self.decoder_running,
+            self.decoder_waiting,
+            self.decoder_aborted,
+            self.encoder_batch_size,
+            self.encoder_windows,
+            self.encoder_staged,
+            self.transfer,
+        ):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
         for index, stats in enumerate(decoder_stats):
             replica = str(index)

@@ -57,7 +57,9 @@ class MostFreeKVBlocksRouter(FIFOMixin, RequestRouter):
         # A newer report than the count's already has those windows in its figures.
         return sent if counted_since == report_id else 0
 
-    def expected_free_blocks(self, replica: RunningReplica, reports: dict[ReplicaID, KVRoutingStats]) -> float:
+    def expected_free_blocks(
+        self, replica: RunningReplica, reports: dict[ReplicaID, KVRoutingStats]
+    ) -> float:
         stats = reports.get(replica.replica_id)
         if stats is not None:
             sent = self._windows_sent_since(replica.replica_id, stats.report_id)
@@ -71,11 +73,16 @@ class MostFreeKVBlocksRouter(FIFOMixin, RequestRouter):
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
-        reports = {r.replica_id: stats for r in candidate_replicas
-                   if (stats := KVRoutingStats.from_dict(r.routing_stats)) is not None}
+        reports = {
+            r.replica_id: stats
+            for r in candidate_replicas
+            if (stats := KVRoutingStats.from_dict(r.routing_stats)) is not None
+        }
         # Shuffle first so that ties (e.g. idle replicas) are broken at random, not by list order.
         shuffled = random.sample(candidate_replicas, len(candidate_replicas))
-        ranked = sorted(shuffled, key=lambda replica: self.expected_free_blocks(replica, reports), reverse=True)
+        ranked = sorted(
+            shuffled, key=lambda replica: self.expected_free_blocks(replica, reports), reverse=True
+        )
         # One replica per rank: Serve tries them in order and skips one whose queue is full.
         return [[replica] for replica in ranked]
 

@@ -37,33 +37,42 @@ class GPUSwitches(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     cuda_graphs: bool = Field(
-        True, description="replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs "
-        "(with an attention backend that can be captured: triton)"
+        True,
+        description="replay decode steps from CUDA graphs captured at batch sizes up to max_num_seqs "
+        "(with an attention backend that can be captured: triton)",
     )
     async_steps: bool | None = Field(
-        None, description="launch each decode step before reading the tokens of the one before, so the host's "
+        None,
+        description="launch each decode step before reading the tokens of the one before, so the host's "
         "work (reading tokens, ending requests, scheduling, preparing inputs) overlaps the GPU's; costs a "
         "wasted row for each window that ends at end of text. None: on where decode CUDA graphs are captured",
     )
     stepped_prompt_tokens: int | None = Field(
-        None, ge=0, description="a prompt of at most this many tokens is fed one token a step, so that a step "
+        None,
+        ge=0,
+        description="a prompt of at most this many tokens is fed one token a step, so that a step "
         "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several tokens "
         "of one request runs eagerly); a longer prompt (previous text) is fed in one step. None: "
         f"{STEPPED_PROMPT_TOKENS_WITH_GRAPHS} where decode CUDA graphs are captured, else 0",
     )
     compile_encoder: bool = Field(
-        True, description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
-        "between the matrix products); start-up takes ~1 min longer"
+        True,
+        description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
+        "between the matrix products); start-up takes ~1 min longer",
     )
     fused_encoder_gelu: bool = Field(
-        True, description="in bf16 or fp16, apply the encoder MLPs' GELU in the first product's cuBLASLt "
+        True,
+        description="in bf16 or fp16, apply the encoder MLPs' GELU in the first product's cuBLASLt "
         "epilogue, in its tanh form (error under bf16's rounding); fp32 keeps the exact GELU",
     )
     fused_decoder_norms: bool = Field(
-        True, description="run each residual add in the decoder and the layer norm after it as one Triton kernel"
+        True,
+        description="run each residual add in the decoder and the layer norm after it as one Triton kernel",
     )
 
-    def resolve(self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True) -> ResolvedGPUSwitches:
+    def resolve(
+        self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True
+    ) -> ResolvedGPUSwitches:
         """The switches on ``device_type`` in ``dtype``; ``graphs_capturable``: whether the attention
         backend in use can be captured in a CUDA graph (known once it is built)."""
         on_cuda = device_type == "cuda"
@@ -77,7 +86,9 @@ class GPUSwitches(BaseModel):
             async_steps=self.async_steps if self.async_steps is not None else graphs,
             stepped_prompt_tokens=stepped,
             compile_encoder=on_cuda and self.compile_encoder,
-            fused_encoder_gelu=on_cuda and self.fused_encoder_gelu and dtype in (torch.bfloat16, torch.float16),
+            fused_encoder_gelu=on_cuda
+            and self.fused_encoder_gelu
+            and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
         )
 
@@ -85,29 +96,37 @@ class GPUSwitches(BaseModel):
 class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field("tiny.en", description="bundled name, model folder, or Hugging Face id in the local cache")
+    model: str = Field(
+        "tiny.en", description="bundled name, model folder, or Hugging Face id in the local cache"
+    )
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto", description="'auto': float32 on CPU (no fast half matmuls there), bfloat16 on CUDA"
     )
     block_size: int = Field(
-        128, description="tokens per KV block, a power of two. The cache is block-major (a block holds all "
+        128,
+        description="tokens per KV block, a power of two. The cache is block-major (a block holds all "
         "layers), so a layer's K/V of one block is one piece of block_size tokens: on an H100 large-v3's "
         "cross-attention read a layer in ~221 us with 16-token blocks and ~179 us with 128 (batch 64; "
-        "decode step 9.22 -> 7.74 ms). 1500 frames fill 12 blocks of 128, 36 slots of padding"
+        "decode step 9.22 -> 7.74 ms). 1500 frames fill 12 blocks of 128, 36 slots of padding",
     )
     kv_cache_memory_mb: float = Field(512, gt=0, description="memory for the paged KV cache")
     max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")
     max_num_batched_tokens: int = Field(2048, ge=448, description="most tokens in one decoder step")
     interactive_reserved_seqs: int = Field(
-        0, ge=0, description="sequence slots (and room for as many requests in the KV pool) that batch-priority "
+        0,
+        ge=0,
+        description="sequence slots (and room for as many requests in the KV pool) that batch-priority "
         "work may not take, so interactive requests are admitted at once behind a batch backlog",
     )
     batch_aging_s: float = Field(
-        30.0, gt=0, description="a batch-priority window waiting this long is scheduled as interactive (no starvation)"
+        30.0,
+        gt=0,
+        description="a batch-priority window waiting this long is scheduled as interactive (no starvation)",
     )
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
-        "auto", description="dtype of the paged KV cache (self- and cross-attention blocks) and of the cross-K/V "
+        "auto",
+        description="dtype of the paged KV cache (self- and cross-attention blocks) and of the cross-K/V "
         "encoders ship: 'auto' is engine.dtype; 'fp8_e4m3' halves a bf16 cache's bytes (twice the blocks in "
         "kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot read it",
     )
@@ -151,8 +170,10 @@ class EngineConfig(BaseModel):
     def _backend_reads_the_kv_cache_dtype(self) -> "EngineConfig":
         problem = kv_cache_dtype_problem(self.attention_backend, self.kv_cache_torch_dtype)
         if problem:
-            raise ValueError(f"kv_cache_dtype {self.kv_cache_dtype!r} with attention_backend "
-                             f"{self.attention_backend!r}: {problem}")
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} with attention_backend "
+                f"{self.attention_backend!r}: {problem}"
+            )
         return self
 
     def gpu_switches(self, graphs_capturable: bool = True) -> ResolvedGPUSwitches:
@@ -175,4 +196,6 @@ class EngineConfig(BaseModel):
         """Called where the model loads (a replica may sit on another node than the one that
         validated the config), so the check runs on the machine that needs the GPU."""
         if self.torch_device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"engine.device {self.device!r}, but this machine has no CUDA GPU; use device: cpu")
+            raise ValueError(
+                f"engine.device {self.device!r}, but this machine has no CUDA GPU; use device: cpu"
+            )

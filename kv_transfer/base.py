@@ -115,7 +115,9 @@ class BlockLayout:
                 "engine.block_size, engine.dtype and engine.kv_cache_dtype"
             )
         if len(block_ids) != self.num_blocks:
-            raise IncompatibleHandleError(f"{self.num_blocks} staged blocks, but {len(block_ids)} block ids given")
+            raise IncompatibleHandleError(
+                f"{self.num_blocks} staged blocks, but {len(block_ids)} block ids given"
+            )
 
 
 @dataclass(frozen=True)
@@ -186,4 +188,3 @@ class KVReceiver(abc.ABC):
 
     def close(self) -> None:
         """Free everything; the receiver is unusable afterwards."""
-

@@ -38,11 +38,17 @@ class TransferConfig(BaseModel):
         5.0, ge=0, description="how long staging waits for room when full before raising StagingFullError"
     )
     unclaimed_timeout_s: float = Field(
-        120.0, gt=0, description="staging never pulled within this time is freed; a later pull fails (retriable)"
+        120.0,
+        gt=0,
+        description="staging never pulled within this time is freed; a later pull fails (retriable)",
     )
-    pull_timeout_s: float = Field(30.0, gt=0, description="longest one pull may take before it fails (retriable)")
+    pull_timeout_s: float = Field(
+        30.0, gt=0, description="longest one pull may take before it fails (retriable)"
+    )
     release_poll_interval_ms: float = Field(
-        5.0, gt=0, le=1000,
+        5.0,
+        gt=0,
+        le=1000,
         description="how often a sender checks for finished pulls and expiry, and an idle NIXL agent makes progress",
     )
 

@@ -142,7 +142,12 @@ class NixlSender(StagingSender):
 class NixlReceiver(KVReceiver):
     connector = "nixl"
 
-    def __init__(self, config: TransferConfig, storage: PagedKVStorage | None = None, device: torch.device | None = None):
+    def __init__(
+        self,
+        config: TransferConfig,
+        storage: PagedKVStorage | None = None,
+        device: torch.device | None = None,
+    ):
         self.config = config
         self.device = storage.cache.device if storage is not None else torch.device(device or "cpu")
         self.name = f"kv-receiver-{uuid.uuid4().hex[:12]}"
@@ -157,7 +162,9 @@ class NixlReceiver(KVReceiver):
         if storage is not None:
             self._register(storage.cache)
         self._closed = threading.Event()
-        self._progress = threading.Thread(target=self._progress_loop, name=f"{self.name}-progress", daemon=True)
+        self._progress = threading.Thread(
+            target=self._progress_loop, name=f"{self.name}-progress", daemon=True
+        )
         self._progress.start()
         atexit.register(self.close)  # as for the sender: no thread inside the agent at teardown
 
@@ -176,13 +183,16 @@ class NixlReceiver(KVReceiver):
             # Block-major on both sides: staged block i and cache block block_ids[i] are each one
             # contiguous region, and so is a run of them.
             block_bytes = np.uint64(layout.bytes_per_block)
-            staged_starts, cache_starts, run_lengths = (run.astype(np.uint64) for run in _block_runs(block_ids))
+            staged_starts, cache_starts, run_lengths = (
+                run.astype(np.uint64) for run in _block_runs(block_ids)
+            )
             local = _descriptors(
                 np.uint64(cache.data_ptr()) + cache_starts * block_bytes, run_lengths * block_bytes, device_id
             )
             remote = _descriptors(
                 np.uint64(handle.location.payload_address) + staged_starts * block_bytes,
-                run_lengths * block_bytes, handle.location.device_id,
+                run_lengths * block_bytes,
+                handle.location.device_id,
             )
             self._read_checked(handle, local, memory_type, remote)
 
@@ -228,7 +238,9 @@ class NixlReceiver(KVReceiver):
 
     # --- one pull ------------------------------------------------------------------------------
 
-    def _read_checked(self, handle: TransferHandle, local: np.ndarray, memory_type: str, remote: np.ndarray) -> None:
+    def _read_checked(
+        self, handle: TransferHandle, local: np.ndarray, memory_type: str, remote: np.ndarray
+    ) -> None:
         """READ the payload, then the entry's header with the release notification; fail unless the
         header still holds this handle's token. Any failure releases the sender's staging."""
         location: NixlLocation = handle.location
@@ -242,8 +254,14 @@ class NixlReceiver(KVReceiver):
             self._header[0] = 0
             synchronize(self.device)  # or the zeroing could land after the READ
             self._read(
-                handle, remote_agent, header_local, _memory_kind(self._header)[0], header_remote,
-                location.memory_type, _RELEASE_PREFIX + str(handle.staging_token).encode(), deadline,
+                handle,
+                remote_agent,
+                header_local,
+                _memory_kind(self._header)[0],
+                header_remote,
+                location.memory_type,
+                _RELEASE_PREFIX + str(handle.staging_token).encode(),
+                deadline,
             )
         except TransferError:
             self._release_unpulled(handle)
@@ -251,19 +269,31 @@ class NixlReceiver(KVReceiver):
         except Exception as error:  # NIXL raises its own types (e.g. nixlRemoteDisconnectError)
             self._release_unpulled(handle)
             self._forget(remote_agent)
-            raise TransferError(f"pulling {handle.request_id} from {remote_agent} failed: {error!r}") from error
+            raise TransferError(
+                f"pulling {handle.request_id} from {remote_agent} failed: {error!r}"
+            ) from error
         if int(self._header[0]) != handle.staging_token:
             raise TransferError(
                 f"staging for {handle.request_id} was released before the pull (unclaimed_timeout_s or released)"
             )
 
     def _read(
-        self, handle: TransferHandle, remote_agent: str, local: np.ndarray, local_type: str,
-        remote: np.ndarray, remote_type: str, notification: bytes, deadline: float,
+        self,
+        handle: TransferHandle,
+        remote_agent: str,
+        local: np.ndarray,
+        local_type: str,
+        remote: np.ndarray,
+        remote_type: str,
+        notification: bytes,
+        deadline: float,
     ) -> None:
         transfer = self.agent.initialize_xfer(
-            "READ", self.agent.get_xfer_descs(local, local_type), self.agent.get_xfer_descs(remote, remote_type),
-            remote_agent, notification,
+            "READ",
+            self.agent.get_xfer_descs(local, local_type),
+            self.agent.get_xfer_descs(remote, remote_type),
+            remote_agent,
+            notification,
         )
         state = "PROC"
         try:

@@ -76,7 +76,9 @@ class ObjectStoreSender(StagingSender):
 
     def __init__(self, config: TransferConfig, block_size: int):
         if not ray.is_initialized():
-            raise RuntimeError("the object_store connector runs inside Ray: call ray.init() or run under Serve")
+            raise RuntimeError(
+                "the object_store connector runs inside Ray: call ray.init() or run under Serve"
+            )
         super().__init__(config, block_size, sender_id=f"object-store-sender-{uuid.uuid4().hex[:12]}")
         self.ledger = StagingLedger.remote()
         self._location = ObjectStoreLocation(self.ledger)
@@ -138,7 +140,9 @@ class ObjectStoreReceiver(KVReceiver):
     def _fetch(self, handle: TransferHandle) -> torch.Tensor:
         deadline = time.monotonic() + self.config.pull_timeout_s
         try:
-            claimed = ray.get(handle.location.ledger.claim.remote(handle.staging_token), timeout=self.config.pull_timeout_s)
+            claimed = ray.get(
+                handle.location.ledger.claim.remote(handle.staging_token), timeout=self.config.pull_timeout_s
+            )
             if claimed is None:
                 raise TransferError(
                     f"staging for {handle.request_id} was released before the pull (unclaimed_timeout_s or released)"
@@ -147,7 +151,9 @@ class ObjectStoreReceiver(KVReceiver):
         except TransferError:
             raise
         except Exception as error:  # the sender died (actor, owner), the object was lost, or a timeout
-            raise TransferError(f"pulling {handle.request_id} from {handle.sender_id} failed: {error!r}") from error
+            raise TransferError(
+                f"pulling {handle.request_id} from {handle.sender_id} failed: {error!r}"
+            ) from error
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # read-only shared memory; it is only read
             payload = torch.from_numpy(payload_bytes)

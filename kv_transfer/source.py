@@ -21,7 +21,9 @@ class TransferredCrossKV:
     def discard(self) -> None:
         self.receiver.discard(self.handle)
 
-    def load_into(self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection) -> None:
+    def load_into(
+        self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
+    ) -> None:
         if self.handle.layout.payload == "cross_kv":
             self.receiver.pull_blocks(self.handle, storage, block_ids)
         else:

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from engine.arith import round_up
 from kv_transfer.base import BlockLayout, KVSender, StagingFullError, TransferHandle, TransferPayload
 from kv_transfer.config import TransferConfig
 
@@ -35,7 +36,7 @@ def synchronize(device: torch.device) -> None:
 
 
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // STAGING_ALIGNMENT) * STAGING_ALIGNMENT
+    return round_up(nbytes, STAGING_ALIGNMENT)
 
 
 class StagingArena:
@@ -48,11 +49,6 @@ class StagingArena:
         self._used: dict[int, int] = {}  # offset -> size
         self._changed = threading.Condition()
         self._closed = False
-
-    @property
-    def used_bytes(self) -> int:
-        with self._changed:
-            return sum(self._used.values())
 
     def allocate(self, nbytes: int, wait_s: float) -> int:
         size = _aligned(nbytes)
@@ -169,10 +165,6 @@ class StagingSender(KVSender):
         with self._lock:
             return len(self._entries)
 
-    @property
-    def staged_bytes(self) -> int:
-        return self.arena.used_bytes
-
     def close(self) -> None:
         if self._closed.is_set():
             return
@@ -242,7 +234,8 @@ class StagingSender(KVSender):
             if self._free(entry.token, pulled=False):
                 logger.warning(
                     "staging for %s was not pulled within %.0f s (unclaimed_timeout_s); freed",
-                    entry.request_id, self.config.unclaimed_timeout_s,
+                    entry.request_id,
+                    self.config.unclaimed_timeout_s,
                 )
 
 

@@ -23,8 +23,15 @@ REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableErr
 class APIError(Exception):
     """An error with its HTTP status and OpenAI error fields, raised inside route handlers."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 error_type: str = "invalid_request_error", retry_after_s: int | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        error_type: str = "invalid_request_error",
+        retry_after_s: int | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.error_type, self.retry_after_s = error_type, retry_after_s
@@ -35,8 +42,13 @@ class APIError(Exception):
 
 
 def at_capacity() -> APIError:
-    return APIError(503, "The server is at capacity; retry shortly.", code="overloaded",
-                    error_type="server_overloaded", retry_after_s=1)
+    return APIError(
+        503,
+        "The server is at capacity; retry shortly.",
+        code="overloaded",
+        error_type="server_overloaded",
+        retry_after_s=1,
+    )
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -56,11 +68,21 @@ def api_error_of(error: Exception) -> APIError:
     if isinstance(error, (BackPressureError, StagingFullError)):
         return at_capacity()
     if isinstance(error, REPLICA_LOST):
-        return APIError(503, "A server replica is restarting; retry shortly.", code="replica_unavailable",
-                        error_type="server_error", retry_after_s=2)
+        return APIError(
+            503,
+            "A server replica is restarting; retry shortly.",
+            code="replica_unavailable",
+            error_type="server_error",
+            retry_after_s=2,
+        )
     if isinstance(error, RetriableError):
-        return APIError(503, f"Transcription failed transiently: {error}", code="retry",
-                        error_type="server_error", retry_after_s=1)
+        return APIError(
+            503,
+            f"Transcription failed transiently: {error}",
+            code="retry",
+            error_type="server_error",
+            retry_after_s=1,
+        )
     logger.exception("unexpected error", exc_info=error)
     return APIError(500, "Internal server error.", error_type="server_error")
 

@@ -7,15 +7,13 @@ Segment times are on the file's timeline: Whisper's timestamp tokens offset by t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.decode.fallback import compression_ratio
-from engine.types import TimedText
 from engine.transcribe.windows import Transcription
+from engine.types import TimedText
 
-ResponseFormat = Literal["json", "text", "srt", "vtt", "verbose_json"]
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
 
 
@@ -65,9 +63,15 @@ def segments_of(transcription: Transcription) -> list[Segment]:
                     words.append(Word(word.word, round(word_start_s, 3), round(word_end_s, 3)))
             segments.append(
                 Segment(
-                    id=len(segments), start_s=round(start_s, 3), end_s=round(end_s, 3), text=piece.text,
-                    tokens=piece.tokens, temperature=window.temperature, avg_logprob=window.avg_logprob,
-                    compression_ratio=compression_ratio(piece.text), no_speech_prob=window.no_speech_prob,
+                    id=len(segments),
+                    start_s=round(start_s, 3),
+                    end_s=round(end_s, 3),
+                    text=piece.text,
+                    tokens=piece.tokens,
+                    temperature=window.temperature,
+                    avg_logprob=window.avg_logprob,
+                    compression_ratio=compression_ratio(piece.text),
+                    no_speech_prob=window.no_speech_prob,
                     words=words,
                 )
             )
@@ -104,9 +108,15 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
         "text": transcription.text,
         "segments": [
             {
-                "id": s.id, "seek": round(s.start_s * 100), "start": s.start_s, "end": s.end_s,
-                "text": s.text, "tokens": s.tokens, "temperature": s.temperature,
-                "avg_logprob": s.avg_logprob, "compression_ratio": s.compression_ratio,
+                "id": s.id,
+                "seek": round(s.start_s * 100),
+                "start": s.start_s,
+                "end": s.end_s,
+                "text": s.text,
+                "tokens": s.tokens,
+                "temperature": s.temperature,
+                "avg_logprob": s.avg_logprob,
+                "compression_ratio": s.compression_ratio,
                 "no_speech_prob": s.no_speech_prob,
             }
             for s in segments
@@ -114,7 +124,11 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
     }
     if with_words:
         # OpenAI's shape: one list for the whole file, each word without its leading space.
-        body["words"] = [{"word": w.word.strip(), "start": w.start_s, "end": w.end_s} for s in segments for w in s.words or []]
+        body["words"] = [
+            {"word": w.word.strip(), "start": w.start_s, "end": w.end_s}
+            for s in segments
+            for w in s.words or []
+        ]
     return body
 
 

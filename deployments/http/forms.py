@@ -57,11 +57,13 @@ def _parse_temperature(raw) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise APIError(400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.",
-                       param="temperature") from None
+        raise APIError(
+            400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.", param="temperature"
+        ) from None
     if not 0.0 <= value <= 1.0:
-        raise APIError(400, f"Invalid temperature {value}; expected a number between 0 and 1.",
-                       param="temperature")
+        raise APIError(
+            400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature"
+        )
     return value
 
 
@@ -72,8 +74,9 @@ def _parse_priority(raw) -> Priority | None:
     try:
         return Priority(raw)
     except ValueError:
-        raise APIError(400, f"Invalid priority '{raw}'; expected 'interactive' or 'batch'.",
-                       param="priority") from None
+        raise APIError(
+            400, f"Invalid priority '{raw}'; expected 'interactive' or 'batch'.", param="priority"
+        ) from None
 
 
 async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, bytes]:
@@ -81,26 +84,35 @@ async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, b
     limit_bytes = int(config.http.max_upload_mb * 2**20)
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit_bytes + 64 * 1024:
-        raise APIError(413, f"Request body exceeds {config.http.max_upload_mb:g} MB.", param="file",
-                       code="file_too_large")
+        raise APIError(
+            413,
+            f"Request body exceeds {config.http.max_upload_mb:g} MB.",
+            param="file",
+            code="file_too_large",
+        )
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         raise APIError(400, "Send the audio as multipart/form-data with a 'file' field.", param="file")
     try:
         form = await asyncio.wait_for(request.form(max_files=1, max_fields=32), config.http.upload_timeout_s)
     except asyncio.TimeoutError:
-        raise APIError(408, f"The request body did not arrive within {config.http.upload_timeout_s:g} s.",
-                       code="upload_timeout") from None
+        raise APIError(
+            408,
+            f"The request body did not arrive within {config.http.upload_timeout_s:g} s.",
+            code="upload_timeout",
+        ) from None
     except Exception as error:
         raise APIError(400, f"Could not parse the multipart body: {error}") from None
     upload = form.get("file")
     if upload is None or isinstance(upload, str):
-        raise APIError(400, "Missing required field 'file' (the audio file).", param="file",
-                       code="missing_file")
+        raise APIError(
+            400, "Missing required field 'file' (the audio file).", param="file", code="missing_file"
+        )
     data = await upload.read()
     if len(data) > limit_bytes:
-        raise APIError(413, f"File exceeds {config.http.max_upload_mb:g} MB.", param="file",
-                       code="file_too_large")
+        raise APIError(
+            413, f"File exceeds {config.http.max_upload_mb:g} MB.", param="file", code="file_too_large"
+        )
     return form, data
 
 
@@ -111,51 +123,85 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     if not model:
         raise APIError(400, "Missing required field 'model'.", param="model")
     if model not in config.accepted_model_names:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves "
-                       f"{', '.join(sorted(config.accepted_model_names))}.", param="model",
-                       code="model_not_found")
+        raise APIError(
+            404,
+            f"The model '{model}' does not exist; this server serves "
+            f"{', '.join(sorted(config.accepted_model_names))}.",
+            param="model",
+            code="model_not_found",
+        )
 
     response_format = form.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
-        raise APIError(400, f"Invalid response_format '{response_format}'; expected one of "
-                       f"{', '.join(RESPONSE_FORMATS)}.", param="response_format")
+        raise APIError(
+            400,
+            f"Invalid response_format '{response_format}'; expected one of {', '.join(RESPONSE_FORMATS)}.",
+            param="response_format",
+        )
     temperature = _parse_temperature(form.get("temperature"))
     granularities = tuple(
-        form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities"))
+        form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
+    )
     for granularity in granularities:
         if granularity not in ("segment", "word"):
-            raise APIError(400, f"Invalid timestamp_granularities value '{granularity}'; expected "
-                           "'segment' or 'word'.", param="timestamp_granularities[]")
+            raise APIError(
+                400,
+                f"Invalid timestamp_granularities value '{granularity}'; expected 'segment' or 'word'.",
+                param="timestamp_granularities[]",
+            )
     language = form.get("language") or None
     if task == "translate":
         language = None  # translations detect the spoken language and always output English
     stream = _parse_flag(form.get("stream"), "stream", False)
     if stream and response_format not in ("json", "text"):
-        raise APIError(400, f"stream=true gives text events; response_format '{response_format}' cannot be "
-                       "streamed (use json or text).", param="stream")
+        raise APIError(
+            400,
+            f"stream=true gives text events; response_format '{response_format}' cannot be "
+            "streamed (use json or text).",
+            param="stream",
+        )
     long_form = form.get("long_form") or "parallel"  # vendor field
     if long_form not in ("parallel", "sequential"):
-        raise APIError(400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.",
-                       param="long_form")
+        raise APIError(
+            400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.", param="long_form"
+        )
     beam_size = form.get("beam_size")  # vendor field
     if beam_size not in (None, "", "1"):
-        raise APIError(400, "beam_size > 1 is not supported yet (greedy or sampled decoding only; "
-                       "see the README).", param="beam_size")
+        raise APIError(
+            400,
+            "beam_size > 1 is not supported yet (greedy or sampled decoding only; see the README).",
+            param="beam_size",
+        )
     # As OpenAI's API: temperature 0 falls back to higher temperatures when a window's text
     # fails openai-whisper's thresholds; the vendor fields tune or switch that off.
     fallback = None
     if _parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
         defaults = FallbackOptions()
-        fallback = FallbackOptions(**{
-            name: _parse_threshold(form.get(name), name, getattr(defaults, name))
-            for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
-        })
+        fallback = FallbackOptions(
+            **{
+                name: _parse_threshold(form.get(name), name, getattr(defaults, name))
+                for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
+            }
+        )
     # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
     # sequential long-form, which seeks by them); words are only shown in verbose_json.
     timestamps = response_format in ("srt", "vtt", "verbose_json")
     words = "word" in granularities and response_format == "verbose_json"
-    options = DecodeOptions(language=language, task=task, prompt=form.get("prompt") or None,
-                            temperature=temperature, timestamps=timestamps, fallback=fallback,
-                            word_timestamps=words)
-    return TranscriptionForm(data, options, response_format, granularities, long_form, stream,
-                             _parse_priority(form.get("priority")))
+    options = DecodeOptions(
+        language=language,
+        task=task,
+        prompt=form.get("prompt") or None,
+        temperature=temperature,
+        timestamps=timestamps,
+        fallback=fallback,
+        word_timestamps=words,
+    )
+    return TranscriptionForm(
+        data,
+        options,
+        response_format,
+        granularities,
+        long_form,
+        stream,
+        _parse_priority(form.get("priority")),
+    )

@@ -50,8 +50,9 @@ class WindowPipeline:
             handed_out.extend(cursor.next_windows())
             while handed_out and len(in_flight) < self.max_windows_in_flight:
                 pending = handed_out.popleft()
-                decoding = self.decode_window(f"{request_id}-{pending.index}", pending.window.samples,
-                                              pending.options, priority)
+                decoding = self.decode_window(
+                    f"{request_id}-{pending.index}", pending.window.samples, pending.options, priority
+                )
                 in_flight.append((pending, asyncio.ensure_future(decoding)))
 
         start_windows()
@@ -65,8 +66,9 @@ class WindowPipeline:
             for _, decoding in in_flight:
                 decoding.cancel()  # a failed window or a client gone: stop decoding the others
 
-    async def decode_window(self, window_id: str, samples, options: DecodeOptions,
-                            priority: Priority) -> DecodeResult:
+    async def decode_window(
+        self, window_id: str, samples, options: DecodeOptions, priority: Priority
+    ) -> DecodeResult:
         """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
         K/V transfer sends the window through the encoder again, to whichever replicas Serve
         routes it to now; only when every attempt fails does the request get a 503."""

@@ -18,8 +18,9 @@ def sse(event: dict) -> str:
     return f"data: {json.dumps(event)}\n\n"
 
 
-async def transcription_events(results: AsyncIterator[DecodeResult], cursor: LongFormCursor,
-                               finished: Callable[[int, float], None]) -> AsyncIterator[str]:
+async def transcription_events(
+    results: AsyncIterator[DecodeResult], cursor: LongFormCursor, finished: Callable[[int, float], None]
+) -> AsyncIterator[str]:
     """The events of ``results``, the windows of ``cursor`` as they are decoded. ``finished`` is
     told, once, the status the stream ended with and the seconds of audio it transcribed."""
     texts: list[str] = []
@@ -31,7 +32,7 @@ async def transcription_events(results: AsyncIterator[DecodeResult], cursor: Lon
             # spaces keeps every delta a piece of it.
             shown = "".join(texts).strip()
             if len(shown) > len(streamed):
-                yield sse({"type": "transcript.text.delta", "delta": shown[len(streamed):]})
+                yield sse({"type": "transcript.text.delta", "delta": shown[len(streamed) :]})
                 streamed = shown
         transcription = cursor.transcription()
         yield sse({"type": "transcript.text.done", "text": transcription.text})

@@ -18,8 +18,10 @@ def kv_cache_dtype_problem(name: str, cache_dtype: torch.dtype) -> str | None:
     """Why backend ``name`` can never read a KV cache of ``cache_dtype`` (whatever the device), or
     None. Checked by EngineConfig at start-up, and by the registry where "auto" chooses."""
     if name == "flash_attn" and cache_dtype == torch.float8_e4m3fn:
-        return ("flash-attn's paged kernels cannot read an fp8 KV cache; use attention_backend triton "
-                "(or torch), or kv_cache_dtype auto")
+        return (
+            "flash-attn's paged kernels cannot read an fp8 KV cache; use attention_backend triton "
+            "(or torch), or kv_cache_dtype auto"
+        )
     return None
 
 
@@ -29,14 +31,22 @@ def _triton_problem(device: torch.device, dtype: torch.dtype | None = None) -> s
         return f"the 'triton' package is not importable ({kernels.TRITON_IMPORT_ERROR})"
     if device.type != "cuda" and not kernels.triton_interpreting():
         return f"triton kernels need a CUDA device, got {device} (TRITON_INTERPRET=1 runs them on CPU, for tests)"
-    if device.type == "cuda" and dtype == torch.float8_e4m3fn and torch.cuda.get_device_capability(device) < (8, 9):
+    if (
+        device.type == "cuda"
+        and dtype == torch.float8_e4m3fn
+        and torch.cuda.get_device_capability(device) < (8, 9)
+    ):
         # Triton refuses the e4m3 type below sm_89 ("fp8e4nv data type is not supported on CUDA arch < 89").
-        return (f"Triton reads an fp8 (e4m3) KV cache only on compute capability 8.9+ (Ada, Hopper), this GPU is "
-                f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; use kv_cache_dtype auto")
+        return (
+            f"Triton reads an fp8 (e4m3) KV cache only on compute capability 8.9+ (Ada, Hopper), this GPU is "
+            f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}; use kv_cache_dtype auto"
+        )
     return None
 
 
-def _flash_attn_problem(device: torch.device, block_size: int | None, dtype: torch.dtype | None) -> str | None:
+def _flash_attn_problem(
+    device: torch.device, block_size: int | None, dtype: torch.dtype | None
+) -> str | None:
     """Why the flash_attn backend cannot run here, or None when it can."""
     from engine.attention import flash_attn_backend as fa
 
@@ -98,6 +108,8 @@ def make_attention_backend(
             if triton_problem is None:
                 logger.info("attention backend auto -> triton (flash_attn: %s)", flash_problem)
                 return make_attention_backend("triton", device, dtype=dtype)
-            logger.info("attention backend auto -> torch (flash_attn: %s; triton: %s)", flash_problem, triton_problem)
+            logger.info(
+                "attention backend auto -> torch (flash_attn: %s; triton: %s)", flash_problem, triton_problem
+            )
         return make_attention_backend("torch", device)
     raise ValueError(f"unknown attention backend {name!r}; expected one of {', '.join(BACKEND_NAMES)}")

@@ -35,7 +35,12 @@ class TorchReferenceBackend(AttentionBackend):
         rows = cache.flatten(1)  # a view, [num_blocks, bs * H * D]
         size = block_ids.numel() * rows.shape[1]
         buffer = self._gathered.get(which)
-        if buffer is None or buffer.numel() < size or buffer.dtype != rows.dtype or buffer.device != rows.device:
+        if (
+            buffer is None
+            or buffer.numel() < size
+            or buffer.dtype != rows.dtype
+            or buffer.device != rows.device
+        ):
             buffer = self._gathered[which] = torch.empty(size, dtype=rows.dtype, device=rows.device)
         out = buffer[:size].view(block_ids.numel(), rows.shape[1])
         return torch.index_select(rows, 0, block_ids, out=out).view(-1, *cache.shape[1:])
@@ -74,10 +79,16 @@ class TorchReferenceBackend(AttentionBackend):
         key_pos = torch.arange(keys.shape[2], device=query.device)
         mask = key_pos[None, None, :] < batch.seq_lens[:, None, None]  # [B, 1, L]
         if batch.causal:
-            query_pos = (batch.seq_lens - query_lens)[:, None] + torch.arange(max_q, device=query.device)[None, :]
+            query_pos = (batch.seq_lens - query_lens)[:, None] + torch.arange(max_q, device=query.device)[
+                None, :
+            ]
             mask = mask & (key_pos[None, None, :] <= query_pos[:, :, None])  # [B, max_q, L]
         out = F.scaled_dot_product_attention(
-            padded_query, keys.to(query.dtype), values.to(query.dtype), attn_mask=mask.unsqueeze(1), scale=scale
+            padded_query,
+            keys.to(query.dtype),
+            values.to(query.dtype),
+            attn_mask=mask.unsqueeze(1),
+            scale=scale,
         )  # [B, H, max_q, D]
         out = out.transpose(1, 2)  # [B, max_q, H, D]
         if token_valid is None:

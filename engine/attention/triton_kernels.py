@@ -123,7 +123,11 @@ if triton is not None:
             q_mask = m_valid[:, None]
         else:
             q_mask = m_valid[:, None] & d_valid[None, :]
-        q = tl.load(Q + tok[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+        q = tl.load(
+            Q + tok[:, None] * stride_qt + head * stride_qh + offs_d[None, :] * stride_qd,
+            mask=q_mask,
+            other=0.0,
+        )
         if CLAMP_Q:
             # A bf16 query computed in fp16 (fp8 cache): saturate rather than overflow to inf.
             q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0)
@@ -147,20 +151,28 @@ if triton is not None:
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_valid = offs_n < split_end
-            block_id = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_btm, mask=n_valid, other=0).to(tl.int64)
+            block_id = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_btm, mask=n_valid, other=0).to(
+                tl.int64
+            )
             slot = offs_n % PAGE_SIZE
             if HEAD_DIM == HEAD_DIM_PAD:
                 kv_mask = n_valid[:, None]
             else:
                 kv_mask = n_valid[:, None] & d_valid[None, :]
             k = tl.load(
-                K + block_id[:, None] * stride_kb + slot[:, None] * stride_ks + head * stride_kh
+                K
+                + block_id[:, None] * stride_kb
+                + slot[:, None] * stride_ks
+                + head * stride_kh
                 + offs_d[None, :] * stride_kd,
                 mask=kv_mask,
                 other=0.0,
             )
             v = tl.load(
-                V + block_id[:, None] * stride_vb + slot[:, None] * stride_vs + head * stride_vh
+                V
+                + block_id[:, None] * stride_vb
+                + slot[:, None] * stride_vs
+                + head * stride_vh
                 + offs_d[None, :] * stride_vd,
                 mask=kv_mask,
                 other=0.0,
@@ -276,13 +288,23 @@ if triton is not None:
         for start_n in range(split_start, split_end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             n_valid = offs_n < split_end
-            block_id = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_btm, mask=n_valid, other=0).to(tl.int64)
+            block_id = tl.load(table_row + (offs_n // PAGE_SIZE) * stride_btm, mask=n_valid, other=0).to(
+                tl.int64
+            )
             slot = offs_n % PAGE_SIZE
-            k = tl.load(K + (block_id * stride_kb + slot * stride_ks)[:, None] + k_cols[None, :],
-                        mask=n_valid[:, None], other=0.0)
-            v = tl.load(V + (block_id * stride_vb + slot * stride_vs)[:, None] + v_cols[None, :],
-                        mask=n_valid[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2  # [ROWS, BLOCK_N]
+            k = tl.load(
+                K + (block_id * stride_kb + slot * stride_ks)[:, None] + k_cols[None, :],
+                mask=n_valid[:, None],
+                other=0.0,
+            )
+            v = tl.load(
+                V + (block_id * stride_vb + slot * stride_vs)[:, None] + v_cols[None, :],
+                mask=n_valid[:, None],
+                other=0.0,
+            )
+            s = (
+                tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale_log2
+            )  # [ROWS, BLOCK_N]
             s = tl.where(n_valid[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -296,7 +318,9 @@ if triton is not None:
         if NUM_SPLITS == 1:
             denom = tl.where(l_i > 0.0, l_i, 1.0)
             out = tl.sum(tl.where(diagonal, acc / denom[:, None], 0.0), axis=0)  # [WIDTH]
-            tl.store(OUT + tok * stride_ot + col_head * stride_oh + col_d * stride_od, out.to(OUT.dtype.element_ty))
+            tl.store(
+                OUT + tok * stride_ot + col_head * stride_oh + col_d * stride_od, out.to(OUT.dtype.element_ty)
+            )
         else:
             row_part = (tok * num_heads + group * HEADS + offs_r) * NUM_SPLITS + split
             tl.store(PART_M + row_part, m_i, mask=offs_r < HEADS)
@@ -327,7 +351,7 @@ if triton is not None:
         part = (tok * num_heads + head) * NUM_SPLITS + offs_s
 
         m = tl.load(PART_M + part, mask=s_valid, other=float("-inf"))
-        l = tl.load(PART_L + part, mask=s_valid, other=0.0)
+        sums = tl.load(PART_L + part, mask=s_valid, other=0.0)
         m_max = tl.max(m, axis=0)
         m_max = tl.where(m_max == float("-inf"), 0.0, m_max)
         w = tl.exp2(m - m_max)  # empty splits (m == -inf) weigh 0
@@ -337,7 +361,7 @@ if triton is not None:
             other=0.0,
         )
         num = tl.sum(acc * w[:, None], axis=0)
-        den = tl.sum(l * w, axis=0)
+        den = tl.sum(sums * w, axis=0)
         den = tl.where(den > 0.0, den, 1.0)
         tl.store(
             OUT + tok * stride_ot + head * stride_oh + offs_d * stride_od,
@@ -356,5 +380,3 @@ def kernels():
         _JITTED["decode"] = triton.jit(_paged_decode_kernel)
         _JITTED["combine"] = triton.jit(_combine_splits_kernel)
     return _JITTED["attn"], _JITTED["decode"], _JITTED["combine"]
-
-

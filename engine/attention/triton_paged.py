@@ -4,11 +4,11 @@ engine/attention/triton_kernels.py, whose docstring gives the design."""
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 import torch
 
+from engine.arith import ceil_div, round_up
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.triton_kernels import MAX_HEAD_DIM, kernels
 from engine.kernels import TRITON_IMPORT_ERROR, tl, triton_available, triton_interpreting
@@ -95,7 +95,9 @@ class TritonPagedBackend(AttentionBackend):
         num_stages: int | None = None,
     ) -> None:
         if not triton_available():
-            raise ValueError(f"the triton attention backend needs the 'triton' package: {TRITON_IMPORT_ERROR}")
+            raise ValueError(
+                f"the triton attention backend needs the 'triton' package: {TRITON_IMPORT_ERROR}"
+            )
         for label, value in (("decode_block_n", decode_block_n), ("prefill_block_n", prefill_block_n)):
             if value is not None and (value < 16 or value & (value - 1)):
                 raise ValueError(f"{label} must be a power of two >= 16, got {value}")
@@ -104,10 +106,13 @@ class TritonPagedBackend(AttentionBackend):
         if num_splits is not None and num_splits < 1:
             raise ValueError(f"num_splits must be >= 1, got {num_splits}")
         if decode_heads_per_program is not None and (
-            decode_heads_per_program < 1 or decode_heads_per_program & (decode_heads_per_program - 1)
+            decode_heads_per_program < 1
+            or decode_heads_per_program & (decode_heads_per_program - 1)
             or decode_heads_per_program > 16
         ):
-            raise ValueError(f"decode_heads_per_program must be a power of two in 1..16, got {decode_heads_per_program}")
+            raise ValueError(
+                f"decode_heads_per_program must be a power of two in 1..16, got {decode_heads_per_program}"
+            )
         self.decode_block_n = decode_block_n
         self.decode_heads_per_program = decode_heads_per_program
         self.prefill_block_m = prefill_block_m
@@ -121,7 +126,11 @@ class TritonPagedBackend(AttentionBackend):
 
     # ------------------------------------------------------------------ planning
     def plan(
-        self, batch: PagedAttentionBatch, num_heads: int, device: torch.device, cache_dtype: torch.dtype | None = None,
+        self,
+        batch: PagedAttentionBatch,
+        num_heads: int,
+        device: torch.device,
+        cache_dtype: torch.dtype | None = None,
         head_dim: int = 64,
     ) -> LaunchPlan:
         max_q = max(1, int(batch.max_query_len))
@@ -132,8 +141,10 @@ class TritonPagedBackend(AttentionBackend):
         if decode:
             heads_per_program = self.decode_heads_per_program or grouped_decode_heads(num_heads, head_dim)
             if heads_per_program > 1 and (num_heads % heads_per_program or head_dim & (head_dim - 1)):
-                raise ValueError(f"decode_heads_per_program {heads_per_program} needs a power-of-two head_dim "
-                                 f"and must divide the {num_heads} heads")
+                raise ValueError(
+                    f"decode_heads_per_program {heads_per_program} needs a power-of-two head_dim "
+                    f"and must divide the {num_heads} heads"
+                )
         grouped_tile = GROUPED_DECODE_TILES.get(1 if fp8 else 2, GROUPED_DECODE_TILES[2])
         if decode and heads_per_program > 1:
             block_m, block_n = 16, self.decode_block_n or grouped_tile[0]
@@ -142,26 +153,27 @@ class TritonPagedBackend(AttentionBackend):
         else:
             block_m = self.prefill_block_m or min(64, max(16, _next_pow2(max_q)))
             block_n = self.prefill_block_n
-        num_q_tiles = -(-max_q // block_m)
+        num_q_tiles = ceil_div(max_q, block_m)
 
         if self.num_splits is not None:
             splits = self.num_splits
         else:
             programs = batch.num_requests * num_q_tiles * num_heads // heads_per_program
             target = int(self.target_waves * _sm_count(device))
-            splits = max(1, -(-target // max(1, programs)))
+            splits = max(1, ceil_div(target, max(1, programs)))
             splits = min(splits, self.max_splits, max(1, max_kv // self.min_keys_per_split))
-        keys_per_split = -(-max_kv // splits)
-        keys_per_split = -(-keys_per_split // block_n) * block_n  # whole key tiles per split
-        splits = -(-max_kv // keys_per_split)
+        keys_per_split = ceil_div(max_kv, splits)
+        keys_per_split = round_up(keys_per_split, block_n)  # whole key tiles per split
+        splits = ceil_div(max_kv, keys_per_split)
 
         if heads_per_program > 1:
             num_warps, num_stages = self.num_warps or grouped_tile[1], self.num_stages or grouped_tile[2]
         else:
             num_warps = self.num_warps or (2 if decode else 4)
             num_stages = self.num_stages or ((3 if fp8 else 4) if decode else 2)
-        return LaunchPlan(block_m, block_n, num_q_tiles, splits, keys_per_split, num_warps, num_stages,
-                          heads_per_program)
+        return LaunchPlan(
+            block_m, block_n, num_q_tiles, splits, keys_per_split, num_warps, num_stages, heads_per_program
+        )
 
     # ------------------------------------------------------------------ call
     def paged_attention(
@@ -215,7 +227,9 @@ class TritonPagedBackend(AttentionBackend):
             part_acc = torch.empty(
                 (num_tokens, num_heads, plan.num_splits, head_dim), dtype=torch.float32, device=query.device
             )
-            part_m = torch.empty((num_tokens, num_heads, plan.num_splits), dtype=torch.float32, device=query.device)
+            part_m = torch.empty(
+                (num_tokens, num_heads, plan.num_splits), dtype=torch.float32, device=query.device
+            )
             part_l = torch.empty_like(part_m)
         else:
             part_acc = part_m = part_l = out  # unused placeholders
@@ -223,9 +237,26 @@ class TritonPagedBackend(AttentionBackend):
         block_tables = batch.block_tables
         clamp_q = dot_dtype == tl.float16 and query.dtype == torch.bfloat16
         # The two kernels' arguments but the third grid dimension (query tiles or head groups).
-        tensors = (query, key_cache, value_cache, out, part_acc, part_m, part_l, batch.query_start_loc,
-                   batch.seq_lens, block_tables, float(scale) * math.log2(math.e))
-        strides = (*query.stride(), *key_cache.stride(), *value_cache.stride(), *out.stride(), *block_tables.stride())
+        tensors = (
+            query,
+            key_cache,
+            value_cache,
+            out,
+            part_acc,
+            part_m,
+            part_l,
+            batch.query_start_loc,
+            batch.seq_lens,
+            block_tables,
+            float(scale) * math.log2(math.e),
+        )
+        strides = (
+            *query.stride(),
+            *key_cache.stride(),
+            *value_cache.stride(),
+            *out.stride(),
+            *block_tables.stride(),
+        )
         if plan.heads_per_program > 1:
             num_groups = num_heads // plan.heads_per_program
             decode_kernel[(batch.num_requests * num_groups * plan.num_splits,)](

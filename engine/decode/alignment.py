@@ -19,11 +19,11 @@ import torch
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.torch_ref import TorchReferenceBackend
-from engine.model.whisper import DecoderStepMetadata
 from engine.decode.request import Request
-from engine.types import TimedText, TimedWord
 from engine.model.tokenizer import TIMESTAMP_RESOLUTION_S, WhisperTokenizer
 from engine.model.weights import LoadedWeights
+from engine.model.whisper import DecoderStepMetadata
+from engine.types import TimedText, TimedWord
 
 # openai-whisper's choices: the width of the median filter over audio frames, and the punctuation
 # that joins the word after it (prepended) or before it (appended).
@@ -40,7 +40,11 @@ def alignment_heads_of(weights: LoadedWeights) -> list[tuple[int, int]]:
     if weights.alignment_heads:
         return [tuple(head) for head in weights.alignment_heads]
     dims = weights.dims
-    return [(layer, head) for layer in range(dims.decoder_layers // 2, dims.decoder_layers) for head in range(dims.decoder_heads)]
+    return [
+        (layer, head)
+        for layer in range(dims.decoder_layers // 2, dims.decoder_layers)
+        for head in range(dims.decoder_heads)
+    ]
 
 
 class CrossAttentionRecorder(AttentionBackend):
@@ -55,13 +59,17 @@ class CrossAttentionRecorder(AttentionBackend):
         self.layer = 0  # the decoder calls cross-attention once per layer, in layer order
         self.scores: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> [tokens, frames]
 
-    def paged_attention(self, query, key_cache, value_cache, batch: PagedAttentionBatch, scale: float) -> torch.Tensor:
+    def paged_attention(
+        self, query, key_cache, value_cache, batch: PagedAttentionBatch, scale: float
+    ) -> torch.Tensor:
         if batch.causal:
             return self.reference.paged_attention(query, key_cache, value_cache, batch, scale)
         block_size = key_cache.shape[1]
         table = batch.block_tables[0, : -(-batch.max_seq_len // block_size)].long()
         frames = batch.max_seq_len
-        keys = self.reference.gather_blocks(key_cache, table, "keys").flatten(0, 1)[:frames].float()  # [frames, H, D]
+        keys = (
+            self.reference.gather_blocks(key_cache, table, "keys").flatten(0, 1)[:frames].float()
+        )  # [frames, H, D]
         values = self.reference.gather_blocks(value_cache, table, "values").flatten(0, 1)[:frames].float()
         scores = torch.einsum("thd,fhd->htf", query.float(), keys) * scale
         for layer, head in self.heads:
@@ -72,7 +80,11 @@ class CrossAttentionRecorder(AttentionBackend):
 
 
 def align_words(
-    model, storage, tokenizer: WhisperTokenizer, heads: list[tuple[int, int]], request: Request,
+    model,
+    storage,
+    tokenizer: WhisperTokenizer,
+    heads: list[tuple[int, int]],
+    request: Request,
     segments: list[TimedText],
 ) -> list[TimedText]:
     """The window's segments with their words timed (seconds from the window's start), each word
@@ -106,7 +118,9 @@ def align_words(
         for word, count in _merge_punctuation(_split_words(tokenizer, segment.tokens, request.language)):
             start_s = min(max(float(token_start_s[offset]), segment.start_s), segment.end_s)
             end_s = min(max(float(token_start_s[offset + count]), start_s), segment.end_s)
-            words.append(TimedWord(word, round(start_s, 3), round(end_s, 3), text_tokens[offset : offset + count]))
+            words.append(
+                TimedWord(word, round(start_s, 3), round(end_s, 3), text_tokens[offset : offset + count])
+            )
             offset += count
         timed.append(dataclasses.replace(segment, words=words))
     return timed
@@ -118,7 +132,9 @@ def _read_once(model, storage, recorder: CrossAttentionRecorder, request: Reques
     block_size = storage.block_size
     count = len(tokens)
     if count > len(request.blocks.self_block_ids) * block_size:
-        raise RuntimeError(f"alignment needs {count} self-attention slots; request {request.request_id} reserved fewer")
+        raise RuntimeError(
+            f"alignment needs {count} self-attention slots; request {request.request_id} reserved fewer"
+        )
     positions = torch.arange(count, device=device)
     self_table = torch.tensor([request.blocks.self_block_ids], dtype=torch.int32, device=device)
     cross_table = torch.tensor([request.blocks.cross_block_ids], dtype=torch.int32, device=device)
@@ -128,10 +144,22 @@ def _read_once(model, storage, recorder: CrossAttentionRecorder, request: Reques
         positions=positions,
         slot_block_ids=self_table[0].long()[positions // block_size],
         slot_offsets=positions % block_size,
-        self_attention=PagedAttentionBatch(query_start_loc, torch.tensor([count], dtype=torch.int32, device=device),
-                                           self_table, causal=True, max_query_len=count, max_seq_len=count),
-        cross_attention=PagedAttentionBatch(query_start_loc, torch.tensor([cross_len], dtype=torch.int32, device=device),
-                                            cross_table, causal=False, max_query_len=count, max_seq_len=cross_len),
+        self_attention=PagedAttentionBatch(
+            query_start_loc,
+            torch.tensor([count], dtype=torch.int32, device=device),
+            self_table,
+            causal=True,
+            max_query_len=count,
+            max_seq_len=count,
+        ),
+        cross_attention=PagedAttentionBatch(
+            query_start_loc,
+            torch.tensor([cross_len], dtype=torch.int32, device=device),
+            cross_table,
+            causal=False,
+            max_query_len=count,
+            max_seq_len=cross_len,
+        ),
     )
     with torch.inference_mode():
         model.decoder(torch.tensor(tokens, device=device), meta, storage, recorder)
@@ -173,7 +201,9 @@ def _dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return array[:, 0], array[:, 1]
 
 
-def _split_words(tokenizer: WhisperTokenizer, tokens: list[int], language: str | None) -> list[tuple[str, int]]:
+def _split_words(
+    tokenizer: WhisperTokenizer, tokens: list[int], language: str | None
+) -> list[tuple[str, int]]:
     """(word, token count) in order. Tokens are grouped into whole characters first (one
     character may take several tokens); a word starts at a space or punctuation mark, or at every
     character in languages written without spaces."""

@@ -41,7 +41,9 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_batch_size)
         largest = self.sizes[-1]
         device = runner.device
-        self._hosts = [torch.zeros((_ROWS, largest), dtype=torch.int32, pin_memory=True) for _ in range(_HOST_BUFFERS)]
+        self._hosts = [
+            torch.zeros((_ROWS, largest), dtype=torch.int32, pin_memory=True) for _ in range(_HOST_BUFFERS)
+        ]
         # Recorded after each copy out of the host buffer of the same index.
         self._copied = [torch.cuda.Event() for _ in range(_HOST_BUFFERS)]
         self._turn = 0

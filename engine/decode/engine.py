@@ -13,8 +13,6 @@ import itertools
 import logging
 from dataclasses import dataclass
 
-import torch
-
 from engine.attention.registry import make_attention_backend
 from engine.config import EngineConfig
 from engine.decode.alignment import alignment_heads_of
@@ -71,34 +69,66 @@ class DecoderEngine:
         self.stepped_prompt_tokens = switches.stepped_prompt_tokens
         self.async_steps = switches.async_steps
         self.scheduler = Scheduler(
-            self.pool, dims.n_audio_ctx, config.max_num_seqs, config.max_num_batched_tokens,
-            config.interactive_reserved_seqs, config.batch_aging_s,
-            eot=self.tokenizer.special.eot, n_text_ctx=dims.n_text_ctx,
+            self.pool,
+            dims.n_audio_ctx,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.interactive_reserved_seqs,
+            config.batch_aging_s,
+            eot=self.tokenizer.special.eot,
+            n_text_ctx=dims.n_text_ctx,
         )
         rules = LogitRules(
-            self.tokenizer, dims.vocab_size, loaded.weights.suppress_tokens,
-            loaded.weights.begin_suppress_tokens, self.device, num_slots=config.max_num_seqs + 1,
+            self.tokenizer,
+            dims.vocab_size,
+            loaded.weights.suppress_tokens,
+            loaded.weights.begin_suppress_tokens,
+            self.device,
+            num_slots=config.max_num_seqs + 1,
         )
         self.rules = rules
-        self.pipeline = StepPipeline(self.runner, rules, self.tokenizer, dims.n_text_ctx,
-                                     self.stepped_prompt_tokens, self.async_steps)
-        self.results = ResultBuilder(self.tokenizer, loaded.model, self.storage, alignment_heads_of(loaded.weights))
+        self.pipeline = StepPipeline(
+            self.runner, rules, self.tokenizer, dims.n_text_ctx, self.stepped_prompt_tokens, self.async_steps
+        )
+        self.results = ResultBuilder(
+            self.tokenizer, loaded.model, self.storage, alignment_heads_of(loaded.weights)
+        )
         self._inbox = Inbox()
         self._ids = itertools.count()
         self._by_id: dict[str, Request] = {}
         # What one more window with default options reserves: for routing and autoscaling.
-        self.blocks_per_window = self.scheduler.blocks_for(self.make_request(DecodeOptions(), None, "default"))
+        self.blocks_per_window = self.scheduler.blocks_for(
+            self.make_request(DecodeOptions(), None, "default")
+        )
         self._stats = self._take_stats()
-        logger.info("attention backend %s, decode CUDA graphs %s, async steps %s", self.runner.backend.name,
-                    self.runner.graphs.sizes if self.runner.graphs else "off", self.async_steps)
+        logger.info(
+            "attention backend %s, decode CUDA graphs %s, async steps %s",
+            self.runner.backend.name,
+            self.runner.graphs.sizes if self.runner.graphs else "off",
+            self.async_steps,
+        )
 
-    def make_request(self, options: DecodeOptions, cross_source: CrossKVSource | None, request_id: str | None = None,
-                     audio_duration_s: float | None = None, priority: Priority = Priority.INTERACTIVE) -> Request:
+    def make_request(
+        self,
+        options: DecodeOptions,
+        cross_source: CrossKVSource | None,
+        request_id: str | None = None,
+        audio_duration_s: float | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> Request:
         """Validate options and build a request; raises RequestRejectedError for bad options.
 
         ``audio_duration_s``: how much of the 30 s window is audio (word alignment looks only there)."""
-        request = build_request(self.tokenizer, self.dims, self.device, options, cross_source,
-                                request_id or f"req-{next(self._ids)}", audio_duration_s, self.stepped_prompt_tokens)
+        request = build_request(
+            self.tokenizer,
+            self.dims,
+            self.device,
+            options,
+            cross_source,
+            request_id or f"req-{next(self._ids)}",
+            audio_duration_s,
+            self.stepped_prompt_tokens,
+        )
         request.priority = priority
         return request
 
@@ -119,8 +149,13 @@ class DecoderEngine:
     def stats(self) -> EngineStats:
         """The last snapshot the loop thread took; safe to call from any thread."""
         stats, submitted = self._stats, self._inbox.num_requests
-        return EngineStats(**{**stats.__dict__, "num_waiting": stats.num_waiting + submitted,
-                              "waiting_blocks": stats.waiting_blocks + submitted * self.blocks_per_window})
+        return EngineStats(
+            **{
+                **stats.__dict__,
+                "num_waiting": stats.num_waiting + submitted,
+                "waiting_blocks": stats.waiting_blocks + submitted * self.blocks_per_window,
+            }
+        )
 
     def step(self) -> list[DecodeResult]:
         """Admit, launch one decoder forward and sampling for every running request, and read the
@@ -160,8 +195,9 @@ class DecoderEngine:
         failed: list[DecodeResult] = []
         for request in admitted:
             try:
-                request.cross_source.load_into(self.storage, request.blocks.cross_block_ids,
-                                               self.runner.project_cross_kv)
+                request.cross_source.load_into(
+                    self.storage, request.blocks.cross_block_ids, self.runner.project_cross_kv
+                )
             except Exception as exc:
                 # A failed K/V load (e.g. a transfer error) fails this request only, and frees its blocks.
                 logger.exception("loading cross-attention K/V for %s failed", request.request_id)
@@ -200,21 +236,35 @@ def _paged_cache(loaded: LoadedModel, config: EngineConfig) -> tuple[PagedKVStor
     """As many blocks as ``kv_cache_memory_mb`` holds, and the pool that hands them out."""
     dims = loaded.weights.dims
     cache_dtype = config.kv_cache_torch_dtype
-    block_bytes = PagedKVStorage.bytes_per_block(dims.decoder_layers, config.block_size, dims.decoder_heads,
-                                                 dims.head_dim, cache_dtype)
+    block_bytes = PagedKVStorage.bytes_per_block(
+        dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim, cache_dtype
+    )
     num_blocks = int(config.kv_cache_memory_mb * 2**20) // block_bytes
     pool = BlockPool(num_blocks, config.block_size)
-    storage = PagedKVStorage(num_blocks, dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim,
-                             cache_dtype, config.torch_device)
-    logger.info("KV cache: %d blocks of %d tokens (%.1f MB, %s)", num_blocks, config.block_size,
-                num_blocks * block_bytes / 2**20, str(cache_dtype).removeprefix("torch."))
+    storage = PagedKVStorage(
+        num_blocks,
+        dims.decoder_layers,
+        config.block_size,
+        dims.decoder_heads,
+        dims.head_dim,
+        cache_dtype,
+        config.torch_device,
+    )
+    logger.info(
+        "KV cache: %d blocks of %d tokens (%.1f MB, %s)",
+        num_blocks,
+        config.block_size,
+        num_blocks * block_bytes / 2**20,
+        str(cache_dtype).removeprefix("torch."),
+    )
     return storage, pool
 
 
 def _model_runner(loaded: LoadedModel, config: EngineConfig, storage: PagedKVStorage) -> ModelRunner:
     device = config.torch_device
-    backend = make_attention_backend(config.attention_backend, device, block_size=config.block_size,
-                                     dtype=config.kv_cache_torch_dtype)
+    backend = make_attention_backend(
+        config.attention_backend, device, block_size=config.block_size, dtype=config.kv_cache_torch_dtype
+    )
     if config.gpu_switches().fused_decoder_norms and triton_available():
         loaded.model.decoder.fuse_residual_norms()  # before the decode graphs capture the step
     return ModelRunner(loaded.model, storage, backend, config.max_num_seqs)

@@ -38,7 +38,10 @@ def needs_fallback(fallback: FallbackOptions, text: str, avg_logprob: float, no_
     """Whether a decoded window fails the thresholds and should be decoded again, hotter."""
     if is_silence(fallback, avg_logprob, no_speech_prob) and fallback.logprob_threshold is not None:
         return False  # silence is not retried (openai-whisper: low log-probability is expected there)
-    too_repetitive = fallback.compression_ratio_threshold is not None and compression_ratio(text) > fallback.compression_ratio_threshold
+    too_repetitive = (
+        fallback.compression_ratio_threshold is not None
+        and compression_ratio(text) > fallback.compression_ratio_threshold
+    )
     too_unsure = fallback.logprob_threshold is not None and avg_logprob < fallback.logprob_threshold
     return too_repetitive or too_unsure
 

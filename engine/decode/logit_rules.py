@@ -44,12 +44,23 @@ class LogitRules:
             suppress_tokens = tokenizer.non_speech_tokens
         suppress = set(suppress_tokens)
         # openai-whisper also always suppresses the task and prompt tokens.
-        for token in (special.translate, special.transcribe, special.sot, special.sot_prev, special.sot_lm, special.no_speech):
+        for token in (
+            special.translate,
+            special.transcribe,
+            special.sot,
+            special.sot_prev,
+            special.sot_lm,
+            special.no_speech,
+        ):
             if token is not None:
                 suppress.add(token)
         self.suppress_token_ids = sorted(t for t in suppress if 0 <= t < vocab_size)
         self.suppress_ids = torch.tensor(self.suppress_token_ids, dtype=torch.long, device=device)
-        begin = begin_suppress_tokens if begin_suppress_tokens is not None else [tokenizer.encode(" ")[0], special.eot]
+        begin = (
+            begin_suppress_tokens
+            if begin_suppress_tokens is not None
+            else [tokenizer.encode(" ")[0], special.eot]
+        )
         self.begin_suppress_token_ids = [t for t in begin if 0 <= t < vocab_size]
         self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
@@ -59,16 +70,22 @@ class LogitRules:
         self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
         # On a GPU the timestamp rules run as two Triton kernels (engine/kernels/timestamp_rules.py);
         # None: there, and as PyTorch operations elsewhere (True runs them under Triton's interpreter).
-        self.use_triton = use_triton if use_triton is not None else device.type == "cuda" and triton_available()
+        self.use_triton = (
+            use_triton if use_triton is not None else device.type == "cuda" and triton_available()
+        )
 
-    def timestamp_rows(self, first: list[bool], timestamps: list[bool], slots: list[int]) -> torch.Tensor | None:
+    def timestamp_rows(
+        self, first: list[bool], timestamps: list[bool], slots: list[int]
+    ) -> torch.Tensor | None:
         """Per row of a batch: is this its first sampled token, does it want timestamps, its slot
         (whose history ``record`` keeps) -> [3, R] on the device for the R rows with timestamps on:
         their row, slot and first flag (None when no row has them); ``apply`` and ``record`` take it."""
         rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
         if not rows:
             return None
-        return upload([rows, [slots[row] for row in rows], [int(first[row]) for row in rows]], torch.long, self.device)
+        return upload(
+            [rows, [slots[row] for row in rows], [int(first[row]) for row in rows]], torch.long, self.device
+        )
 
     def apply(self, logits: torch.Tensor, first: list[bool], stamp_rows: torch.Tensor | None) -> None:
         """logits [B, V] float32; ``first``: per row, is this its first sampled token;
@@ -96,8 +113,9 @@ class LogitRules:
         is_stamp = sampled >= self.special.timestamp_begin
         before_was_stamp = is_first | last_was_stamp.bool()  # a first token has none before it: counts as one
         kept_stamp = torch.where(is_first, -1, last_stamp)
-        self._history[:, slot_index] = torch.stack([is_stamp.long(), before_was_stamp.long(),
-                                                    torch.where(is_stamp, sampled, kept_stamp)])
+        self._history[:, slot_index] = torch.stack(
+            [is_stamp.long(), before_was_stamp.long(), torch.where(is_stamp, sampled, kept_stamp)]
+        )
 
     def _timestamp_rules(self, logits: torch.Tensor, stamp_rows: torch.Tensor) -> None:
         """The timestamp rules for the rows ``stamp_rows`` names, in place, for all rows at once.
@@ -112,8 +130,15 @@ class LogitRules:
         n_stamps = logits.shape[-1] - begin
         device = logits.device
         if self.use_triton:
-            triton_apply_timestamp_rules(logits, stamp_rows, self._history, begin, eot, self.special.no_timestamps,
-                                         self.max_initial_timestamp + 1 - begin)
+            triton_apply_timestamp_rules(
+                logits,
+                stamp_rows,
+                self._history,
+                begin,
+                eot,
+                self.special.no_timestamps,
+                self.max_initial_timestamp + 1 - begin,
+            )
             return
         every_row = stamp_rows.shape[1] == logits.shape[0]
         row_index, slot_index, is_first = stamp_rows[0], stamp_rows[1], stamp_rows[2].bool()
@@ -126,8 +151,13 @@ class LogitRules:
         after_stamp = has_history & ~last_was_stamp & (last_stamp >= 0)  # timestamps never go back
         # Forbidden timestamps as offsets from ``begin``: [0, floor) and [limit, n_stamps).
         # A closing timestamp may repeat the opening one.
-        floor = torch.where(closed_pair, n_stamps, torch.where(
-            open_segment, last_stamp - begin, torch.where(after_stamp, last_stamp + 1 - begin, 0)))
+        floor = torch.where(
+            closed_pair,
+            n_stamps,
+            torch.where(
+                open_segment, last_stamp - begin, torch.where(after_stamp, last_stamp + 1 - begin, 0)
+            ),
+        )
         # The first token is a timestamp, no later than MAX_INITIAL_TIMESTAMP_S.
         limit = torch.where(is_first, self.max_initial_timestamp + 1 - begin, n_stamps)
         selected[:, self.special.no_timestamps] = -math.inf

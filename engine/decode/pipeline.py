@@ -49,8 +49,15 @@ class LaunchedStep:
 
 
 class StepPipeline:
-    def __init__(self, runner: ModelRunner, rules: LogitRules, tokenizer: WhisperTokenizer, n_text_ctx: int,
-                 stepped_prompt_tokens: int, async_steps: bool):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        rules: LogitRules,
+        tokenizer: WhisperTokenizer,
+        n_text_ctx: int,
+        stepped_prompt_tokens: int,
+        async_steps: bool,
+    ):
         self.runner = runner
         self.rules = rules
         self.tokenizer = tokenizer
@@ -83,8 +90,10 @@ class StepPipeline:
         not run again (a window ending at end of text cannot be told apart before reading)."""
         if not request.unread_tokens:
             return False
-        return (len(request.output_tokens) + request.unread_tokens >= request.max_tokens
-                or request.num_computed_tokens + 1 >= self.n_text_ctx)
+        return (
+            len(request.output_tokens) + request.unread_tokens >= request.max_tokens
+            or request.num_computed_tokens + 1 >= self.n_text_ctx
+        )
 
     @torch.inference_mode()
     def launch(self, scheduled: list[Request]) -> LaunchedStep | None:
@@ -93,7 +102,7 @@ class StepPipeline:
         if not batch:
             return None
         step_id = next(self._step_ids)
-        logits = self.runner.execute(self._step_input(batch))
+        logits = self.runner.execute(self.step_input(batch))
         sampling_rows, sot_rows, detect_rows, computed_after = [], [], [], []
         for row, request in enumerate(batch):
             start, fed = request.num_computed_tokens, len(request.pending_tokens)
@@ -115,31 +124,50 @@ class StepPipeline:
             else:
                 sampling_rows.append(row)
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
-        generator_states = self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else {}
+        generator_states = (
+            self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else {}
+        )
         if sot_rows:
             self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
         self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
         return LaunchedStep(
-            step_id=step_id, batch=batch, epochs=[r.epoch for r in batch], sampling_rows=sampling_rows,
-            sot_rows=sot_rows, detect_rows=detect_rows, computed_after=computed_after,
-            readback=PendingDownload(readback), generator_states=generator_states,
+            step_id=step_id,
+            batch=batch,
+            epochs=[r.epoch for r in batch],
+            sampling_rows=sampling_rows,
+            sot_rows=sot_rows,
+            detect_rows=detect_rows,
+            computed_after=computed_after,
+            readback=PendingDownload(readback),
+            generator_states=generator_states,
         )
 
-    def _step_input(self, batch: list[Request]) -> StepInput:
+    def step_input(self, batch: list[Request]) -> StepInput:
+        """What the runner needs of ``batch`` this step: slots, fed tokens, positions."""
         rows = []
         for request in batch:
             start, fed = request.num_computed_tokens, request.pending_tokens
-            rows.append(StepRow(
-                slot=self.runner.tables.slot_of(request.request_id, request.blocks),
-                tokens=fed,
-                source_row=request.fed_from_row,
-                start=start,
-                sot_offset=request.sot_index - start if start <= request.sot_index < start + len(fed) else -1,
-            ))
+            rows.append(
+                StepRow(
+                    slot=self.runner.tables.slot_of(request.request_id, request.blocks),
+                    tokens=fed,
+                    source_row=request.fed_from_row,
+                    start=start,
+                    sot_offset=request.sot_index - start
+                    if start <= request.sot_index < start + len(fed)
+                    else -1,
+                )
+            )
         return StepInput(rows)
 
-    def _sample(self, logits: torch.Tensor, slots: list[int], batch: list[Request], rows: list[int],
-                readback: torch.Tensor) -> dict[str, torch.Tensor]:
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        slots: list[int],
+        batch: list[Request],
+        rows: list[int],
+        readback: torch.Tensor,
+    ) -> dict[str, torch.Tensor]:
         """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; returns
         the generators' states before their draws."""
         sampled = sample_rows(self.rules, logits, slots, batch, rows)
@@ -155,13 +183,19 @@ class StepPipeline:
             request.unread_tokens += 1
         return sampled.generator_states
 
-    def _read_sot_logits(self, at_sot: dict[int, torch.Tensor], sot_rows: list[int], detect_rows: list[int],
-                         readback: torch.Tensor) -> None:
+    def _read_sot_logits(
+        self,
+        at_sot: dict[int, torch.Tensor],
+        sot_rows: list[int],
+        detect_rows: list[int],
+        readback: torch.Tensor,
+    ) -> None:
         """No-speech probabilities, and detected languages, from the logits at <|startoftranscript|>."""
         device = self.runner.device
         sot_logits = torch.stack([at_sot[row] for row in sot_rows])
-        readback[_NO_SPEECH].index_copy_(0, upload(sot_rows, torch.long, device),
-                                         no_speech_probability(self.tokenizer, sot_logits))
+        readback[_NO_SPEECH].index_copy_(
+            0, upload(sot_rows, torch.long, device), no_speech_probability(self.tokenizer, sot_logits)
+        )
         if detect_rows:
             local = upload([sot_rows.index(row) for row in detect_rows], torch.long, device)
             languages = detect_language(self.tokenizer, sot_logits[local])

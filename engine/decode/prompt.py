@@ -18,6 +18,7 @@ from engine.model.tokenizer import WhisperTokenizer
 from engine.model.weights import ModelDims
 from engine.types import DecodeOptions
 
+
 @dataclass(frozen=True)
 class Prompt:
     tokens: list[int]
@@ -31,7 +32,11 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
     tokens: list[int] = []
     if options.prompt:
         # openai-whisper keeps at most half the context for previous text, most recent last.
-        previous = tokenizer.encode(" " + options.prompt.strip()) if isinstance(options.prompt, str) else list(options.prompt)
+        previous = (
+            tokenizer.encode(" " + options.prompt.strip())
+            if isinstance(options.prompt, str)
+            else list(options.prompt)
+        )
         previous = previous[-(dims.n_text_ctx // 2 - 1) :]
         tokens = [special.sot_prev, *previous]
     sot_index = len(tokens)
@@ -42,7 +47,9 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
             detect = True
             tokens.append(tokenizer.language_tokens["en"])  # placeholder until detection
         elif options.language not in tokenizer.language_tokens:
-            raise RequestRejectedError(f"language {options.language!r} is not one this model knows", param="language")
+            raise RequestRejectedError(
+                f"language {options.language!r} is not one this model knows", param="language"
+            )
         else:
             tokens.append(tokenizer.language_tokens[options.language])
         tokens.append(special.translate if options.task == "translate" else special.transcribe)
@@ -54,14 +61,18 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
         if options.task == "translate":
             raise RequestRejectedError("model is English-only; it cannot translate", param="task")
     if options.word_timestamps and not options.timestamps:
-        raise RequestRejectedError("word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]")
+        raise RequestRejectedError(
+            "word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]"
+        )
     if not options.timestamps:
         tokens.append(special.no_timestamps)
     room = dims.n_text_ctx - len(tokens)
     max_tokens = options.max_tokens if options.max_tokens is not None else dims.n_text_ctx // 2
     if max_tokens < 1:
         raise RequestRejectedError(f"max_tokens must be at least 1, got {max_tokens}")
-    return Prompt(tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect)
+    return Prompt(
+        tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect
+    )
 
 
 def next_prompt_tokens(request: Request, stepped_prompt_tokens: int) -> list[int]:
@@ -78,9 +89,16 @@ def next_prompt_tokens(request: Request, stepped_prompt_tokens: int) -> list[int
 FALLBACK_SEED = 0
 
 
-def build_request(tokenizer: WhisperTokenizer, dims: ModelDims, device: torch.device, options: DecodeOptions,
-                  cross_source: CrossKVSource | None, request_id: str, audio_duration_s: float | None,
-                  stepped_prompt_tokens: int) -> Request:
+def build_request(
+    tokenizer: WhisperTokenizer,
+    dims: ModelDims,
+    device: torch.device,
+    options: DecodeOptions,
+    cross_source: CrossKVSource | None,
+    request_id: str,
+    audio_duration_s: float | None,
+    stepped_prompt_tokens: int,
+) -> Request:
     """Validate ``options`` for this model and build the request that decodes a window with them;
     raises RequestRejectedError for options the model cannot honour."""
     prompt = build_prompt(tokenizer, dims, options)

@@ -22,7 +22,6 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-
 @dataclass
 class Request:
     request_id: str

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from engine.decode.alignment import align_words
 from engine.decode.fallback import avg_logprob, compression_ratio, is_silence
 from engine.decode.request import Request
@@ -32,14 +30,19 @@ class ResultBuilder:
         text = self.tokenizer.decode(tokens)
         mean_logprob = avg_logprob(request)
         no_speech_prob = request.no_speech_prob if request.no_speech_prob is not None else float("nan")
-        silent = (options.fallback is not None and reason is not None
-                  and is_silence(options.fallback, mean_logprob, no_speech_prob))
+        silent = (
+            options.fallback is not None
+            and reason is not None
+            and is_silence(options.fallback, mean_logprob, no_speech_prob)
+        )
         if silent:
             tokens, text = [], ""  # openai-whisper skips a window it judges silent
         # The tail segment runs to the window's end; the transcript clamps it to the audio's.
         segments = timed_segments(self.tokenizer, tokens, CHUNK_LENGTH_S) if options.timestamps else None
         if options.word_timestamps and reason is not None:
-            segments = align_words(self.model, self.storage, self.tokenizer, self.alignment_heads, request, segments)
+            segments = align_words(
+                self.model, self.storage, self.tokenizer, self.alignment_heads, request, segments
+            )
         return DecodeResult(
             request_id=request.request_id,
             tokens=tokens,
@@ -74,12 +77,20 @@ def timed_segments(tokenizer: WhisperTokenizer, tokens: list[int], window_s: flo
             text_tokens.append(token)
         elif text_tokens:  # the timestamp closing a segment
             end_s = tokenizer.timestamp_seconds(token)
-            segments.append(TimedText(start_s if start_s is not None else last_end_s, end_s,
-                                      tokenizer.decode(text_tokens), text_tokens))
+            segments.append(
+                TimedText(
+                    start_s if start_s is not None else last_end_s,
+                    end_s,
+                    tokenizer.decode(text_tokens),
+                    text_tokens,
+                )
+            )
             start_s, last_end_s, text_tokens = None, end_s, []
         else:  # a segment's opening timestamp
             start_s = tokenizer.timestamp_seconds(token)
     if text_tokens:
         start = start_s if start_s is not None else last_end_s
-        segments.append(TimedText(start, max(window_s, start), tokenizer.decode(text_tokens), text_tokens, closed=False))
+        segments.append(
+            TimedText(start, max(window_s, start), tokenizer.decode(text_tokens), text_tokens, closed=False)
+        )
     return [segment for segment in segments if segment.text.strip()]

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
-from engine.kv.block_tables import DeviceBlockTables
 from engine.decode.host_device import upload
 from engine.kv.block_pool import blocks_needed
+from engine.kv.block_tables import DeviceBlockTables
 from engine.kv.storage import PagedKVStorage
 from engine.model.whisper import DecoderStepMetadata, Whisper
 
@@ -127,7 +127,9 @@ class ModelRunner:
             ),
         )
         from_last_step = step.token_sources >= 0
-        token_ids = torch.where(from_last_step, self.next_tokens[step.token_sources.clamp(min=0)], step.token_ids)
+        token_ids = torch.where(
+            from_last_step, self.next_tokens[step.token_sources.clamp(min=0)], step.token_ids
+        )
         hidden = self.model.decoder(token_ids, meta, self.storage, self.backend)
         if logits_index is not None:
             hidden = hidden[logits_index]
@@ -167,11 +169,25 @@ class ModelRunner:
 
         # One upload for every per-token and per-request list.
         count = len(rows)
-        host = np.asarray(token_ids + token_sources + positions + token_rows + slots + query_start + self_lens
-                          + last_index + list(sot_rows.values()), dtype=np.int64)
+        host = np.asarray(
+            token_ids
+            + token_sources
+            + positions
+            + token_rows
+            + slots
+            + query_start
+            + self_lens
+            + last_index
+            + list(sot_rows.values()),
+            dtype=np.int64,
+        )
         packed = upload(host, torch.long, self.device)
-        tokens, sources, positions_t, rows_t, pieces = packed.split([len(token_ids)] * 4 + [len(host) - 4 * len(token_ids)])
-        slots_t, query_start_t, self_lens_t, logits_index = pieces.split([count, count + 1, count, len(pieces) - 3 * count - 1])
+        tokens, sources, positions_t, rows_t, pieces = packed.split(
+            [len(token_ids)] * 4 + [len(host) - 4 * len(token_ids)]
+        )
+        slots_t, query_start_t, self_lens_t, logits_index = pieces.split(
+            [count, count + 1, count, len(pieces) - 3 * count - 1]
+        )
         step = StepTensors(
             token_ids=tokens,
             token_sources=sources,

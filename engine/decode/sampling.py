@@ -23,8 +23,9 @@ class SampledRows:
     generator_states: dict[str, torch.Tensor]
 
 
-def sample_rows(rules: LogitRules, logits: torch.Tensor, slots: list[int], batch: list[Request],
-                rows: list[int]) -> SampledRows:
+def sample_rows(
+    rules: LogitRules, logits: torch.Tensor, slots: list[int], batch: list[Request], rows: list[int]
+) -> SampledRows:
     """The logit rules and sampling for the rows ``rows`` of a step's logits [B, V]."""
     requests = [batch[row] for row in rows]
     every_row = len(rows) == len(batch)
@@ -35,14 +36,19 @@ def sample_rows(rules: LogitRules, logits: torch.Tensor, slots: list[int], batch
     row_slots = slots if every_row else [slots[row] for row in rows]
     stamp_rows = rules.timestamp_rows(first, timestamps, row_slots)
     rules.apply(row_logits, first, stamp_rows)
-    generator_states = {r.request_id: r.generator.get_state() for r in requests
-                        if r.generator is not None and r.temperature > 0}
+    generator_states = {
+        r.request_id: r.generator.get_state()
+        for r in requests
+        if r.generator is not None and r.temperature > 0
+    }
     tokens, logprobs = sample(row_logits, [r.temperature for r in requests], [r.generator for r in requests])
     rules.record(tokens, stamp_rows)
     return SampledRows(tokens, logprobs, row_index, generator_states)
 
 
-def sample(logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows with temperature 0 take the argmax; others sample from softmax(logits / T).
 
     Returns the tokens [B] and their log-probabilities under the rule-filtered logits [B]."""

@@ -109,7 +109,9 @@ class Scheduler:
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        batch = [r for r in self.running if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)]
+        batch = [
+            r for r in self.running if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)
+        ]
         if not batch:
             # Only batch work runs: all of it, and nothing of it waits now. (While interactive work
             # runs, a batch request's wait is not reset: once aged it runs at every step until then.)
@@ -136,8 +138,9 @@ class Scheduler:
         if self._admits_as_interactive(request, now):
             return len(self.running) < self.max_num_seqs and self.pool.can_allocate(needed_blocks)
         reserved = self.interactive_reserved_seqs
-        return (len(self.running) < self.max_num_seqs - reserved
-                and self.pool.can_allocate(needed_blocks * (1 + reserved)))
+        return len(self.running) < self.max_num_seqs - reserved and self.pool.can_allocate(
+            needed_blocks * (1 + reserved)
+        )
 
     def num_waiting_of(self, priority: Priority) -> int:
         return sum(1 for request in self.waiting if request.priority == priority)

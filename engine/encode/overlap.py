@@ -43,7 +43,9 @@ class OverlappedEncoder:
         self.project_cross_kv = project_cross_kv
         self.overlaps = runner.device.type == "cuda" if overlap is None else overlap
         on_gpu = self.overlaps and runner.device.type == "cuda"
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder") if self.overlaps else None
+        self._worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder") if self.overlaps else None
+        )
         self._stream = torch.cuda.Stream(device=runner.device) if on_gpu else None
         self._consumer_stream = torch.cuda.current_stream(runner.device) if on_gpu else None
         self._in_flight: Future | None = None

@@ -16,15 +16,25 @@ from __future__ import annotations
 
 import torch
 
+from engine.arith import ceil_div
 from engine.kernels import tl, triton, triton_available
 
 if triton_available():
 
     def _write_sequence_kernel(
-        SRC, DST, BLOCK_IDS,
-        seq_len, row_width,
-        src_stride_layer, src_stride_kv, src_stride_token, dst_stride_block,
-        LIMIT: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+        SRC,
+        DST,
+        BLOCK_IDS,
+        seq_len,
+        row_width,
+        src_stride_layer,
+        src_stride_kv,
+        src_stride_token,
+        dst_stride_block,
+        LIMIT: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        ROWS: tl.constexpr,
+        COLS: tl.constexpr,
     ):
         # One program: ROWS slots of one block, for one layer's keys or values. The rows of a block
         # are (layer, k|v, slot) in the cache, each row_width (= H * D) elements long.
@@ -35,16 +45,29 @@ if triton_available():
         tokens = (index * BLOCK_SIZE + slots).to(tl.int64)
         live = tokens < seq_len
         in_block = slots < BLOCK_SIZE
-        src_rows = SRC + (layer_kv // 2) * src_stride_layer + (layer_kv % 2) * src_stride_kv + tokens[:, None] * src_stride_token
-        dst_rows = DST + block * dst_stride_block + (layer_kv * BLOCK_SIZE + slots[:, None]).to(tl.int64) * row_width
+        src_rows = (
+            SRC
+            + (layer_kv // 2) * src_stride_layer
+            + (layer_kv % 2) * src_stride_kv
+            + tokens[:, None] * src_stride_token
+        )
+        dst_rows = (
+            DST + block * dst_stride_block + (layer_kv * BLOCK_SIZE + slots[:, None]).to(tl.int64) * row_width
+        )
         for start in range(0, row_width, COLS):
             cols = start + tl.arange(0, COLS)
             in_row = cols < row_width
             # Through fp32: the clamp and the rounding then match a cast from any source dtype.
-            values = tl.load(src_rows + cols[None, :], mask=live[:, None] & in_row[None, :], other=0.0).to(tl.float32)
+            values = tl.load(src_rows + cols[None, :], mask=live[:, None] & in_row[None, :], other=0.0).to(
+                tl.float32
+            )
             if LIMIT > 0:
                 values = tl.minimum(tl.maximum(values, -LIMIT), LIMIT)
-            tl.store(dst_rows + cols[None, :], values.to(DST.dtype.element_ty), mask=in_block[:, None] & in_row[None, :])
+            tl.store(
+                dst_rows + cols[None, :],
+                values.to(DST.dtype.element_ty),
+                mask=in_block[:, None] & in_row[None, :],
+            )
 
 
 _JITTED: dict[str, object] = {}
@@ -64,12 +87,24 @@ def triton_write_sequence(cache: torch.Tensor, block_ids: list[int], kv: torch.T
     seq_len = kv.shape[2]
     if kv.shape[:2] != (layers, 2) or kv.shape[3:] != (heads, head_dim):
         raise ValueError(f"K/V of shape {tuple(kv.shape)} does not fit a cache of shape {tuple(cache.shape)}")
-    limit = torch.finfo(cache.dtype).max if cache.dtype.itemsize == 1 and cache.dtype.is_floating_point else 0.0
+    limit = (
+        torch.finfo(cache.dtype).max if cache.dtype.itemsize == 1 and cache.dtype.is_floating_point else 0.0
+    )
     rows = min(16, triton.next_power_of_2(block_size))
     ids = torch.tensor(block_ids, dtype=torch.int32).to(cache.device, non_blocking=True)
-    _JITTED["kernel"][(len(block_ids), layers * 2, -(-block_size // rows))](
-        kv, cache, ids,
-        seq_len, heads * head_dim,
-        kv.stride(0), kv.stride(1), kv.stride(2), cache.stride(0),
-        LIMIT=float(limit), BLOCK_SIZE=block_size, ROWS=rows, COLS=256, num_warps=4,
+    _JITTED["kernel"][(len(block_ids), layers * 2, ceil_div(block_size, rows))](
+        kv,
+        cache,
+        ids,
+        seq_len,
+        heads * head_dim,
+        kv.stride(0),
+        kv.stride(1),
+        kv.stride(2),
+        cache.stride(0),
+        LIMIT=float(limit),
+        BLOCK_SIZE=block_size,
+        ROWS=rows,
+        COLS=256,
+        num_warps=4,
     )

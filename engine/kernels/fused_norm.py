@@ -19,9 +19,18 @@ from engine.kernels import tl, triton, triton_available
 if triton_available():
 
     def _add_layer_norm_kernel(
-        X, DELTA, WEIGHT, BIAS, SUM_OUT, NORM_OUT,
-        stride_x, stride_delta, stride_sum, stride_norm,
-        n_cols, eps,
+        X,
+        DELTA,
+        WEIGHT,
+        BIAS,
+        SUM_OUT,
+        NORM_OUT,
+        stride_x,
+        stride_delta,
+        stride_sum,
+        stride_norm,
+        n_cols,
+        eps,
         BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
@@ -37,8 +46,11 @@ if triton_available():
         rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=0) / n_cols + eps)
         weight = tl.load(WEIGHT + cols, mask=valid, other=0.0).to(tl.float32)
         bias = tl.load(BIAS + cols, mask=valid, other=0.0).to(tl.float32)
-        tl.store(NORM_OUT + row * stride_norm + cols, (centred * rstd * weight + bias).to(NORM_OUT.dtype.element_ty),
-                 mask=valid)
+        tl.store(
+            NORM_OUT + row * stride_norm + cols,
+            (centred * rstd * weight + bias).to(NORM_OUT.dtype.element_ty),
+            mask=valid,
+        )
 
 
 _JITTED: dict[str, object] = {}
@@ -59,9 +71,19 @@ def triton_add_layer_norm(
     if rows:
         block = triton.next_power_of_2(cols)
         _JITTED["kernel"][(rows,)](
-            x, delta, weight, bias, total, normed,
-            x.stride(0), delta.stride(0), total.stride(0), normed.stride(0),
-            cols, eps,
-            BLOCK=block, num_warps=4 if block <= 2048 else 8,
+            x,
+            delta,
+            weight,
+            bias,
+            total,
+            normed,
+            x.stride(0),
+            delta.stride(0),
+            total.stride(0),
+            normed.stride(0),
+            cols,
+            eps,
+            BLOCK=block,
+            num_warps=4 if block <= 2048 else 8,
         )
     return total, normed

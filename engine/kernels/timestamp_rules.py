@@ -20,8 +20,17 @@ from engine.kernels import tl, triton, triton_available
 if triton_available():
 
     def _apply_rules_kernel(
-        LOGITS, stride_row, INDEX, stride_index, HISTORY, stride_history,
-        vocab, begin, eot, no_timestamps, first_limit,
+        LOGITS,
+        stride_row,
+        INDEX,
+        stride_index,
+        HISTORY,
+        stride_history,
+        vocab,
+        begin,
+        eot,
+        no_timestamps,
+        first_limit,
         BLOCK: tl.constexpr,
     ):
         # INDEX rows: 0 the logits row, 1 its slot, 2 whether this is the row's first sampled token.
@@ -37,8 +46,11 @@ if triton_available():
         open_segment = last_was_stamp & ~before_was_stamp  # next must close it (or end)
         after_stamp = ~first & ~last_was_stamp & (last_stamp >= 0)  # timestamps never go back
         # Forbidden timestamps, as offsets from ``begin``: [0, floor) and [limit, n_stamps).
-        floor = tl.where(closed_pair, n_stamps,
-                         tl.where(open_segment, last_stamp - begin, tl.where(after_stamp, last_stamp + 1 - begin, 0)))
+        floor = tl.where(
+            closed_pair,
+            n_stamps,
+            tl.where(open_segment, last_stamp - begin, tl.where(after_stamp, last_stamp + 1 - begin, 0)),
+        )
         limit = tl.where(first, first_limit, n_stamps)
         text_end = tl.where(first, begin, tl.where(open_segment, eot, 0))  # text tokens forbidden below this
         base = LOGITS + row * stride_row
@@ -50,7 +62,11 @@ if triton_available():
             values = tl.load(base + tokens, mask=live, other=float("-inf"))
             offsets = tokens - begin
             is_stamp = tokens >= begin
-            forbidden = (tokens == no_timestamps) | (tokens < text_end) | (is_stamp & ((offsets < floor) | (offsets >= limit)))
+            forbidden = (
+                (tokens == no_timestamps)
+                | (tokens < text_end)
+                | (is_stamp & ((offsets < floor) | (offsets >= limit)))
+            )
             values = tl.where(forbidden, float("-inf"), values)
             tl.store(base + tokens, values, mask=live)
             text_max = tl.maximum(text_max, tl.max(tl.where(is_stamp, float("-inf"), values)))
@@ -79,7 +95,9 @@ if triton_available():
         # A first token has none before it: it counts as a timestamp (openai-whisper's rule).
         tl.store(HISTORY + stride_history + slot, tl.where(first, 1, last_was_stamp))
         tl.store(HISTORY + slot, is_stamp.to(tl.int64))
-        tl.store(HISTORY + 2 * stride_history + slot, tl.where(is_stamp, token, tl.where(first, -1, last_stamp)))
+        tl.store(
+            HISTORY + 2 * stride_history + slot, tl.where(is_stamp, token, tl.where(first, -1, last_stamp))
+        )
 
 
 _JITTED: dict[str, object] = {}
@@ -91,17 +109,39 @@ def _kernel(name: str):
     return _JITTED[name]
 
 
-def triton_apply_timestamp_rules(logits: torch.Tensor, index: torch.Tensor, history: torch.Tensor, begin: int,
-                                 eot: int, no_timestamps: int, first_limit: int) -> None:
+def triton_apply_timestamp_rules(
+    logits: torch.Tensor,
+    index: torch.Tensor,
+    history: torch.Tensor,
+    begin: int,
+    eot: int,
+    no_timestamps: int,
+    first_limit: int,
+) -> None:
     """``logits`` [B, V] float32, in place, for the rows ``index[0]`` (slots ``index[1]``, first
     tokens where ``index[2]``); ``history`` [3, slots] int64; ``first_limit``: the first token's
     highest timestamp, as an offset from ``begin``, plus one."""
     _kernel("apply")[(index.shape[1],)](
-        logits, logits.stride(0), index, index.stride(0), history, history.stride(0),
-        logits.shape[1], begin, eot, no_timestamps, first_limit, BLOCK=1024, num_warps=4,
+        logits,
+        logits.stride(0),
+        index,
+        index.stride(0),
+        history,
+        history.stride(0),
+        logits.shape[1],
+        begin,
+        eot,
+        no_timestamps,
+        first_limit,
+        BLOCK=1024,
+        num_warps=4,
     )
 
 
-def triton_record_timestamps(tokens: torch.Tensor, index: torch.Tensor, history: torch.Tensor, begin: int) -> None:
+def triton_record_timestamps(
+    tokens: torch.Tensor, index: torch.Tensor, history: torch.Tensor, begin: int
+) -> None:
     """The tokens ``tokens[index[0]]`` (int64) into the history of slots ``index[1]``."""
-    _kernel("record")[(index.shape[1],)](tokens, index, index.stride(0), history, history.stride(0), begin, num_warps=1)
+    _kernel("record")[(index.shape[1],)](
+        tokens, index, index.stride(0), history, history.stride(0), begin, num_warps=1
+    )

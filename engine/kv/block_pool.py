@@ -10,11 +10,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
+from engine.arith import ceil_div
 from engine.errors import CacheFullError
 
 
 def blocks_needed(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size)
+    return ceil_div(num_tokens, block_size)
 
 
 @dataclass

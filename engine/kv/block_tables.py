@@ -17,11 +17,17 @@ from engine.kv.block_pool import RequestBlocks
 
 
 class DeviceBlockTables:
-    def __init__(self, max_requests: int, self_blocks: int, cross_blocks: int, null_block: int, device: torch.device):
+    def __init__(
+        self, max_requests: int, self_blocks: int, cross_blocks: int, null_block: int, device: torch.device
+    ):
         self.null_block = null_block
         self.pad_slot = max_requests  # the extra last row: all null blocks
-        self.self_tables = torch.full((max_requests + 1, self_blocks), null_block, dtype=torch.int32, device=device)
-        self.cross_tables = torch.full((max_requests + 1, cross_blocks), null_block, dtype=torch.int32, device=device)
+        self.self_tables = torch.full(
+            (max_requests + 1, self_blocks), null_block, dtype=torch.int32, device=device
+        )
+        self.cross_tables = torch.full(
+            (max_requests + 1, cross_blocks), null_block, dtype=torch.int32, device=device
+        )
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 

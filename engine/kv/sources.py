@@ -20,7 +20,9 @@ StateProjection = Callable[[torch.Tensor], torch.Tensor]
 
 
 class CrossKVSource(Protocol):
-    def load_into(self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection) -> None: ...
+    def load_into(
+        self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
+    ) -> None: ...
 
     def discard(self) -> None:
         """Give the K/V up unloaded (the request ended before admission); never raises."""
@@ -32,7 +34,9 @@ class CrossKVTensor:
 
     cross_kv: torch.Tensor
 
-    def load_into(self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection) -> None:
+    def load_into(
+        self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
+    ) -> None:
         storage.write_sequence(block_ids, self.cross_kv)
 
     def discard(self) -> None:
@@ -45,7 +49,9 @@ class EncoderStates:
 
     states: torch.Tensor
 
-    def load_into(self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection) -> None:
+    def load_into(
+        self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
+    ) -> None:
         storage.write_sequence(block_ids, project_states(self.states))
 
     def discard(self) -> None:

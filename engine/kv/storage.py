@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.arith import ceil_div
 from engine.kernels import triton_available
 from engine.kernels.block_write import triton_write_sequence
 
@@ -37,7 +38,7 @@ def split_into_blocks(kv: torch.Tensor, block_size: int) -> torch.Tensor:
     """One sequence's K/V [layers, 2, seq_len, H, D] -> block-major [num_blocks, layers, 2,
     block_size, H, D], the last block zero-padded: the layout of the cache and of transfer staging."""
     seq_len = kv.shape[2]
-    num_blocks = -(-seq_len // block_size)
+    num_blocks = ceil_div(seq_len, block_size)
     padded_len = num_blocks * block_size
     if padded_len > seq_len:
         kv = torch.nn.functional.pad(kv, (0, 0, 0, 0, 0, padded_len - seq_len))
@@ -67,8 +68,12 @@ class PagedKVStorage:
         )
 
     @staticmethod
-    def bytes_per_block(num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return num_layers * 2 * block_size * num_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    def bytes_per_block(
+        num_layers: int, block_size: int, num_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return (
+            num_layers * 2 * block_size * num_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+        )
 
     def layer_cache(self, layer: int) -> torch.Tensor:
         """One layer's keys and values, [num_blocks, 2 (k|v), block_size, H, D] (strided)."""
@@ -82,7 +87,7 @@ class PagedKVStorage:
         per block, cast on the way, rather than padding, reordering into blocks and scattering the
         whole sequence (on an H100 that took ~1.9 ms of GPU time for a large-v3 request)."""
         seq_len = kv.shape[2]
-        num_blocks = -(-seq_len // self.block_size)
+        num_blocks = ceil_div(seq_len, self.block_size)
         if num_blocks != len(block_ids):
             raise ValueError(f"{seq_len} tokens fill {num_blocks} blocks, but {len(block_ids)} were given")
         if self.cache.is_cuda and triton_available() and kv.stride(4) == 1 and kv.stride(3) == kv.shape[4]:
@@ -91,7 +96,9 @@ class PagedKVStorage:
         for index, block in enumerate(block_ids):
             start = index * self.block_size
             filled = min(self.block_size, seq_len - start)
-            self.cache[block, :, :, :filled] = to_cache_dtype(kv[:, :, start : start + filled], self.cache.dtype)
+            self.cache[block, :, :, :filled] = to_cache_dtype(
+                kv[:, :, start : start + filled], self.cache.dtype
+            )
             if filled < self.block_size:
                 self.cache[block, :, :, filled:] = 0
 

@@ -23,7 +23,6 @@ N_FFT = 400
 HOP_LENGTH = 160
 CHUNK_LENGTH_S = 30
 N_SAMPLES = CHUNK_LENGTH_S * SAMPLE_RATE  # 480000 samples in one encoder window
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 mel frames, 1500 encoder positions after the stride-2 conv
 
 
 def decode_audio(data: bytes) -> np.ndarray:
@@ -85,7 +84,9 @@ def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=16)
-def _sinc_kernel(orig: int, new: int, zero_crossings: int = 6, rolloff: float = 0.99) -> tuple[torch.Tensor, int]:
+def _sinc_kernel(
+    orig: int, new: int, zero_crossings: int = 6, rolloff: float = 0.99
+) -> tuple[torch.Tensor, int]:
     base_rate = min(orig, new) * rolloff
     width = math.ceil(zero_crossings * orig / base_rate)
     positions = torch.arange(-width, width + orig, dtype=torch.float64)[None, :] / orig

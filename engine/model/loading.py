@@ -30,4 +30,6 @@ def load_model(config: EngineConfig, weights: LoadedWeights | None = None) -> Lo
     model.load_canonical_state_dict(weights.state_dict)
     model.eval()
     weights.state_dict = {}  # the model holds the (fused) weights now; free the loader's copy
-    return LoadedModel(weights, model, WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size), config)
+    return LoadedModel(
+        weights, model, WhisperTokenizer(weights.tokenizer_file, weights.dims.vocab_size), config
+    )

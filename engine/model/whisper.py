@@ -90,7 +90,8 @@ class AudioEncoder(nn.Module):
         self.conv2 = nn.Conv1d(dims.d_model, dims.d_model, kernel_size=3, stride=2, padding=1)
         self.positions = nn.Parameter(torch.empty(dims.n_audio_ctx, dims.d_model), requires_grad=False)
         self.layers = nn.ModuleList(
-            EncoderLayer(dims.d_model, dims.encoder_heads, dims.encoder_ffn_dim) for _ in range(dims.encoder_layers)
+            EncoderLayer(dims.d_model, dims.encoder_heads, dims.encoder_ffn_dim)
+            for _ in range(dims.encoder_layers)
         )
         self.norm = nn.LayerNorm(dims.d_model)
 
@@ -151,7 +152,9 @@ class DecoderLayer(nn.Module):
         q = qkv[:, 0]
         key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
         attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
-        x, h = add_norm(x, self.self_out(attended.reshape(tokens, d_model)), *norm_params(self.cross_attn_norm))
+        x, h = add_norm(
+            x, self.self_out(attended.reshape(tokens, d_model)), *norm_params(self.cross_attn_norm)
+        )
 
         q = self.cross_q(h).view(tokens, self.num_heads, self.head_dim)
         attended = backend.paged_attention(q, key_cache, value_cache, meta.cross_attention, scale)
@@ -166,7 +169,8 @@ class TextDecoder(nn.Module):
         self.embed_tokens = nn.Embedding(dims.vocab_size, dims.d_model)
         self.positions = nn.Parameter(torch.empty(dims.n_text_ctx, dims.d_model), requires_grad=False)
         self.layers = nn.ModuleList(
-            DecoderLayer(dims.d_model, dims.decoder_heads, dims.decoder_ffn_dim) for _ in range(dims.decoder_layers)
+            DecoderLayer(dims.d_model, dims.decoder_heads, dims.decoder_ffn_dim)
+            for _ in range(dims.decoder_layers)
         )
         self.norm = nn.LayerNorm(dims.d_model)
         # Every layer's cross-attention K and V projection as one matrix, applied once per request
@@ -207,7 +211,9 @@ class TextDecoder(nn.Module):
         strided view of one [N, frames, layers * 2 * d] product)."""
         batch, frames, _ = states.shape
         dims = self.dims
-        kv = self.cross_kv(states).view(batch, frames, dims.decoder_layers, 2, dims.decoder_heads, dims.head_dim)
+        kv = self.cross_kv(states).view(
+            batch, frames, dims.decoder_layers, 2, dims.decoder_heads, dims.head_dim
+        )
         return kv.permute(0, 2, 3, 1, 4, 5)
 
 
@@ -226,7 +232,10 @@ class Whisper(nn.Module):
         def fused(prefix: str, parts: str) -> tuple[torch.Tensor, torch.Tensor]:
             weights = [sd[f"{prefix}.{p}_proj.weight"] for p in parts]
             # Whisper's key projection has no bias; a zero bias keeps the fused matmul exact.
-            biases = [sd.get(f"{prefix}.{p}_proj.bias", torch.zeros(weights[0].shape[0], device=weights[0].device)) for p in parts]
+            biases = [
+                sd.get(f"{prefix}.{p}_proj.bias", torch.zeros(weights[0].shape[0], device=weights[0].device))
+                for p in parts
+            ]
             return torch.cat(weights), torch.cat([b.to(weights[0].dtype) for b in biases])
 
         mine: dict[str, torch.Tensor] = {
@@ -269,5 +278,7 @@ class Whisper(nn.Module):
         own = self.state_dict()
         for name, tensor in mine.items():
             if own[name].shape != tensor.shape:
-                raise ValueError(f"weight {name}: shape {tuple(tensor.shape)}, model expects {tuple(own[name].shape)}")
+                raise ValueError(
+                    f"weight {name}: shape {tuple(tensor.shape)}, model expects {tuple(own[name].shape)}"
+                )
         self.load_state_dict({k: v.to(own[k].dtype) for k, v in mine.items()}, strict=True)

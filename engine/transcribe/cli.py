@@ -18,11 +18,15 @@ def main(argv: list[str] | None = None) -> int:
     transcribe = commands.add_parser("transcribe", help="transcribe audio files")
     transcribe.add_argument("files", nargs="+")
     transcribe.add_argument("--model", default="tiny.en", help="bundled name, folder, or cached HF id")
-    transcribe.add_argument("--language", default=None, help="language code; default: detect (English for .en)")
+    transcribe.add_argument(
+        "--language", default=None, help="language code; default: detect (English for .en)"
+    )
     transcribe.add_argument("--task", choices=("transcribe", "translate"), default="transcribe")
     transcribe.add_argument("--device", default="cpu")
     transcribe.add_argument("--temperature", type=float, default=0.0)
-    transcribe.add_argument("--no-fallback", action="store_true", help="decode each window once (no temperature fallback)")
+    transcribe.add_argument(
+        "--no-fallback", action="store_true", help="decode each window once (no temperature fallback)"
+    )
     transcribe.add_argument("--long-form", choices=("parallel", "sequential"), default="parallel")
     transcribe.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
     args = parser.parse_args(argv)
@@ -31,8 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     from engine.transcribe.offline import Transcriber  # heavy imports after argument errors are reported
 
     try:
-        options = DecodeOptions(language=args.language, task=args.task, temperature=args.temperature,
-                                fallback=None if args.no_fallback else FallbackOptions())
+        options = DecodeOptions(
+            language=args.language,
+            task=args.task,
+            temperature=args.temperature,
+            fallback=None if args.no_fallback else FallbackOptions(),
+        )
         with Transcriber(EngineConfig(model=args.model, device=args.device)) as transcriber:
             results = transcriber.transcribe(args.files, options, long_form=args.long_form)
     except (EngineError, OSError, ValueError) as exc:
@@ -40,8 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path, result in zip(args.files, results):
         if args.json:
-            print(json.dumps({"file": path, "text": result.text, "language": result.language,
-                              "duration_s": round(result.duration_s, 3)}, ensure_ascii=False))
+            print(
+                json.dumps(
+                    {
+                        "file": path,
+                        "text": result.text,
+                        "language": result.language,
+                        "duration_s": round(result.duration_s, 3),
+                    },
+                    ensure_ascii=False,
+                )
+            )
         else:
             print(result.text)
     return 0

@@ -62,7 +62,11 @@ def concatenate_clips(clips: list[SpeechClip], silence_s: float) -> Concatenated
 
 # The long-form test file (tests/test_long_form.py, benchmarks/bench_long_form.py): 73 s, three
 # windows; real speech (JFK, the Harvard sentences) and synthetic.
-LONG_FORM_CLIP_IDS = ["jfk", *(f"osr72_{i:02d}" for i in range(1, 11)), *(f"tts_{i:02d}" for i in range(1, 7))]
+LONG_FORM_CLIP_IDS = [
+    "jfk",
+    *(f"osr72_{i:02d}" for i in range(1, 11)),
+    *(f"tts_{i:02d}" for i in range(1, 7)),
+]
 
 
 def long_form_file(folder: Path) -> ConcatenatedSpeech:
@@ -85,12 +89,16 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
     """Corpus WER (total edits / total reference words) after Whisper's English normalization."""
     import jiwer
 
-    pairs = [(normalize_english(r), normalize_english(h)) for r, h in zip(references, hypotheses, strict=True)]
+    pairs = [
+        (normalize_english(r), normalize_english(h)) for r, h in zip(references, hypotheses, strict=True)
+    ]
     pairs = [(r, h) for r, h in pairs if r.strip()]
     return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])
 
 
-def faster_whisper_transcripts(model_folder: Path, clips: list[SpeechClip], compute_type: str, threads: int) -> list[str]:
+def faster_whisper_transcripts(
+    model_folder: Path, clips: list[SpeechClip], compute_type: str, threads: int
+) -> list[str]:
     """faster-whisper (CTranslate2) on the same weights, greedy, no fallback, no timestamps: the
     decoding our engine does, so a WER gap measures the engine, not the decoding options."""
     from faster_whisper import WhisperModel
@@ -99,8 +107,13 @@ def faster_whisper_transcripts(model_folder: Path, clips: list[SpeechClip], comp
     texts = []
     for clip in clips:
         segments, _ = model.transcribe(
-            str(clip.path), language="en", beam_size=1, temperature=0.0, without_timestamps=True,
-            condition_on_previous_text=False, vad_filter=False,
+            str(clip.path),
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            without_timestamps=True,
+            condition_on_previous_text=False,
+            vad_filter=False,
         )
         texts.append("".join(segment.text for segment in segments).strip())
     return texts
@@ -123,9 +136,16 @@ def ctranslate2_greedy_transcripts(model_folder: Path, clip_windows: list[list],
     prompt = [tokenizer.token_to_id("<|startoftranscript|>"), tokenizer.token_to_id("<|notimestamps|>")]
     texts = []
     for windows in clip_windows:
-        features = ctranslate2.StorageView.from_array(np.ascontiguousarray(np.stack(windows), dtype=np.float32))
+        features = ctranslate2.StorageView.from_array(
+            np.ascontiguousarray(np.stack(windows), dtype=np.float32)
+        )
         results = model.model.generate(
-            features, [prompt] * len(windows), beam_size=1, max_length=448, suppress_blank=True, suppress_tokens=[-1]
+            features,
+            [prompt] * len(windows),
+            beam_size=1,
+            max_length=448,
+            suppress_blank=True,
+            suppress_tokens=[-1],
         )
         texts.append("".join(tokenizer.decode(result.sequences_ids[0]) for result in results).strip())
     return texts

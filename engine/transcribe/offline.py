@@ -14,15 +14,15 @@ from typing import Sequence, Union
 import numpy as np
 import torch
 
-from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.encode.overlap import OverlappedEncoder
 from engine.decode.engine import DecoderEngine
+from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
-from engine.model.loading import LoadedModel, load_model
 from engine.kv.sources import CrossKVTensor
-from engine.types import DecodeOptions, DecodeResult, FinishReason
+from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
+from engine.model.loading import LoadedModel, load_model
 from engine.transcribe.windows import LongFormMode, Transcription, long_form_cursor
+from engine.types import DecodeOptions, DecodeResult, FinishReason
 
 AudioInput = Union[bytes, str, os.PathLike, np.ndarray]
 
@@ -37,8 +37,12 @@ def to_samples(audio: AudioInput) -> np.ndarray:
 
 
 class Transcriber:
-    def __init__(self, config: EngineConfig | None = None, loaded: LoadedModel | None = None,
-                 encoder_batch_size: int = 8):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        loaded: LoadedModel | None = None,
+        encoder_batch_size: int = 8,
+    ):
         """``encoder_batch_size``: most 30 s windows in one encoder forward."""
         self.loaded = loaded or load_model(config or EngineConfig())
         self.config = self.loaded.config
@@ -58,15 +62,22 @@ class Transcriber:
         self.close()
 
     def transcribe(
-        self, inputs: Sequence[AudioInput], options: DecodeOptions = DecodeOptions(), long_form: LongFormMode = "parallel",
+        self,
+        inputs: Sequence[AudioInput],
+        options: DecodeOptions = DecodeOptions(),
+        long_form: LongFormMode = "parallel",
     ) -> list[Transcription]:
         self.decoder.make_request(options, cross_source=None)  # fail fast on bad options
         cursors = [long_form_cursor(to_samples(audio), options, long_form) for audio in inputs]
         # Rounds of what the cursors hand out, the files' windows sharing batches: in parallel mode
         # one round of every window, in sequential mode each file's current window.
         while handed_out := [(cursor, pending) for cursor in cursors for pending in cursor.next_windows()]:
-            results = self.run_windows(deque((key, pending.window.samples, pending.options)
-                                             for key, (_, pending) in enumerate(handed_out)))
+            results = self.run_windows(
+                deque(
+                    (key, pending.window.samples, pending.options)
+                    for key, (_, pending) in enumerate(handed_out)
+                )
+            )
             for key, (cursor, pending) in enumerate(handed_out):
                 cursor.accept(pending.window, results[key][0])
         return [cursor.transcription() for cursor in cursors]
@@ -81,7 +92,9 @@ class Transcriber:
         while windows or encoding or self.decoder.has_work:
             if not encoding and windows and self.decoder.stats().num_waiting < batch_size:
                 encoding = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
-                self.encoder.submit(torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in encoding])))
+                self.encoder.submit(
+                    torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in encoding]))
+                )
             # With nothing to decode, wait for the batch; otherwise take it only once it is done.
             cross_kv = self.encoder.take(wait=not self.decoder.has_work) if encoding else None
             if cross_kv is not None:

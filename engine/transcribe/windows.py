@@ -70,7 +70,9 @@ def split_windows(samples: np.ndarray) -> list[AudioWindow]:
     return windows
 
 
-def assemble_transcription(samples: np.ndarray, windows: list[AudioWindow], results: list[DecodeResult]) -> Transcription:
+def assemble_transcription(
+    samples: np.ndarray, windows: list[AudioWindow], results: list[DecodeResult]
+) -> Transcription:
     return Transcription(
         text="".join(result.text for result in results).strip(),
         language=results[0].language if results else None,
@@ -185,7 +187,10 @@ class SequentialCursor(LongFormCursor):
             kept = segments[:-1]
             advance_s = tail.start_s
             result = dataclasses.replace(
-                result, tokens=result.tokens[: -(len(tail.tokens) + 1)], text="".join(s.text for s in kept), segments=kept,
+                result,
+                tokens=result.tokens[: -(len(tail.tokens) + 1)],
+                text="".join(s.text for s in kept),
+                segments=kept,
             )
         advance = max(1, round(advance_s * SAMPLE_RATE))
         self.windows.append(AudioWindow(window.start_sample, window.samples[:advance]))
