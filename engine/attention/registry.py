@@ -6,8 +6,8 @@ import logging
 
 import torch
 
-from engine import kernels
 from engine.attention.base import AttentionBackend
+from engine.kernels import TRITON_IMPORT_ERROR, triton_available, triton_interpreting
 
 logger = logging.getLogger(__name__)
 
@@ -27,9 +27,9 @@ def kv_cache_dtype_problem(name: str, cache_dtype: torch.dtype) -> str | None:
 
 def _triton_problem(device: torch.device, dtype: torch.dtype | None = None) -> str | None:
     """Why the triton backend cannot run on ``device`` (with a KV cache of ``dtype``), or None when it can."""
-    if not kernels.triton_available():
-        return f"the 'triton' package is not importable ({kernels.TRITON_IMPORT_ERROR})"
-    if device.type != "cuda" and not kernels.triton_interpreting():
+    if not triton_available():
+        return f"the 'triton' package is not importable ({TRITON_IMPORT_ERROR})"
+    if device.type != "cuda" and not triton_interpreting():
         return f"triton kernels need a CUDA device, got {device} (TRITON_INTERPRET=1 runs them on CPU, for tests)"
     if (
         device.type == "cuda"
