@@ -106,9 +106,10 @@ class EngineConfig(BaseModel):
     block_size: int = Field(
         128,
         description="tokens per KV block, a power of two. The cache is block-major (a block holds all "
-        "layers), so a layer's K/V of one block is one piece of block_size tokens: on an H100 large-v3's "
-        "cross-attention read a layer in ~221 us with 16-token blocks and ~179 us with 128 (batch 64; "
-        "decode step 9.22 -> 7.74 ms). 1500 frames fill 12 blocks of 128, 36 slots of padding",
+        "layers), so a layer's K/V of one block is one contiguous piece of block_size tokens: small "
+        "blocks make a layer's reads jump across the pool, and cross-attention reads them markedly "
+        "slower (measured: benchmarks/RESULTS.md). 1500 frames fill 12 blocks of 128, 36 slots of "
+        "padding",
     )
     kv_cache_memory_mb: float = Field(512, gt=0, description="memory for the paged KV cache")
     max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")

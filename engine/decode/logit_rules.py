@@ -124,8 +124,9 @@ class LogitRules:
         before end-of-text, or all), and in the timestamp range the ones below a floor and, for the
         first token, those past MAX_INITIAL_TIMESTAMP_S. Those bounds are worked out on the device
         from the slots' histories, so the rules cost the same few kernels at any batch size and
-        never wait for the device. (Applied row by row, with a device read per row, they made a
-        256-request large-v3 step on an H100 take 52 ms instead of 17.)"""
+        never wait for the device. (Applied row by row, a device read per row stalls the step on
+        every row, which at large batches costs several times the step's forward; measured:
+        benchmarks/RESULTS.md.)"""
         begin, eot = self.special.timestamp_begin, self.special.eot
         n_stamps = logits.shape[-1] - begin
         device = logits.device
