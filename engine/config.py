@@ -51,8 +51,8 @@ class GPUSwitches(BaseModel):
         None,
         ge=0,
         description="a prompt of at most this many tokens is fed one token a step, so that a step "
-        "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several tokens "
-        "of one request runs eagerly); a longer prompt (previous text) is fed in one step. None: "
+        "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several "
+        "tokens of one request runs eagerly); a longer prompt (previous text) is fed in one step. None: "
         f"{STEPPED_PROMPT_TOKENS_WITH_GRAPHS} where decode CUDA graphs are captured, else 0",
     )
     compile_encoder: bool = Field(
@@ -128,8 +128,9 @@ class EngineConfig(BaseModel):
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
         "auto",
         description="dtype of the paged KV cache (self- and cross-attention blocks) and of the cross-K/V "
-        "encoders ship: 'auto' is engine.dtype; 'fp8_e4m3' halves a bf16 cache's bytes (twice the blocks in "
-        "kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot read it",
+        "encoders ship: 'auto' is engine.dtype; 'fp8_e4m3' halves a bf16 cache's bytes (twice the blocks "
+        "in kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot "
+        "read it",
     )
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
     gpu: GPUSwitches = Field(default_factory=GPUSwitches, description="switches that matter on CUDA only")

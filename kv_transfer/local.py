@@ -94,6 +94,7 @@ class LocalReceiver(KVReceiver):
         entry = sender.claim(handle.staging_token)
         if entry is None:
             raise TransferError(
-                f"staging for {handle.request_id} was released before the pull (unclaimed_timeout_s or released)"
+                f"staging for {handle.request_id} was released before the pull "
+                "(unclaimed_timeout_s or released)"
             )
         return sender, entry

@@ -274,7 +274,8 @@ class NixlReceiver(KVReceiver):
             ) from error
         if int(self._header[0]) != handle.staging_token:
             raise TransferError(
-                f"staging for {handle.request_id} was released before the pull (unclaimed_timeout_s or released)"
+                f"staging for {handle.request_id} was released before the pull "
+                "(unclaimed_timeout_s or released)"
             )
 
     def _read(
@@ -306,7 +307,8 @@ class NixlReceiver(KVReceiver):
                 now = time.monotonic()
                 if now > deadline:
                     raise TransferError(
-                        f"pulling {handle.request_id} from {remote_agent} took over {self.config.pull_timeout_s} s"
+                        f"pulling {handle.request_id} from {remote_agent} "
+                        f"took over {self.config.pull_timeout_s} s"
                     )
                 if now > spin_until:
                     time.sleep(pause_s)

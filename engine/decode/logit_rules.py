@@ -65,7 +65,8 @@ class LogitRules:
         self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
         self.device = device
-        # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp or -1].
+        # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp
+        # or -1].
         self._history = torch.zeros((3, num_slots), dtype=torch.long, device=device)
         self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
         # On a GPU the timestamp rules run as two Triton kernels (engine/kernels/timestamp_rules.py);
