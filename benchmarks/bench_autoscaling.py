@@ -377,8 +377,9 @@ def main() -> None:
         notes = (
             f"Replica counts over time: `benchmarks/autoscaling.png`. Placement by custom resource: "
             f"{ {name: sorted(r) for name, r in result.placement.items()} }. Encoder burst: 16 clients "
-            f"sending 2 s near-silent clips back to back for {args.burst_s:g} s; decoder load: 5 clients sending "
-            f"85 s dense-speech files for {args.load_s:g} s (client starts spread over the first half); autoscaling delays 2 s up / 6 s down."
+            f"sending 2 s near-silent clips back to back for {args.burst_s:g} s; decoder load: 5 clients "
+            f"sending 85 s dense-speech files for {args.load_s:g} s (client starts spread over the first "
+            "half); autoscaling delays 2 s up / 6 s down."
         )
         record(
             "Autoscaling on a local 3-raylet cluster (bench_autoscaling.py)",

@@ -15,7 +15,8 @@
 (light) latency under a light Poisson load (ours also with each prompt fed in one eager step, the
     way it was before prompts ran a token a step through the graphs).
 
-    python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo] [--sections encoder,decode,engine,light] [--record]
+    python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo]
+        [--sections encoder,decode,engine,light] [--record]
 
 --record appends the tables to RESULTS.md and writes benchmarks/results/gpu.json.
 """
@@ -234,8 +235,9 @@ def bench_decode(hf, loaded, device: str, batch_sizes: list[int], seconds: float
         )
         print(
             f"decode bs{batch}: ours forward {forward * 1000:.2f} ms (graph {graphs}), engine step "
-            f"{engine_step * 1000:.2f} ms ({timestamps_step * 1000:.2f} with timestamps, {in_turn_step * 1000:.2f} "
-            f"async steps off), transformers {theirs * 1000:.2f} ms, bound {bound * 1000:.2f} ms "
+            f"{engine_step * 1000:.2f} ms ({timestamps_step * 1000:.2f} with timestamps, "
+            f"{in_turn_step * 1000:.2f} async steps off), transformers {theirs * 1000:.2f} ms, "
+            f"bound {bound * 1000:.2f} ms "
             f"({peak_source} {peak / 1e12:.2f} TB/s)",
             flush=True,
         )
@@ -443,7 +445,10 @@ def bench_light_load(hf, loaded, device: str, args, prefix: str, metrics: dict) 
         ]
         for label, r in results.items()
     ]
-    title = f"{loaded.config.model}: latency under light load, Poisson stream at {args.light_rate:g}/s, {args.light_requests} requests"
+    title = (
+        f"{loaded.config.model}: latency under light load, Poisson stream at {args.light_rate:g}/s, "
+        f"{args.light_requests} requests"
+    )
     return title, markdown_table(
         [
             "",
@@ -460,7 +465,8 @@ def bench_light_load(hf, loaded, device: str, args, prefix: str, metrics: dict) 
 def roofline_req_per_s(
     loaded, device: str, encoder_windows_per_s: float | None, kv_element_bytes: int = 2
 ) -> tuple[float, float]:
-    """Upper bounds from cross-attention K/V reads alone: decode only, and with the encoder sharing the GPU."""
+    """Upper bounds from cross-attention K/V reads alone: decode only, and with the encoder sharing
+    the GPU."""
     dims = loaded.weights.dims
     peak, _ = peak_bandwidth(device)
     per_request = OUTPUT_TOKENS * dims.decoder_layers * 2 * dims.n_audio_ctx * dims.d_model * kv_element_bytes
@@ -668,7 +674,8 @@ def main() -> None:
             )
             tables.append(
                 (
-                    f"{shape}: engine requests/s, Poisson stream at {args.rate:g}/s, {OUTPUT_TOKENS} tokens each (c)",
+                    f"{shape}: engine requests/s, Poisson stream at {args.rate:g}/s, "
+                    f"{OUTPUT_TOKENS} tokens each (c)",
                     markdown_table(
                         [
                             "",
@@ -717,8 +724,8 @@ def main() -> None:
             "GPU: ours vs transformers on random weights of the large shapes (bench_gpu.py)",
             body,
             "bf16, SDPA in transformers; ours: Triton paged attention, decode steps from CUDA graphs. "
-            "Bandwidth bound: decoder weights + every request's cross- and self-attention K/V, over the GPU's peak "
-            "bandwidth.",
+            "Bandwidth bound: decoder weights + every request's cross- and self-attention K/V, over the "
+            "GPU's peak bandwidth.",
             json_path=args.json,
             metrics=metrics,
         )

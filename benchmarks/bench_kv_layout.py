@@ -11,7 +11,8 @@ engine.block_size's default).
     bf16 and fp8 at two batch sizes (the measurement behind triton_paged.GROUPED_DECODE_TILES).
     CUDA only.
 
-    python benchmarks/bench_kv_layout.py [--shape large-v3] [--sections read,step,kernel] [--tokenizer tokenizer.json] [--record]
+    python benchmarks/bench_kv_layout.py [--shape large-v3] [--sections read,step,kernel]
+        [--tokenizer tokenizer.json] [--record]
 
 Runs on a CPU too (--device cpu --shape tiny --sections step), for trying it; the figures mean
 something on a GPU.

@@ -8,7 +8,8 @@ on the machine. On a shared machine other jobs only ever add time, so each mode'
 several interleaved runs is its least disturbed one: the headline ratio is of those minimums.
 
     .venv/bin/python benchmarks/bench_long_form.py [--threads 2] [--repeats 7] [--record]
-    python benchmarks/bench_long_form.py --device cuda --model path/to/tiny.en-hf-folder --no-wer  # a GPU machine
+    # on a GPU machine:
+    python benchmarks/bench_long_form.py --device cuda --model path/to/tiny.en-hf-folder --no-wer
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ def main() -> None:
         ["mode", "windows", "fastest wall s", "median wall s", "RTFx (fastest)", "WER"], rows
     )
     notes = (
-        f"{long_file.duration_s:.0f} s file of {len(LONG_FORM_CLIP_IDS)} speech-set clips, {args.model}, {args.device}, "
-        f"{args.threads} threads, {args.repeats} interleaved runs of each mode; greedy with timestamps, no fallback.\n"
-        f"**sequential / parallel wall time: {fastest['sequential'] / fastest['parallel']:.2f}x** (fastest runs; "
-        f"{median['sequential'] / median['parallel']:.2f}x of the medians). All runs, s: "
+        f"{long_file.duration_s:.0f} s file of {len(LONG_FORM_CLIP_IDS)} speech-set clips, {args.model}, "
+        f"{args.device}, {args.threads} threads, {args.repeats} interleaved runs of each mode; greedy with "
+        "timestamps, no fallback.\n"
+        f"**sequential / parallel wall time: {fastest['sequential'] / fastest['parallel']:.2f}x** "
+        f"(fastest runs; {median['sequential'] / median['parallel']:.2f}x of the medians). All runs, s: "
         + "; ".join(f"{mode} {', '.join(f'{t:.1f}' for t in times)}" for mode, times in seconds.items())
     )
     print(table)

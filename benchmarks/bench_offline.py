@@ -157,7 +157,8 @@ def main() -> None:
     notes = (
         f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.threads} threads for every system; greedy, no "
         "timestamps, no fallback. 16 in flight: ours = continuous batching (encoder batches of 8); "
-        "faster-whisper = 16 client threads over one CTranslate2 worker per core; transformers = static batches of 16."
+        "faster-whisper = 16 client threads over one CTranslate2 worker per core; transformers = static "
+        "batches of 16."
     )
     print(table)
     if args.record:

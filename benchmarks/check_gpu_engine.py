@@ -135,7 +135,8 @@ def main() -> None:
             "Engine on the GPU: backends vs transformers (check_gpu_engine.py)",
             table,
             "Random weights of tiny.en's shapes, 16 real speech clips decoded together, greedy, 40 tokens. "
-            "bf16 rows compare bf16 engines with the fp32 reference: differences there are rounding, not bugs.",
+            "bf16 rows compare bf16 engines with the fp32 reference: differences there are rounding, "
+            "not bugs.",
         )
 
 

@@ -88,8 +88,8 @@ def main() -> None:
     ]
     rows.append(["all kernels", round(total / 1000, 3), sum(count for _, count in by_kind.values()), "100%"])
     print(
-        f"{args.shape}, batch {args.batch}, {args.device}, kv cache {args.kv_cache_dtype}: one eager decode step; "
-        f"bandwidth bound {bound_ms:.2f} ms ({peak_source} {peak / 1e12:.2f} TB/s)"
+        f"{args.shape}, batch {args.batch}, {args.device}, kv cache {args.kv_cache_dtype}: one eager "
+        f"decode step; bandwidth bound {bound_ms:.2f} ms ({peak_source} {peak / 1e12:.2f} TB/s)"
     )
     print(markdown_table(["part of the step", "ms", "kernels", "share"], rows))
 

@@ -2,7 +2,8 @@
 to read before tuning the encoder (issue 7). The encoder runs as the engine runs it (log-mel, then
 the encoder compiled with torch.compile), on random weights of a real shape.
 
-    python benchmarks/profile_encoder.py --shape large-v3 --batch 64 [--compile-mode max-autotune-no-cudagraphs]
+    python benchmarks/profile_encoder.py --shape large-v3 --batch 64
+        [--compile-mode max-autotune-no-cudagraphs]
 
 Runs on a CPU too (--device cpu --shape tiny), for trying it; the figures mean something on a GPU.
 """

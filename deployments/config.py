@@ -79,8 +79,9 @@ class ReplicaOptions(BaseModel):
     )
     resources: dict[str, float] = Field(
         default_factory=dict,
-        description="Ray custom resources each replica needs, e.g. {whisper_decoder_node: 1}: on a cluster, the nodes "
-        "that declare the resource (`ray start --resources`) are the only ones the replicas are placed on",
+        description="Ray custom resources each replica needs, e.g. {whisper_decoder_node: 1}: on a cluster, "
+        "the nodes that declare the resource (`ray start --resources`) are the only ones the replicas are "
+        "placed on",
     )
     autoscaling: AutoscalingOptions | None = None
     drain_timeout_s: float = Field(
@@ -162,8 +163,8 @@ class HTTPLimits(BaseModel):
     )
     api_keys: list[str] = Field(
         default_factory=list,
-        description=f"when non-empty, requests need `Authorization: Bearer <key>`; also read from ${API_KEYS_ENV} "
-        "(comma-separated) when the config gives none, so keys need not sit in the YAML",
+        description="when non-empty, requests need `Authorization: Bearer <key>`; also read from "
+        f"${API_KEYS_ENV} (comma-separated) when the config gives none, so keys need not sit in the YAML",
     )
 
     @model_validator(mode="after")

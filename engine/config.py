@@ -51,8 +51,8 @@ class GPUSwitches(BaseModel):
         None,
         ge=0,
         description="a prompt of at most this many tokens is fed one token a step, so that a step "
-        "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several tokens "
-        "of one request runs eagerly); a longer prompt (previous text) is fed in one step. None: "
+        "admitting new requests is still a decode step a CUDA graph replays (a step that feeds several "
+        "tokens of one request runs eagerly); a longer prompt (previous text) is fed in one step. None: "
         f"{STEPPED_PROMPT_TOKENS_WITH_GRAPHS} where decode CUDA graphs are captured, else 0",
     )
     compile_encoder: bool = Field(
@@ -106,9 +106,10 @@ class EngineConfig(BaseModel):
     block_size: int = Field(
         128,
         description="tokens per KV block, a power of two. The cache is block-major (a block holds all "
-        "layers), so a layer's K/V of one block is one piece of block_size tokens: on an H100 large-v3's "
-        "cross-attention read a layer in ~221 us with 16-token blocks and ~179 us with 128 (batch 64; "
-        "decode step 9.22 -> 7.74 ms). 1500 frames fill 12 blocks of 128, 36 slots of padding",
+        "layers), so a layer's K/V of one block is one contiguous piece of block_size tokens: small "
+        "blocks make a layer's reads jump across the pool, and cross-attention reads them markedly "
+        "slower (measured: benchmarks/RESULTS.md). 1500 frames fill 12 blocks of 128, 36 slots of "
+        "padding",
     )
     kv_cache_memory_mb: float = Field(512, gt=0, description="memory for the paged KV cache")
     max_num_seqs: int = Field(64, ge=1, description="most requests decoding at once")
@@ -127,8 +128,9 @@ class EngineConfig(BaseModel):
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
         "auto",
         description="dtype of the paged KV cache (self- and cross-attention blocks) and of the cross-K/V "
-        "encoders ship: 'auto' is engine.dtype; 'fp8_e4m3' halves a bf16 cache's bytes (twice the blocks in "
-        "kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot read it",
+        "encoders ship: 'auto' is engine.dtype; 'fp8_e4m3' halves a bf16 cache's bytes (twice the blocks "
+        "in kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot "
+        "read it",
     )
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
     gpu: GPUSwitches = Field(default_factory=GPUSwitches, description="switches that matter on CUDA only")

@@ -110,8 +110,9 @@ class BlockLayout:
         cache = storage.cache
         if self.block_shape != tuple(cache.shape[1:]) or self.torch_dtype != cache.dtype:
             raise IncompatibleHandleError(
-                f"staged blocks are {self.block_shape} {self.dtype}, the cache's are {tuple(cache.shape[1:])} "
-                f"{str(cache.dtype).removeprefix('torch.')}: encoder and decoder need the same model, "
+                f"staged blocks are {self.block_shape} {self.dtype}, "
+                f"the cache's are {tuple(cache.shape[1:])} {str(cache.dtype).removeprefix('torch.')}: "
+                "encoder and decoder need the same model, "
                 "engine.block_size, engine.dtype and engine.kv_cache_dtype"
             )
         if len(block_ids) != self.num_blocks:

@@ -22,14 +22,15 @@ class TransferConfig(BaseModel):
 
     connector: Literal["auto", "nixl", "object_store", "local"] = Field(
         "auto",
-        description="nixl: the decoder READs staged blocks into its cache (UCX: CUDA IPC, RDMA, shared memory); "
-        "object_store: through Ray's object store; local: encoder and decoder in one process (a device copy); "
-        "auto: nixl when importable, else object_store",
+        description="nixl: the decoder READs staged blocks into its cache (UCX: CUDA IPC, RDMA, shared "
+        "memory); object_store: through Ray's object store; local: encoder and decoder in one process "
+        "(a device copy); auto: nixl when importable, else object_store",
     )
     mode: Literal["auto", "cross_kv", "encoder_states"] = Field(
         "auto",
-        description="cross_kv: ship every decoder layer's cross-attention K/V; encoder_states: ship the encoder "
-        "output and let the decoder project it (64x fewer bytes for large-v3); auto: see kv_transfer/README.md",
+        description="cross_kv: ship every decoder layer's cross-attention K/V; encoder_states: ship the "
+        "encoder output and let the decoder project it (64x fewer bytes for large-v3); auto: see "
+        "kv_transfer/README.md",
     )
     staging_memory_mb: float = Field(
         1024, gt=0, description="the sender's staging memory, allocated (and registered) once; never grows"
@@ -49,7 +50,8 @@ class TransferConfig(BaseModel):
         5.0,
         gt=0,
         le=1000,
-        description="how often a sender checks for finished pulls and expiry, and an idle NIXL agent makes progress",
+        description="how often a sender checks for finished pulls and expiry, and an idle NIXL agent makes "
+        "progress",
     )
 
     @model_validator(mode="after")

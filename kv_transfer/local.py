@@ -2,7 +2,8 @@
 pull is one device copy into the cache's blocks; nothing is serialized.
 
 Within one process torch's copy is the fast path: two NIXL agents in the same process cannot use
-CUDA IPC, and UCX falls back to TCP loopback (~0.4 GB/s, see shared/gpu/README.md).
+CUDA IPC, and UCX falls back to TCP loopback, far slower than a device copy (measured:
+benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class LocalReceiver(KVReceiver):
         entry = sender.claim(handle.staging_token)
         if entry is None:
             raise TransferError(
-                f"staging for {handle.request_id} was released before the pull (unclaimed_timeout_s or released)"
+                f"staging for {handle.request_id} was released before the pull "
+                "(unclaimed_timeout_s or released)"
             )
         return sender, entry

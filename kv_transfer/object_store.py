@@ -145,7 +145,8 @@ class ObjectStoreReceiver(KVReceiver):
             )
             if claimed is None:
                 raise TransferError(
-                    f"staging for {handle.request_id} was released before the pull (unclaimed_timeout_s or released)"
+                    f"staging for {handle.request_id} was released before the pull "
+                    "(unclaimed_timeout_s or released)"
                 )
             payload_bytes: np.ndarray = ray.get(claimed[0], timeout=max(deadline - time.monotonic(), 0.001))
         except TransferError:

@@ -54,8 +54,8 @@ class StagingArena:
         size = _aligned(nbytes)
         if size > self.capacity_bytes:
             raise StagingFullError(
-                f"a {nbytes / 2**20:.1f} MB payload can never fit {self.capacity_bytes / 2**20:.1f} MB of staging: "
-                "raise transfer.staging_memory_mb"
+                f"a {nbytes / 2**20:.1f} MB payload can never fit {self.capacity_bytes / 2**20:.1f} MB of "
+                "staging: raise transfer.staging_memory_mb"
             )
         deadline = time.monotonic() + wait_s
         with self._changed:
@@ -69,7 +69,8 @@ class StagingArena:
                 if remaining <= 0:
                     raise StagingFullError(
                         f"staging stayed full for {wait_s:.1f} s ({sum(self._used.values()) / 2**20:.1f} of "
-                        f"{self.capacity_bytes / 2**20:.1f} MB held by {len(self._used)} requests waiting to be pulled)"
+                        f"{self.capacity_bytes / 2**20:.1f} MB held by {len(self._used)} requests waiting "
+                        "to be pulled)"
                     )
                 self._changed.wait(remaining)
 

@@ -30,7 +30,10 @@ def _triton_problem(device: torch.device, dtype: torch.dtype | None = None) -> s
     if not triton_available():
         return f"the 'triton' package is not importable ({TRITON_IMPORT_ERROR})"
     if device.type != "cuda" and not triton_interpreting():
-        return f"triton kernels need a CUDA device, got {device} (TRITON_INTERPRET=1 runs them on CPU, for tests)"
+        return (
+            f"triton kernels need a CUDA device, got {device} "
+            "(TRITON_INTERPRET=1 runs them on CPU, for tests)"
+        )
     if (
         device.type == "cuda"
         and dtype == torch.float8_e4m3fn
@@ -58,7 +61,10 @@ def _flash_attn_problem(
     if dtype_problem:
         return dtype_problem
     if block_size is not None and block_size % fa.FLASH_ATTN_PAGE_MULTIPLE != 0:
-        return f"flash-attn's paged KV needs block_size a multiple of {fa.FLASH_ATTN_PAGE_MULTIPLE}, got {block_size}"
+        return (
+            f"flash-attn's paged KV needs block_size a multiple of {fa.FLASH_ATTN_PAGE_MULTIPLE}, "
+            f"got {block_size}"
+        )
     if dtype is not None and dtype not in (torch.float16, torch.bfloat16):
         return f"flash-attn supports float16/bfloat16 only, got {dtype}"
     return None

@@ -28,8 +28,8 @@ class TorchReferenceBackend(AttentionBackend):
 
         Each block's slice is contiguous inside the block-major cache, so the view is a matrix with
         one row per block and ``index_select`` copies whole rows; advanced indexing
-        (``cache[ids]``) walks the strided view element by element instead. On the 2-core CPU:
-        ~8 ms instead of ~126 ms for tiny.en's 16 x 94 cross-attention blocks of one layer."""
+        (``cache[ids]``) walks the strided view element by element instead, many times slower
+        (measured: benchmarks/RESULTS.md)."""
         if not cache[0].is_contiguous():  # another layout: the generic gather
             return cache[block_ids]
         rows = cache.flatten(1)  # a view, [num_blocks, bs * H * D]

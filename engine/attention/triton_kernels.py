@@ -2,10 +2,10 @@
 
 Design (flash-decoding style):
 
-* One program per (request, query tile, head, key split), heads varying fastest. Query tiles are ``BLOCK_M`` packed
-  query rows of one request; key splits cut a request's visible key range into chunks of
-  ``keys_per_split`` keys (a multiple of ``BLOCK_N``), so that a decode step with few requests
-  still puts enough programs on the GPU (split-K). Each program walks its key range in tiles of
+* One program per (request, query tile, head, key split), heads varying fastest. Query tiles are
+  ``BLOCK_M`` packed query rows of one request; key splits cut a request's visible key range into
+  chunks of ``keys_per_split`` keys (a multiple of ``BLOCK_N``), so that a decode step with few
+  requests still puts enough programs on the GPU (split-K). Each program walks its key range in tiles of
   ``BLOCK_N`` keys, looking up each key's physical block (``block_tables[req, key // page]``)
   and slot (``key % page``), so any power-of-two page size works, including pages smaller or
   larger than ``BLOCK_N``. Keys past the request's length (partly filled last block, padding
@@ -13,24 +13,24 @@ Design (flash-decoding style):
 * Online softmax in fp32 (base-2 exponent, the softmax scale folded into log2(e)).
 * Scores and the weighted sum go through ``tl.dot`` on ``BLOCK_M x BLOCK_N`` tiles (tensor cores),
   skipping key tiles above the causal diagonal. A decode step (every request has ``q_len == 1``)
-  still uses a 16-row tile with one valid row: the step is memory-bound, and on an H100 the padded
-  MMA streamed large-v3's cross-attention K/V at ~2.7 TB/s (of ~3.0 TB/s a plain read reaches),
-  as fast as or faster than a one-row multiply-and-reduce, or prefetching the next tile into
-  registers by hand. Decode tiles are small (32 keys) with a deep load pipeline (4 stages), the
-  fastest of the sizes measured there.
+  still uses a 16-row tile with one valid row: the step is memory-bound, so the wasted rows cost
+  no bandwidth, and the padded MMA streams the K/V close to a plain read's rate, as fast as or
+  faster than a one-row multiply-and-reduce or prefetching the next tile into registers by hand.
+  Decode tiles are small (32 keys) with a deep load pipeline (4 stages), the fastest of the sizes
+  tried (measured: benchmarks/RESULTS.md).
 * An fp8 (e4m3) cache is upcast to fp16, not bf16, as it is loaded: e4m3 -> fp16 is one hardware
   conversion per pair of values, and fp16 holds every e4m3 value exactly. The bf16 query is
   saturated to fp16's range. Decode tiles are 128 keys over 3 stages (the same bytes per tile as 64
-  bf16 keys): on the H100, large-v3 cross-attention at batch 64 read an fp8 layer in ~130 us,
-  against ~150 us upcasting to bf16 and ~180 us for the bf16 cache.
+  bf16 keys). Read this way an fp8 layer is faster than upcasting it to bf16, and faster than a
+  bf16 cache, which has twice the bytes (measured: benchmarks/RESULTS.md).
 * A decode step over a cache whose head_dim is a power of two runs a second kernel, grouped
   decode: one program per (request, group of adjacent heads, split) reads each key tile as one
   row of all the group's heads side by side (a contiguous run of memory per key) and enters the
   query into the MMA block-diagonally, so the scores come out one row per head and the padded
-  16-row tile's softmax work serves several heads. On the H100 (large-v3 cross-attention, one
-  layer of the real 32-layer cache): fp8 at batch 256, 466 -> 406 us (2.1 -> 2.4 TB/s) with two
-  heads per program, 128 keys per tile; bf16 at batch 128, 342 -> 335 us. At batch 64, four
-  heads per program (256 columns) was slower than one.
+  16-row tile's softmax work serves several heads. Two heads per program (128 keys per tile for
+  fp8) read a layer faster than one head per program, clearly for fp8 at large batches and
+  slightly for bf16; four heads per program (256 columns) was slower than one (measured:
+  benchmarks/RESULTS.md).
 * With more than one split the programs write unnormalised partials (running max ``m``, running
   sum ``l`` and accumulator) to fp32 scratch, and a second kernel merges them per (token, head).
   With one split the first kernel normalises and writes the output directly.
@@ -117,8 +117,8 @@ if triton is not None:
 
         # Masks only along dimensions that can be ragged. A mask over head_dim when head_dim is
         # already a power of two would still be evaluated per element, and per-element masks stop
-        # Triton from vectorising the loads along the contiguous head_dim: on an H100 dropping it
-        # took large-v3's cross-attention decode from ~2.1 to ~2.7 TB/s.
+        # Triton from vectorising the loads along the contiguous head_dim, which costs the
+        # memory-bound decode step much of its bandwidth (measured: benchmarks/RESULTS.md).
         if HEAD_DIM == HEAD_DIM_PAD:
             q_mask = m_valid[:, None]
         else:

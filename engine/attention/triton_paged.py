@@ -70,7 +70,8 @@ class TritonPagedBackend(AttentionBackend):
                        decode kernel); default grouped_decode_heads(); 1 = one head per program.
       decode_block_n:  keys per tile when every request has one query (default 32; 128 for an
                        fp8 cache, whose keys are half the bytes).
-      prefill_block_m: query rows per tile for prefill/mixed steps (default min(64, pow2 >= max q_len), >= 16).
+      prefill_block_m: query rows per tile for prefill/mixed steps (default min(64, pow2 >= max
+                       q_len), >= 16).
       prefill_block_n: keys per tile for prefill/mixed steps (default 64).
       num_splits:      key-range splits per (request, tile, head); None picks enough programs to
                        fill the GPU (about ``target_waves`` programs per SM), capped by

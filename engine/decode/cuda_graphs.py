@@ -90,7 +90,8 @@ class DecodeGraphs:
         return len(step.rows) <= self.sizes[-1] and all(len(row.tokens) == 1 for row in step.rows)
 
     def replay(self, step: StepInput) -> torch.Tensor:
-        """Run the step; returns float32 logits [len(step.rows), vocab] (a view, valid until the next replay)."""
+        """Run the step; returns float32 logits [len(step.rows), vocab] (a view, valid until the next
+        replay)."""
         rows = step.rows
         count = len(rows)
         size = next(s for s in self.sizes if s >= count)

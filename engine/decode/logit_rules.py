@@ -65,7 +65,8 @@ class LogitRules:
         self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
         self.device = device
-        # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp or -1].
+        # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp
+        # or -1].
         self._history = torch.zeros((3, num_slots), dtype=torch.long, device=device)
         self._stamp_offset_ids: torch.Tensor | None = None  # [1, timestamps], made on first use
         # On a GPU the timestamp rules run as two Triton kernels (engine/kernels/timestamp_rules.py);
@@ -124,8 +125,9 @@ class LogitRules:
         before end-of-text, or all), and in the timestamp range the ones below a floor and, for the
         first token, those past MAX_INITIAL_TIMESTAMP_S. Those bounds are worked out on the device
         from the slots' histories, so the rules cost the same few kernels at any batch size and
-        never wait for the device. (Applied row by row, with a device read per row, they made a
-        256-request large-v3 step on an H100 take 52 ms instead of 17.)"""
+        never wait for the device. (Applied row by row, a device read per row stalls the step on
+        every row, which at large batches costs several times the step's forward; measured:
+        benchmarks/RESULTS.md.)"""
         begin, eot = self.special.timestamp_begin, self.special.eot
         n_stamps = logits.shape[-1] - begin
         device = logits.device

@@ -34,7 +34,8 @@ class Request:
     priority: Priority = Priority.INTERACTIVE
 
     status: RequestStatus = RequestStatus.WAITING
-    # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch aging counts it.
+    # time.monotonic() since which it has waited: for admission, or (batch work) to run a step. Batch
+    # aging counts it.
     waiting_since_s: float = 0.0
     blocks: RequestBlocks = field(default_factory=RequestBlocks)
     num_computed_tokens: int = 0  # tokens whose K/V sit (or are being written) in the self-attention blocks

@@ -93,7 +93,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
-        """One window's encoder states [frames, d_model] -> its cross-attention K/V [layers, 2, frames, H, D]."""
+        """One window's encoder states [frames, d_model] -> its cross-attention K/V [layers, 2, frames,
+        H, D]."""
         states = states.to(self.device, next(self.model.parameters()).dtype)
         return self.model.decoder.project_cross_kv(states.unsqueeze(0))[0]
 

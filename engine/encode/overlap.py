@@ -3,14 +3,14 @@ own CUDA stream, while the caller keeps stepping the decoder.
 
 The two halves want different parts of the GPU: the encoder's batched matrix products are
 compute-bound, a decode step's attention reads are memory-bound. Run one after the other on the
-same stream (the plain loop), every encoder batch stalls decoding for its whole duration (~0.3 s for
-64 large-v3 windows on an H100). On separate streams the GPU can run their kernels side by side.
+same stream (the plain loop), every encoder batch stalls decoding for its whole duration (a large
+model's full batch takes a large fraction of a second). On separate streams the GPU can run their
+kernels side by side.
 
-Measured (benchmarks/bench_gpu.py, H100, large-v3, a burst of 256 windows): with the bf16 cache,
-128 requests at once, 48.8 -> 50.3 requests/s (41.2 -> 45.5 in another run); with the fp8 cache
-and 256 at once, 56.0 -> 51.4. The decoder starts on the first batch and runs smaller batches while
+Overlap is not always a gain: the decoder starts on the first batch and runs smaller batches while
 the encoder, slowed by sharing the GPU, delivers the rest; the larger the decode batch the cache
-allows, the more that costs. Callers choose with ``overlap``.
+allows, the more that costs. On a burst it helped a bf16 cache a little and cost an fp8 cache with
+twice the requests at once (measured: benchmarks/RESULTS.md). Callers choose with ``overlap``.
 
 The worker waits for its batch's kernels to finish before the batch counts as done, so a caller that
 submits the states to the decoder only then never makes a decode step wait on the encoder. The

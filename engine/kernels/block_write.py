@@ -2,10 +2,10 @@
 
 Admission projects a request's encoder states to cross-attention K/V (one GEMM) and writes the
 product into the request's blocks. As PyTorch copies, one per block with the cast on the way, the
-write cost more than the GEMM into an fp8 cache: on an H100, for one large-v3 request (245.8 MB of
-bf16 K/V), the GEMM took 0.43 ms, the block copies 0.35 ms into a bf16 cache and 0.58 ms into an
-fp8 one (a clamp, then two casting copies). The kernel reads the product once and writes each
-block once, clamped and cast in registers, the padding slots of the last block zeroed.
+write into an fp8 cache cost more than the GEMM itself (a clamp, then two casting copies, each a
+full pass over the request's K/V; measured: benchmarks/RESULTS.md). The kernel reads the product
+once and writes each block once, clamped and cast in registers, the padding slots of the last
+block zeroed.
 
 Numerics are ``to_cache_dtype``'s: values clamp to an fp8 format's finite range, then round to
 nearest. JIT-decorated on first use, so Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it

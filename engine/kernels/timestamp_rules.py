@@ -1,12 +1,14 @@
 """Whisper's timestamp rules as two Triton kernels: one applies them to a step's logits, one
-records the sampled tokens into each slot's history (engine.decode.logit_rules.LogitRules uses them on a GPU).
+records the sampled tokens into each slot's history (engine.decode.logit_rules.LogitRules uses
+them on a GPU).
 
-As PyTorch operations the rules took ~45 small kernels a step, whose launches cost the host
-~1.1 ms: with async steps that is hidden behind a large model's step, but large-v3-turbo's step
-at batch 1 to 64 took 1.6 to 2 ms with timestamps on against 0.5 to 1.2 ms without. One program
-per row works out the row's bounds from its slot's history, masks the row in place (no gather of
-the timestamp rows and no write back), and compares the timestamps' log-sum-exp with the best
-text token on the raw logits (log-softmax's normaliser is the same on both sides).
+As PyTorch operations the rules take ~45 small kernels a step, whose launches cost the host
+time: with async steps that is hidden behind a large model's step, but not behind a small
+model's such as large-v3-turbo, whose step then grows markedly with timestamps on (measured:
+benchmarks/RESULTS.md). One program per row works out the row's bounds from its slot's history,
+masks the row in place (no gather of the timestamp rows and no write back), and compares the
+timestamps' log-sum-exp with the best text token on the raw logits (log-softmax's normaliser is
+the same on both sides).
 
 JIT-decorated on first use, so Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs them in tests.
 """

@@ -4,8 +4,8 @@ Block-major keeps each block one contiguous region across all decoder layers, so
 layer moves a request's cross-attention K/V as 12 large regions rather than hundreds of small
 per-layer ones; attention kernels take per-layer strided views. Within a view, one block's keys
 (block_size x H x D) are the piece read contiguously, so blocks are large (128 tokens by default):
-with 16-token blocks the reads of one layer jump across the whole pool, and large-v3's
-cross-attention ran ~20% slower on an H100.
+with small blocks (16 tokens) the reads of one layer jump across the whole pool, and
+cross-attention runs markedly slower (measured: benchmarks/RESULTS.md).
 
 The cache may be stored in fp8 (engine.kv_cache_dtype); every K/V that enters it, or is staged
 for it, goes through ``to_cache_dtype``.
@@ -25,7 +25,7 @@ def to_cache_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     finite range (+-448 for e4m3) clamp to it, where a plain ``.to`` gives NaN (seen with torch
     2.11 on CUDA and CPU from 470 up; torch 2.13's CPU cast happens to saturate) and one NaN key
     poisons every query that reads it. Device ops only, no host sync: it runs inside captured CUDA
-    graphs (checked on an H100)."""
+    graphs."""
     if kv.dtype == dtype:
         return kv
     if dtype.is_floating_point and dtype.itemsize == 1:
@@ -83,9 +83,10 @@ class PagedKVStorage:
         """Write one request's K/V for all layers, kv [layers, 2, seq_len, H, D] (any strides, any
         device), into its blocks; the last block's unused slots are zeroed.
 
-        On a GPU one Triton kernel writes every block (engine/kernels/block_write.py). Elsewhere, one copy
-        per block, cast on the way, rather than padding, reordering into blocks and scattering the
-        whole sequence (on an H100 that took ~1.9 ms of GPU time for a large-v3 request)."""
+        On a GPU one Triton kernel writes every block (engine/kernels/block_write.py). Elsewhere,
+        one copy per block, cast on the way, rather than padding, reordering into blocks and
+        scattering the whole sequence: each of those is a full pass over the request's K/V
+        (measured: benchmarks/RESULTS.md)."""
         seq_len = kv.shape[2]
         num_blocks = ceil_div(seq_len, self.block_size)
         if num_blocks != len(block_ids):

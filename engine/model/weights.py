@@ -293,7 +293,8 @@ def _read_ct2_variables(path: Path) -> dict[str, np.ndarray]:
 def _ct2_to_canonical(variables: dict[str, np.ndarray], path: Path) -> dict[str, torch.Tensor]:
     if any(name.endswith("weight_scale") for name in variables):
         raise WeightsFormatError(
-            f"{path}: int8-quantized CTranslate2 weights are not supported; convert with --quantization float16"
+            f"{path}: int8-quantized CTranslate2 weights are not supported; "
+            "convert with --quantization float16"
         )
     out: dict[str, torch.Tensor] = {}
 

@@ -97,11 +97,11 @@ class AudioEncoder(nn.Module):
 
     def fuse_gelu(self) -> None:
         """Each layer's MLP applies its GELU in the first product's epilogue, in the tanh form
-        (cuBLASLt has no exact-GELU epilogue). The separate GELU pass read and wrote the whole
-        [frames, 4 x d_model] activation: on an H100, large-v3, batch 64, 25 of 304 ms; fused, the
-        encoder went from 207 to 222 windows/s. In bf16 the tanh form's error is under the
-        format's rounding: the states' error against an fp32 encoder with the exact GELU was
-        0.74% (fused) and 0.79% (exact), relative norm. Not for fp32, where it would not be."""
+        (cuBLASLt has no exact-GELU epilogue). A separate GELU pass reads and writes the whole
+        [frames, 4 x d_model] activation, a noticeable share of the encoder's time; fused, the
+        encoder runs faster. In bf16 the tanh form's error is under the format's rounding: the
+        states' error against an fp32 encoder with the exact GELU is no larger fused than
+        unfused (measured: benchmarks/RESULTS.md). Not for fp32, where it would not be."""
         for layer in self.layers:
             layer.mlp.fused_gelu = True
 
