@@ -26,7 +26,7 @@ from engine.decode.engine import DecoderEngine, EncoderRunner, load_model  # noq
 from engine.transcribe.evaluation import load_manifest  # noqa: E402
 from engine.kv.sources import CrossKVTensor  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
-from tests.hf_reference import hf_greedy, hf_model  # noqa: E402
+from tests.support.hf_reference import hf_greedy, hf_model  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 

@@ -15,6 +15,7 @@ from benchmarks.bench_autoscaling import (
 )
 
 
+
 @pytest.fixture(scope="module")
 def scenario():
     import ray

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from deployments.config import ConfigError, parse_app_config
+from tests.support.paths import CONFIGS_DIR
 
-CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])

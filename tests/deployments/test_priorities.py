@@ -16,7 +16,9 @@ import httpx
 import pytest
 
 from benchmarks.bench_autoscaling import dense_speech_file
-from tests.conftest import short_english_clips
+from tests.support.network import free_port
+from tests.support.speech import short_english_clips
+
 
 INTERACTIVE_REQUESTS = 12
 BATCH_CLIENTS = 4
@@ -27,7 +29,6 @@ def server_url():
     import ray
     from ray import serve
 
-    from benchmarks.bench_autoscaling import _free_port
     from deployments.app import build_app
 
     args = {
@@ -38,7 +39,7 @@ def server_url():
         "ingress": {"num_cpus": 0.25, "max_ongoing_requests": 1024},
     }
     ray.init(include_dashboard=False, log_to_driver=False)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name="whisper", route_prefix="/")
     yield f"http://127.0.0.1:{port}"

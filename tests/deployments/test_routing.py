@@ -4,7 +4,7 @@ blocks, counting the windows it has sent since each replica's last report.
 The replicas are Ray Serve's own in-memory stand-in for request-router tests, carrying the
 routing stats a DecoderDeployment reports; the router is the real one, as Serve drives it
 (``choose_replicas`` then ``on_request_routed`` per window). The served app routes through it
-in tests/test_autoscaling.py.
+in tests/deployments/test_autoscaling.py.
 """
 
 from __future__ import annotations

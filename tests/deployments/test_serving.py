@@ -24,17 +24,14 @@ from engine.model.audio import load_audio_file
 from engine.types import DecodeOptions, FallbackOptions
 
 from engine.transcribe.offline import Transcriber
-from tests.conftest import SPEECH_DIR, english_clips
+from tests.support.network import free_port
+from tests.support.paths import CONFIGS_DIR
+from tests.support.speech import SPEECH_DIR, english_clips
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+DEFAULT_CONFIG = CONFIGS_DIR / "default.yaml"
 API_KEY = "test-key-123"  # the default app, with API keys switched on to test them too
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +42,7 @@ def server_url():
     from deployments.app import build_app
 
     app_spec = yaml.safe_load(DEFAULT_CONFIG.read_text())["applications"][0]
-    port = _free_port()
+    port = free_port()
     # As `serve run` does: Ray sees this machine's cores, and the default app must fit in them.
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

@@ -8,25 +8,22 @@ These run where CUDA is (the lent GPU machine: see benchmarks/RESULTS.md); witho
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 import torch
 
 from benchmarks.gpu_models import engine_model, random_hf_whisper
-from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import log_mel_spectrogram
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner
-from engine.transcribe.evaluation import load_manifest
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions
-from tests.conftest import bundled_tokenizer
-from tests.hf_reference import hf_greedy
+from tests.support.engines import run_to_completion_by_id
+from tests.support.hf_reference import hf_greedy
+from tests.support.models import bundled_tokenizer
+from tests.support.speech import short_english_clips, windows_of
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-SPEECH_DIR = Path(__file__).parent / "data" / "speech"
 NUM_WINDOWS = 8
 NEW_TOKENS = 30
 
@@ -39,16 +36,13 @@ def decode_both(shape: str, dtype: torch.dtype, language: str | None = "en"):
     ))
     engine, encoder = DecoderEngine(loaded), EncoderRunner(loaded)
     assert engine.runner.graphs is not None
-    clips = [c for c in load_manifest(SPEECH_DIR) if c.text and c.duration_s <= 30][:NUM_WINDOWS]
-    audio = torch.from_numpy(np.stack([pad_or_trim(load_audio_file(c.path)) for c in clips])).cuda()
+    audio = windows_of([clip.path for clip in short_english_clips()[:NUM_WINDOWS]]).cuda()
     cross_kv = encoder.cross_kv(encoder.encode(audio))
     requests = [engine.make_request(DecodeOptions(language=language, max_tokens=NEW_TOKENS), CrossKVTensor(kv))
                 for kv in cross_kv]
     for request in requests:
         engine.submit(request)
-    results = {}
-    while engine.has_work:
-        results.update({r.request_id: r for r in engine.step()})
+    results = run_to_completion_by_id(engine)
     assert engine.pool.num_used_blocks == 0
     ours = [results[r.request_id].tokens for r in requests]
     mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels).to(dtype)

@@ -16,13 +16,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pytest
 import ray
 import torch
 from pydantic import ValidationError
 
-from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.kv.block_pool import BlockPool
@@ -33,7 +31,8 @@ from kv_transfer import make_receiver, make_sender
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, KVSender, StagingFullError, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
 from kv_transfer.source import TransferredCrossKV
-from tests.conftest import SPEECH_DIR
+from tests.support.engines import run_to_completion_by_id
+from tests.support.speech import SPEECH_DIR, windows_of
 
 CLIPS = ["jfk.flac", "osr72_01.flac", "tts_03.flac"]
 TINY_EN_CROSS_KV = (4, 2, 1500, 6, 64)  # tiny.en: decoder layers, k|v, frames, heads, head_dim
@@ -199,15 +198,6 @@ def engine_and_receiver(tiny_en, connector: str) -> tuple[DecoderEngine, KVRecei
     return engine, make_receiver(transfer_config(connector), storage=engine.runner.storage)
 
 
-def run_to_completion(engine: DecoderEngine) -> dict:
-    results = {}
-    for _ in range(5000):
-        if not engine.has_work:
-            return results
-        results.update({result.request_id: result for result in engine.step()})
-    raise AssertionError("engine did not finish: a request hangs")
-
-
 # --- contents --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
@@ -255,7 +245,7 @@ def test_encoder_states_arrive_bit_for_bit(connector, stager):
 
 def decode_expecting_transfer_error(engine: DecoderEngine, receiver, handle: TransferHandle) -> None:
     engine.submit(engine.make_request(DecodeOptions(), TransferredCrossKV(handle, receiver), request_id="doomed"))
-    (result,) = run_to_completion(engine).values()
+    (result,) = run_to_completion_by_id(engine).values()
     assert result.finish_reason == FinishReason.ERROR
     assert result.retriable, result.error
     assert engine.pool.num_used_blocks == 0
@@ -307,7 +297,7 @@ def test_a_request_aborted_before_admission_frees_its_staging_at_once(connector,
     assert staging.num_staged() == 1
     engine.submit(engine.make_request(DecodeOptions(), TransferredCrossKV(handle, receiver), request_id="gone"))
     engine.abort("gone")  # the caller went away before the decoder admitted the window
-    (result,) = run_to_completion(engine).values()
+    (result,) = run_to_completion_by_id(engine).values()
     assert result.finish_reason == FinishReason.ABORTED
     assert engine.pool.num_used_blocks == 0
     assert wait_until(lambda: staging.num_staged() == 0, timeout_s=5.0), "the aborted window's staging is still held"
@@ -397,7 +387,7 @@ def test_full_staging_pushes_back_then_admits_once_a_pull_frees_room(connector, 
 
 @pytest.fixture(scope="module")
 def speech_windows() -> torch.Tensor:
-    return torch.from_numpy(np.stack([pad_or_trim(load_audio_file(SPEECH_DIR / clip)) for clip in CLIPS]))
+    return windows_of([SPEECH_DIR / clip for clip in CLIPS])
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +397,7 @@ def in_process_tokens(tiny_en, speech_windows) -> list[list[int]]:
     engine = engine_for(tiny_en)
     for i, kv in enumerate(encoder.cross_kv(encoder.encode(speech_windows))):
         engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(kv), request_id=str(i)))
-    results = run_to_completion(engine)
+    results = run_to_completion_by_id(engine)
     return [results[str(i)].tokens for i in range(len(CLIPS))]
 
 
@@ -420,7 +410,7 @@ def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_
         for handle in mode_handles:
             assert handle.layout.payload == mode
             engine.submit(engine.make_request(DecodeOptions(), TransferredCrossKV(handle, receiver), request_id=handle.request_id))
-    results = run_to_completion(engine)
+    results = run_to_completion_by_id(engine)
 
     assert tiny_en.tokenizer.decode(in_process_tokens[0]).strip().startswith("And so my fellow Americans")
     for i, expected in enumerate(in_process_tokens):
@@ -441,7 +431,7 @@ def test_an_fp8_cache_ships_half_a_bf16_windows_bytes_and_decodes_to_the_in_proc
     cross_kv = encoder.cross_kv(encoder.encode(speech_windows[:1]))[0]
     assert cross_kv.dtype == torch.float8_e4m3fn
     engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(cross_kv), request_id="in-process"))
-    expected = run_to_completion(engine)["in-process"].tokens
+    expected = run_to_completion_by_id(engine)["in-process"].tokens
     assert tiny_en.tokenizer.decode(expected).strip().startswith("And so my fellow Americans")
 
     handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-{BLOCK}", speech_windows[:1], "fp8_e4m3"))
@@ -455,7 +445,7 @@ def test_an_fp8_cache_ships_half_a_bf16_windows_bytes_and_decodes_to_the_in_proc
     for handle in (kv_handle, states_handle):
         source = TransferredCrossKV(handle, receiver)
         engine.submit(engine.make_request(DecodeOptions(), source, request_id=handle.request_id))
-    results = run_to_completion(engine)
+    results = run_to_completion_by_id(engine)
     assert results[kv_handle.request_id].tokens == expected
     assert results[states_handle.request_id].tokens == expected
     assert engine.pool.num_used_blocks == 0

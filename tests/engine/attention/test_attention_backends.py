@@ -20,7 +20,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -31,15 +30,16 @@ from engine.attention.registry import kv_cache_dtype_problem, make_attention_bac
 from engine.attention.torch_ref import TorchReferenceBackend
 from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_heads
 from engine.kernels import triton_available
-from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import log_mel_spectrogram
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
 from engine.kernels.fused_norm import triton_add_layer_norm
 from engine.model.whisper import add_layer_norm
 from engine.types import DecodeOptions
-from tests.conftest import SPEECH_DIR
-from tests.hf_reference import hf_greedy, hf_model
-from tests.test_parity_hf import decode_alone
+from tests.support.engines import decode_alone
+from tests.support.hf_reference import hf_greedy, hf_model
+from tests.support.paths import REPO_ROOT
+from tests.support.speech import SPEECH_DIR, windows_of
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 N_LAYERS = 3
@@ -380,7 +380,7 @@ def test_a_failed_optional_import_keeps_no_caller_frames_alive():
         gc.collect()
         print("alive" if pool() is not None else "freed")
     """)
-    run = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.split()[-1] == "freed"
@@ -431,7 +431,7 @@ def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whis
     loaded.model.decoder.fuse_residual_norms()
     assert loaded.model.decoder.add_norm is triton_add_layer_norm
     engine = DecoderEngine(loaded)
-    audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
+    audio = windows_of([SPEECH_DIR / "jfk.flac"])
     with torch.inference_mode():
         mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
         cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels.to(DEVICE)))[0]

@@ -9,16 +9,15 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import pytest
 import torch
 
-from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner, LoadedModel, load_model
+from engine.decode.engine import DecoderEngine, LoadedModel, load_model
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, DecodeResult, FallbackOptions, FinishReason, Priority
-from tests.conftest import SPEECH_DIR, short_english_clips
+from tests.support.engines import cross_kvs_of, engine_with
+from tests.support.speech import SPEECH_DIR, short_english_clips
 
 
 @dataclass
@@ -30,16 +29,10 @@ class Submission:
     priority: Priority = Priority.INTERACTIVE
 
 
-def cross_kvs_of(loaded: LoadedModel, paths) -> list[torch.Tensor]:
-    encoder = EncoderRunner(loaded)
-    audio = torch.from_numpy(np.stack([pad_or_trim(load_audio_file(path)) for path in paths]))
-    return list(encoder.cross_kv(encoder.encode(audio)))
-
-
 def decode_all(loaded: LoadedModel, submissions: list[Submission], async_steps: bool,
                abort: tuple[int, str] | None = None, **config) -> dict[str, DecodeResult]:
     """Run the submissions to the end; ``abort``: (step, request id) to abort before that step."""
-    engine = DecoderEngine(loaded, EngineConfig(**{**loaded.config.model_dump(), **config, "async_steps": async_steps}))
+    engine = engine_with(loaded, **{**config, "async_steps": async_steps})
     assert engine.async_steps is async_steps
     results: dict[str, DecodeResult] = {}
     for step in range(5_000):

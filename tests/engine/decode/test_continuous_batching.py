@@ -3,42 +3,26 @@ and every KV block returns to the pool, whatever way a request ends."""
 
 from __future__ import annotations
 
-import numpy as np
+import time
+
 import pytest
 import torch
 
-from engine.model.audio import pad_or_trim, load_audio_file
-from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine, EncoderRunner
+from engine.decode.engine import DecoderEngine
 from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool
-import time
-
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, FinishReason, Priority
-from tests.conftest import short_english_clips
+from tests.support.engines import (
+    cross_kvs_of, engine_with, run_to_completion, run_to_completion_by_id, steps_to_completion,
+)
+from tests.support.speech import short_english_clips
 
 
 @pytest.fixture(scope="module")
 def cross_kvs(tiny_en) -> list[torch.Tensor]:
     """Cross-attention K/V of 16 different real clips (speech of different lengths)."""
-    encoder = EncoderRunner(tiny_en)
-    clips = short_english_clips()[:16]
-    audio = torch.from_numpy(np.stack([pad_or_trim(load_audio_file(c.path)) for c in clips]))
-    return list(encoder.cross_kv(encoder.encode(audio)))
-
-
-def engine_with(loaded, **overrides) -> DecoderEngine:
-    return DecoderEngine(loaded, EngineConfig(**{**loaded.config.model_dump(), **overrides}))
-
-
-def run_to_completion(engine: DecoderEngine, max_steps: int = 10_000) -> list:
-    results = []
-    for _ in range(max_steps):
-        if not engine.has_work:
-            return results
-        results += engine.step()
-    raise AssertionError("engine did not finish: a request hangs")
+    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:16]])
 
 
 def test_sixteen_staggered_requests_each_decode_exactly_as_alone(tiny_en, cross_kvs):
@@ -88,8 +72,7 @@ def test_prompts_fed_a_token_a_step_decode_what_one_prompt_step_decodes(tiny_en,
         for i, kv in enumerate(cross_kvs[:8]):  # one new request a step, joining a running batch
             engine.submit(engine.make_request(options[i], CrossKVTensor(kv), request_id=str(i)))
             results |= {r.request_id: r for r in engine.step()}
-        while engine.has_work:
-            results |= {r.request_id: r for r in engine.step()}
+        results |= run_to_completion_by_id(engine)
         assert engine.pool.num_used_blocks == 0
         outcomes.append(({k: (r.tokens, r.no_speech_prob) for k, r in results.items()}, max(fed_per_request)))
     (prompt_steps, most_fed_at_once), (token_steps, most_fed_stepped) = outcomes
@@ -107,8 +90,8 @@ def test_a_full_pool_queues_requests_instead_of_deadlocking(tiny_en, cross_kvs):
     for kv in cross_kvs[:6]:
         engine.submit(engine.make_request(DecodeOptions(), CrossKVTensor(kv)))
     peak_running, results = 0, []
-    while engine.has_work:
-        results += engine.step()
+    for finished in steps_to_completion(engine):
+        results += finished
         peak_running = max(peak_running, len(engine.scheduler.running))
     assert len(results) == 6 and all(r.finish_reason == FinishReason.STOP for r in results)
     assert peak_running == 2

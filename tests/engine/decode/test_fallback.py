@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from engine.model.audio import load_audio_file, pad_or_trim
 from engine.config import EngineConfig
 from engine.decode.decoding import compression_ratio
-from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
+from engine.decode.engine import DecoderEngine, load_model
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, FallbackOptions
-from tests.conftest import SPEECH_DIR
+from tests.support.engines import cross_kv_of, decode_one
+from tests.support.speech import SPEECH_DIR
 
 
 @dataclass
@@ -31,25 +31,15 @@ class CountedLoads:
         self.kv.load_into(storage, block_ids, project_states)
 
 
-def cross_kv_of(loaded, samples: np.ndarray) -> torch.Tensor:
-    encoder = EncoderRunner(loaded)
-    return encoder.cross_kv(encoder.encode(torch.from_numpy(pad_or_trim(samples))[None]))[0]
-
-
 def decode(engine: DecoderEngine, cross_kv: torch.Tensor, options: DecodeOptions):
     source = CountedLoads(CrossKVTensor(cross_kv))
-    request = engine.make_request(options, source)
-    engine.submit(request)
-    results = []
-    while engine.has_work:
-        results += engine.step()
-    assert len(results) == 1
-    return request, results[0], source.loads
+    request, result = decode_one(engine, source, options)
+    return request, result, source.loads
 
 
 @pytest.fixture(scope="module")
 def jfk_kv(tiny_en) -> torch.Tensor:
-    return cross_kv_of(tiny_en, load_audio_file(SPEECH_DIR / "jfk.flac"))
+    return cross_kv_of(tiny_en, SPEECH_DIR / "jfk.flac")
 
 
 def test_a_window_that_passes_the_thresholds_decodes_exactly_as_without_fallback(tiny_en, jfk_kv):
@@ -83,7 +73,7 @@ def test_a_window_just_below_the_threshold_is_retried_until_an_attempt_passes(ti
 def test_a_random_model_repeating_itself_falls_back_and_reports_the_hotter_temperature(random_whisper_folder):
     loaded = load_model(EngineConfig(model=str(random_whisper_folder), block_size=8, kv_cache_memory_mb=64))
     engine = DecoderEngine(loaded)
-    kv = cross_kv_of(loaded, load_audio_file(SPEECH_DIR / "jfk.flac"))
+    kv = cross_kv_of(loaded, SPEECH_DIR / "jfk.flac")
     _, greedy, _ = decode(engine, kv, DecodeOptions(max_tokens=60))
     assert greedy.compression_ratio > 2.4, "random weights repeat a token: the case fallback is for"
     _, result, _ = decode(engine, kv, DecodeOptions(max_tokens=60, fallback=FallbackOptions(), seed=1))

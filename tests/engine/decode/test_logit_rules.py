@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
 
 from engine.decode.decoding import MAX_INITIAL_TIMESTAMP_S, LogitRules
 from engine.model.tokenizer import WhisperTokenizer
-from tests.conftest import bundled_tokenizer
+from tests.support.models import bundled_tokenizer
 
 # tiny.en's vocabulary; its tokenizer alone is read (the GPU machine has no bundled weights).
 ENGLISH_VOCAB = 51864

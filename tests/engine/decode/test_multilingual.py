@@ -14,8 +14,9 @@ from engine.errors import RequestRejectedError
 from engine.transcribe.offline import Transcriber
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions
-from tests.conftest import SPEECH_DIR
-from tests.hf_reference import hf_greedy, hf_model
+from tests.support.engines import run_to_completion
+from tests.support.hf_reference import hf_greedy, hf_model
+from tests.support.speech import SPEECH_DIR
 
 
 @pytest.fixture(scope="module")
@@ -65,9 +66,7 @@ def test_multilingual_prompts_decode_the_same_tokens_as_transformers(base, base_
     states = encoder.encode(audio)
     request = engine.make_request(DecodeOptions(language=language, task=task, max_tokens=60), CrossKVTensor(encoder.cross_kv(states)[0]))
     engine.submit(request)
-    results = []
-    while engine.has_work:
-        results += engine.step()
+    results = run_to_completion(engine)
     expected = hf_greedy(
         base_reference, log_mel_spectrogram(audio, 80), request.prompt_tokens, request.max_tokens,
         base.tokenizer.special.eot, engine.rules.suppress_token_ids, engine.rules.begin_suppress_token_ids,
@@ -99,9 +98,7 @@ def test_a_random_multilingual_model_detects_the_language_transformers_ranks_fir
     request = engine.make_request(DecodeOptions(language=language, task=task, max_tokens=12),
                                   CrossKVTensor(encoder.cross_kv(encoder.encode(audio))[0]))
     engine.submit(request)
-    results = []
-    while engine.has_work:
-        results += engine.step()
+    results = run_to_completion(engine)
     with torch.inference_mode():
         sot_logits = reference(input_features=mels, decoder_input_ids=torch.tensor([[tokenizer.special.sot]])).logits[0, -1]
     codes = list(tokenizer.language_tokens)

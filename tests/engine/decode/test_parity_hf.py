@@ -5,24 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine, EncoderRunner, load_model
-from engine.model.whisper import add_layer_norm
-from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions
-from tests.conftest import SPEECH_DIR, short_english_clips
-from tests.hf_reference import hf_greedy, hf_model
-
-
-def decode_alone(engine: DecoderEngine, cross_kv: torch.Tensor, options: DecodeOptions):
-    request = engine.make_request(options, CrossKVTensor(cross_kv))
-    engine.submit(request)
-    results = []
-    while engine.has_work:
-        results += engine.step()
-    assert len(results) == 1 and engine.pool.num_used_blocks == 0
-    return request, results[0]
+from tests.support.engines import cross_kv_of, decode_alone, engine_with
+from tests.support.hf_reference import hf_greedy, hf_model
+from tests.support.speech import SPEECH_DIR, short_english_clips, windows_of
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +33,8 @@ PROMPT_CASES = [
 @pytest.mark.parametrize("options", PROMPT_CASES)
 def test_random_small_whisper_decodes_the_same_tokens_as_transformers(random_setup, options, stepped_prompt_tokens):
     loaded, reference = random_setup
-    engine = DecoderEngine(loaded, EngineConfig(**loaded.config.model_dump() | dict(stepped_prompt_tokens=stepped_prompt_tokens)))
-    audio = torch.from_numpy(pad_or_trim(load_audio_file(SPEECH_DIR / "jfk.flac")))[None]
+    engine = engine_with(loaded, stepped_prompt_tokens=stepped_prompt_tokens)
+    audio = windows_of([SPEECH_DIR / "jfk.flac"])
     encoder = EncoderRunner(loaded)
     with torch.inference_mode():
         mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
@@ -76,7 +65,7 @@ def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
     mismatches = []
     for clip in clips:
         samples = load_audio_file(clip.path)
-        cross_kv = encoder.cross_kv(encoder.encode(torch.from_numpy(pad_or_trim(samples))[None]))[0]
+        cross_kv = cross_kv_of(encoder, samples)
         request, result = decode_alone(engine, cross_kv, DecodeOptions())
         features = torch.from_numpy(extractor(samples[:N_SAMPLES], sampling_rate=16000, return_tensors="np").input_features)
         expected = hf_greedy(

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import threading
 
-import numpy as np
 import pytest
 import torch
 
-from engine.model.audio import load_audio_file, pad_or_trim
 from engine.encode.overlap import OverlappedEncoder
 from engine.decode.engine import EncoderRunner
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions
-from tests.conftest import english_clips, short_english_clips
+from tests.support.speech import english_clips, short_english_clips, windows_of
 
 
 def _windows(count: int) -> torch.Tensor:
-    clips = short_english_clips()[:count]
-    return torch.from_numpy(np.stack([pad_or_trim(load_audio_file(clip.path)) for clip in clips]))
+    return windows_of([clip.path for clip in short_english_clips()[:count]])
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -1,15 +1,16 @@
 """An fp8 (e4m3) KV cache: writes saturate instead of overflowing to NaN, the same memory holds
 twice the blocks of a bf16 cache, and what is written reads back within fp8's precision.
-(Transcripts with it: tests/test_accuracy.py; shipped K/V: tests/test_kv_transfer.py.)"""
+(Transcripts with it: tests/engine/transcribe/test_accuracy.py; shipped K/V:
+tests/kv_transfer/test_kv_transfer.py.)"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
+from tests.support.engines import engine_with
 
 FP8 = torch.float8_e4m3fn
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
@@ -36,7 +37,7 @@ def test_the_cast_to_the_dtype_a_tensor_already_has_is_no_copy():
 
 
 def pool_of(tiny_en, **overrides) -> DecoderEngine:
-    return DecoderEngine(tiny_en, EngineConfig(**{**tiny_en.config.model_dump(), "kv_cache_memory_mb": 24, **overrides}))
+    return engine_with(tiny_en, **{"kv_cache_memory_mb": 24, **overrides})
 
 
 def test_an_fp8_pool_holds_twice_the_blocks_of_a_bf16_pool_in_the_same_memory(tiny_en):

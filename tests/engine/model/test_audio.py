@@ -13,7 +13,7 @@ from transformers import WhisperFeatureExtractor
 from engine.model.audio import N_SAMPLES, SAMPLE_RATE, decode_audio, load_audio_file, log_mel_spectrogram, pad_or_trim, resample
 from engine.errors import AudioDecodeError
 
-from tests.conftest import english_clips
+from tests.support.speech import english_clips
 
 
 def encode(samples: np.ndarray, rate: int, fmt: str, subtype: str | None = None) -> bytes:

@@ -7,18 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
-import torch
 
-from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import load_audio_file, log_mel_spectrogram
 from engine.config import EngineConfig
 from engine.decode.engine import load_model
 from engine.transcribe.evaluation import ctranslate2_greedy_transcripts, faster_whisper_transcripts, word_error_rate
 from engine.transcribe.offline import Transcriber
 from engine.transcribe.windows import split_windows
 from engine.model.weights import resolve_model_folder
-from tests.conftest import english_clips
+from tests.support.engines import config_with
+from tests.support.speech import english_clips, windows_of
 
 
 def transcripts_of(loaded) -> list[str]:
@@ -52,8 +51,8 @@ def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_w
     clips = english_clips()
     clip_windows = []
     for clip in clips:
-        windows = np.stack([pad_or_trim(window.samples) for window in split_windows(load_audio_file(clip.path))])
-        clip_windows.append(list(log_mel_spectrogram(torch.from_numpy(windows), 80).numpy()))
+        windows = windows_of([window.samples for window in split_windows(load_audio_file(clip.path))])
+        clip_windows.append(list(log_mel_spectrogram(windows, 80).numpy()))
     theirs = ctranslate2_greedy_transcripts(resolve_model_folder("tiny.en"), clip_windows, threads=2)
     their_wer = word_error_rate([clip.text for clip in clips], theirs)
     print(f"WER on the same windows: ours {our_word_error_rate:.2%}, CTranslate2 fp32 greedy {their_wer:.2%}")
@@ -64,7 +63,7 @@ def test_an_fp8_kv_cache_stays_within_one_and_a_half_points_and_mostly_agrees_wo
     tiny_en, our_transcripts, our_word_error_rate
 ):
     clips = english_clips()
-    fp8_config = EngineConfig(**{**tiny_en.config.model_dump(), "kv_cache_dtype": "fp8_e4m3"})
+    fp8_config = config_with(tiny_en, kv_cache_dtype="fp8_e4m3")
     fp8 = transcripts_of(dataclasses.replace(tiny_en, config=fp8_config))  # the same weights, an fp8 cache
     fp8_wer = word_error_rate([clip.text for clip in clips], fp8)
     identical = sum(ours == theirs for ours, theirs in zip(our_transcripts, fp8))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from engine.transcribe.cli import main
-from tests.conftest import SPEECH_DIR
+from tests.support.speech import SPEECH_DIR
 
 
 def test_transcribe_json_prints_one_object_per_file_in_order(capsys):

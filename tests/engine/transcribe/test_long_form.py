@@ -11,7 +11,7 @@ from engine.transcribe.evaluation import LONG_FORM_CLIP_IDS, ConcatenatedSpeech,
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions
 from engine.transcribe.windows import Transcription, split_windows
-from tests.conftest import SPEECH_DIR, english_clips
+from tests.support.speech import SPEECH_DIR, english_clips
 
 WITH_WORDS = DecodeOptions(timestamps=True, word_timestamps=True)
 

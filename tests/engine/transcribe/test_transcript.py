@@ -12,7 +12,7 @@ from engine.transcribe.evaluation import word_error_rate
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, DecodeResult, FinishReason, TimedText
 from engine.transcribe.windows import SequentialCursor, split_windows
-from tests.conftest import english_clips
+from tests.support.speech import english_clips
 
 
 @pytest.mark.parametrize("gap_at_s", [26.0, 29.5])
