@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-test test serve bench
+.PHONY: install install-test test test-fast serve bench
 
 install: $(VENV)/.installed
 
@@ -21,8 +21,14 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
+# Every test, as CI runs it (.ci/run).
 test: install-test
 	$(PY) -m pytest -q tests
+
+# The quick loop while editing: no Ray, no GPU, none of the long CPU tests (under 3 minutes on a
+# 2-core machine).
+test-fast: install-test
+	$(PY) -m pytest -q -m "not slow and not ray and not gpu" tests
 
 serve: install
 	$(VENV)/bin/serve run configs/default.yaml

@@ -14,6 +14,7 @@ from benchmarks.bench_autoscaling import (
     DECODER, ENCODER, NODE_RESOURCE, run_scenario, scenario_config, start_app, start_cluster,
 )
 
+pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from benchmarks.bench_autoscaling import dense_speech_file
 from tests.support.network import free_port
 from tests.support.speech import short_english_clips
 
+pytestmark = pytest.mark.ray
 
 INTERACTIVE_REQUESTS = 12
 BATCH_CLIENTS = 4

@@ -28,6 +28,7 @@ from tests.support.network import free_port
 from tests.support.paths import CONFIGS_DIR
 from tests.support.speech import SPEECH_DIR, english_clips
 
+pytestmark = pytest.mark.ray
 
 DEFAULT_CONFIG = CONFIGS_DIR / "default.yaml"
 API_KEY = "test-key-123"  # the default app, with API keys switched on to test them too

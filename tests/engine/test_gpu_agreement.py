@@ -22,7 +22,7 @@ from tests.support.hf_reference import hf_greedy
 from tests.support.models import bundled_tokenizer
 from tests.support.speech import short_english_clips, windows_of
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 NUM_WINDOWS = 8
 NEW_TOKENS = 30

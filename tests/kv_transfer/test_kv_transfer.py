@@ -200,6 +200,7 @@ def engine_and_receiver(tiny_en, connector: str) -> tuple[DecoderEngine, KVRecei
 
 # --- contents --------------------------------------------------------------------------------
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}x{l[1]}x{l[2]}-{l[3]}frames-bs{l[4]}-{str(l[5])[6:]}")
 def test_pulled_blocks_equal_the_staged_ones_bit_for_bit(connector, layout, stager):
@@ -229,6 +230,7 @@ def test_pulled_blocks_equal_the_staged_ones_bit_for_bit(connector, layout, stag
     receiver.close()
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_encoder_states_arrive_bit_for_bit(connector, stager):
     states = torch.randn(1500, 384).to(torch.bfloat16)
@@ -255,6 +257,7 @@ def decode_expecting_transfer_error(engine: DecoderEngine, receiver, handle: Tra
     engine.pool.free(block_ids)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
 def test_pull_from_a_killed_sender_fails_retriably_and_holds_no_blocks(connector, tiny_en, ray_session):
     doomed = EncoderSide.remote()
@@ -266,6 +269,7 @@ def test_pull_from_a_killed_sender_fails_retriably_and_holds_no_blocks(connector
     decode_expecting_transfer_error(*engine_and_receiver(tiny_en, connector), handle)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_a_handle_never_claimed_expires_and_then_fails_retriably(connector, tiny_en, stager):
     engine, receiver = engine_and_receiver(tiny_en, connector)
@@ -278,6 +282,7 @@ def test_a_handle_never_claimed_expires_and_then_fails_retriably(connector, tiny
     assert staging.num_staged() == 0
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_a_pull_after_the_sender_released_fails_retriably(connector, tiny_en, stager):
     engine, receiver = engine_and_receiver(tiny_en, connector)
@@ -288,6 +293,7 @@ def test_a_pull_after_the_sender_released_fails_retriably(connector, tiny_en, st
     decode_expecting_transfer_error(engine, receiver, handle)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store", "local"])
 def test_a_request_aborted_before_admission_frees_its_staging_at_once(connector, tiny_en, stager):
     """Not at unclaimed_timeout_s (120 s here): the engine discards the handle it never pulled."""
@@ -306,6 +312,7 @@ def test_a_request_aborted_before_admission_frees_its_staging_at_once(connector,
     receiver.close()
 
 
+@pytest.mark.ray
 def test_a_replayed_handle_never_reads_the_region_reused_by_the_next_request(stager):
     storage = PagedKVStorage(2 * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
@@ -321,6 +328,7 @@ def test_a_replayed_handle_never_reads_the_region_reused_by_the_next_request(sta
     receiver.close()
 
 
+@pytest.mark.ray
 def test_blocks_of_another_block_size_are_refused_and_their_staging_released(stager):
     storage = PagedKVStorage(2 * WINDOW_BLOCKS, 4, BLOCK // 2, 6, 64, torch.float32, torch.device("cpu"))
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
@@ -332,6 +340,7 @@ def test_blocks_of_another_block_size_are_refused_and_their_staging_released(sta
     receiver.close()
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["local", "object_store"])
 @pytest.mark.parametrize(
     "staged_dtype, cache_dtype", [(torch.float8_e4m3fn, torch.float32), (torch.float32, torch.float8_e4m3fn)]
@@ -353,6 +362,7 @@ def test_blocks_of_another_kv_cache_dtype_are_refused_naming_it_and_their_stagin
 
 # --- back-pressure ---------------------------------------------------------------------------
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
 def test_full_staging_pushes_back_then_admits_once_a_pull_frees_room(connector, ray_session):
     payload = torch.randn(4, 2, 256, 8, 16)  # 1 MiB
@@ -401,6 +411,7 @@ def in_process_tokens(tiny_en, speech_windows) -> list[list[int]]:
     return [results[str(i)].tokens for i in range(len(CLIPS))]
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
 def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_en, encoder_side, speech_windows, in_process_tokens):
     handles = ray.get(encoder_side.encode_and_stage.remote(f"{connector}-{BLOCK}", speech_windows))
@@ -420,6 +431,7 @@ def test_both_modes_decode_real_speech_to_the_in_process_tokens(connector, tiny_
     assert wait_until(lambda: Stager(encoder_side, f"{connector}-{BLOCK}").num_staged() == 0)
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("connector", ["nixl", "object_store"])
 def test_an_fp8_cache_ships_half_a_bf16_windows_bytes_and_decodes_to_the_in_process_fp8_tokens(
     connector, tiny_en, encoder_side, speech_windows

@@ -391,6 +391,7 @@ def test_flash_attn_block_size_rule():
         FlashAttnBackend(block_size=16)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not (flash_attn_available() and torch.cuda.is_available()), reason="needs flash_attn and CUDA")
 @pytest.mark.parametrize("name", ["cross_decode", "cross_mixed", "self_decode", "self_mixed"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -150,6 +150,7 @@ def test_the_detected_language_is_fed_from_the_device_as_the_next_prompt_token(
     assert ours["given"].language == "de" and ours["detect"].language in loaded.tokenizer.language_tokens
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_turn(random_multilingual_whisper_folder):
     """Where it is on by default: decode steps replayed from CUDA graphs, each fed the tokens of the

@@ -14,9 +14,12 @@ from tests.support.engines import engine_with
 
 FP8 = torch.float8_e4m3fn
 DEVICES = ["cpu", *(["cuda"] if torch.cuda.is_available() else [])]
+# The CUDA case of a test parametrized by device is a GPU test.
+DEVICE_PARAMS = [pytest.param(device, marks=[pytest.mark.gpu] if device == "cuda" else [])
+                 for device in DEVICES]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
 @pytest.mark.parametrize("source_dtype", [torch.float32, torch.bfloat16])
 def test_the_fp8_cast_clamps_values_beyond_448_and_never_makes_nan(source_dtype, device):
     """A plain .to() gives NaN here with torch 2.11 (CPU and CUDA); torch 2.13's CPU cast saturates by

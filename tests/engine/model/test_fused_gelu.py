@@ -26,6 +26,7 @@ def test_the_fused_mlp_is_the_second_product_of_the_tanh_gelu_of_the_first():
     assert not torch.equal(fused, exact)  # it is the tanh form, not the exact GELU
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_the_gpu_the_fused_product_applies_the_tanh_gelu_in_its_epilogue():
     torch.manual_seed(0)
