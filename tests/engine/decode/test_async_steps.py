@@ -86,6 +86,7 @@ MIXED_OPTIONS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stepped_prompt_tokens", [0, 8], ids=["prompt-in-one-step", "prompt-a-token-a-step"])
 def test_mixed_requests_joining_mid_decode_end_as_with_each_step_read_before_the_next(
     tiny_en, clip_kvs, stepped_prompt_tokens
@@ -99,6 +100,7 @@ def test_mixed_requests_joining_mid_decode_end_as_with_each_step_read_before_the
     assert any(r.segments and r.segments[0].words for r in ours.values())
 
 
+@pytest.mark.slow
 def test_an_aborted_request_ends_at_once_and_the_others_decode_as_without_async_steps(tiny_en, clip_kvs):
     submissions = [Submission(at_step=0, request_id=str(index), options=DecodeOptions(), cross_kv=kv)
                    for index, kv in enumerate(clip_kvs[:4])]
@@ -109,6 +111,7 @@ def test_an_aborted_request_ends_at_once_and_the_others_decode_as_without_async_
     assert_same_results({k: v for k, v in ours.items() if k != "2"}, {k: v for k, v in reference.items() if k != "2"})
 
 
+@pytest.mark.slow
 def test_batch_requests_sitting_out_steps_resume_from_the_token_they_sampled_last(tiny_en, clip_kvs):
     """A batch request that sampled in the last step and then sits out (interactive work came) has
     a token the device knows and the host read later: it must resume from that token."""
@@ -123,6 +126,7 @@ def test_batch_requests_sitting_out_steps_resume_from_the_token_they_sampled_las
     assert ours["batch"].tokens == alone["batch"].tokens
 
 
+@pytest.mark.slow
 def test_a_window_falling_back_to_a_hotter_temperature_samples_as_without_async_steps(tiny_en, clip_kvs):
     """An attempt ending at end of text ran one step more, launched before the host saw the end,
     and that step drew a token from the window's generator; the draw is undone, so the next attempt

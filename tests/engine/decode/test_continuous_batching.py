@@ -83,6 +83,7 @@ def test_prompts_fed_a_token_a_step_decode_what_one_prompt_step_decodes(tiny_en,
         assert token_steps[key][1] == pytest.approx(no_speech, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_full_pool_queues_requests_instead_of_deadlocking(tiny_en, cross_kvs):
     engine = engine_with(tiny_en, kv_cache_memory_mb=50)  # room for two requests at a time
     per_request = engine.scheduler.blocks_for(engine.make_request(DecodeOptions(), None))
@@ -130,6 +131,7 @@ def test_max_tokens_ends_a_request_with_reason_length(tiny_en, cross_kvs):
     assert len(result.tokens) == 3 and result.finish_reason == FinishReason.LENGTH
 
 
+@pytest.mark.slow
 def test_seeded_temperature_sampling_is_reproducible_and_differs_from_greedy(tiny_en, cross_kvs):
     engine = engine_with(tiny_en)
     def decode(options):

@@ -95,6 +95,7 @@ def test_silence_is_judged_no_speech_and_returns_no_text_without_retrying(tiny_e
     assert result.no_speech and result.text == "" and result.tokens == [] and result.temperature == 0.0
 
 
+@pytest.mark.slow
 def test_fallback_from_greedy_is_reproducible_without_a_seed(tiny_en, jfk_kv):
     """The same transcript on every run and replica (offline and over HTTP alike)."""
     engine = DecoderEngine(tiny_en)

@@ -40,6 +40,7 @@ def windows() -> dict[str, np.ndarray]:
     }
 
 
+@pytest.mark.slow
 def test_language_is_detected_per_window_as_faster_whisper_detects_it(base, windows):
     from faster_whisper import WhisperModel
 
@@ -50,6 +51,7 @@ def test_language_is_detected_per_window_as_faster_whisper_detects_it(base, wind
     assert ours == theirs == ["en", "en", "de"]
 
 
+@pytest.mark.slow
 def test_translate_turns_german_speech_into_english_text(base, windows):
     german = windows["mixed_german"]
     transcript = Transcriber(loaded=base).transcribe([german], DecodeOptions(language="de"))[0].text
@@ -58,6 +60,7 @@ def test_translate_turns_german_speech_into_english_text(base, windows):
     assert "software" in translation.lower() and "der" not in translation.split()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("language, task, window", [("en", "transcribe", "jfk"), ("de", "transcribe", "mixed_german"), ("de", "translate", "mixed_german")])
 def test_multilingual_prompts_decode_the_same_tokens_as_transformers(base, base_reference, windows, language, task, window):
     engine = DecoderEngine(base)

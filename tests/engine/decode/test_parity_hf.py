@@ -50,6 +50,7 @@ def test_random_small_whisper_decodes_the_same_tokens_as_transformers(random_set
     assert result.tokens == expected
 
 
+@pytest.mark.slow
 def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
     """End to end on real speech: our audio front end and engine vs WhisperFeatureExtractor and
     transformers' model with the same weights. A clip may differ only where the two front ends'

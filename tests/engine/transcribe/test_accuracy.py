@@ -37,6 +37,7 @@ def our_word_error_rate(our_transcripts) -> float:
     return wer
 
 
+@pytest.mark.slow
 def test_tiny_en_is_no_worse_than_faster_whisper_on_the_speech_set(our_word_error_rate):
     clips = english_clips()
     theirs = faster_whisper_transcripts(resolve_model_folder("tiny.en"), clips, compute_type="float32", threads=2)
@@ -47,6 +48,7 @@ def test_tiny_en_is_no_worse_than_faster_whisper_on_the_speech_set(our_word_erro
     assert our_word_error_rate <= their_wer + 0.005
 
 
+@pytest.mark.slow
 def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_windows(our_word_error_rate):
     clips = english_clips()
     clip_windows = []
@@ -59,6 +61,7 @@ def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_w
     assert abs(our_word_error_rate - their_wer) <= 0.005
 
 
+@pytest.mark.slow
 def test_an_fp8_kv_cache_stays_within_one_and_a_half_points_and_mostly_agrees_word_for_word(
     tiny_en, our_transcripts, our_word_error_rate
 ):
@@ -74,6 +77,7 @@ def test_an_fp8_kv_cache_stays_within_one_and_a_half_points_and_mostly_agrees_wo
     assert identical >= 0.8 * len(clips)
 
 
+@pytest.mark.slow
 def test_the_encoders_tanh_gelu_keeps_the_word_error_rate_and_nearly_every_transcript(
     our_transcripts, our_word_error_rate
 ):
