@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-test test serve bench
+.PHONY: install install-test lint test test-fast serve bench
 
 install: $(VENV)/.installed
 
@@ -21,8 +21,18 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
-test: install-test
+# Every test, as CI runs it (.ci/run).
+lint: install-test
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+test: lint
 	$(PY) -m pytest -q tests
+
+# The quick loop while editing: no Ray, no GPU, none of the long CPU tests (under 3 minutes on a
+# 2-core machine).
+test-fast: lint
+	$(PY) -m pytest -q -m "not slow and not ray and not gpu" tests
 
 serve: install
 	$(VENV)/bin/serve run configs/default.yaml

@@ -81,7 +81,7 @@ def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int):
 def run_transformers(clips, in_flight: int):
     from transformers import GenerationMixin, WhisperFeatureExtractor
 
-    from tests.hf_reference import hf_model
+    from tests.support.hf_reference import hf_model
 
     model, weights = hf_model("tiny.en")
     loaded = load_model(EngineConfig())

@@ -28,7 +28,7 @@ from engine.model.audio import load_audio_file, log_mel_spectrogram, pad_or_trim
 from engine.model.loading import load_model  # noqa: E402
 from engine.transcribe.evaluation import load_manifest  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
-from tests.hf_reference import hf_greedy, hf_model  # noqa: E402
+from tests.support.hf_reference import hf_greedy, hf_model  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 

@@ -1,0 +1,95 @@
+"""Every shipped config validates, and a wrong one fails at start-up naming the field and why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from deployments.config import ConfigError, parse_app_config
+from tests.support.paths import CONFIGS_DIR
+
+CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_is_a_valid_serve_config_with_valid_app_args(path):
+    spec = yaml.safe_load(path.read_text())
+    application = spec["applications"][0]
+    assert application["import_path"] == "deployments.app:build_app"
+    config = parse_app_config(application["args"])
+    assert config.engine.model and config.encoder.max_batch_size >= 1
+
+
+def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000():
+    spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
+    config = parse_app_config(spec["applications"][0]["args"])
+    assert spec["http_options"]["port"] == 8000
+    assert (config.engine.model, config.engine.device) == ("tiny.en", "cpu")
+    assert (config.encoder.num_replicas, config.decoder.num_replicas) == (1, 1)
+    assert config.transfer.connector == "nixl"
+
+
+@pytest.mark.parametrize(
+    "args, field, reason",
+    [
+        ({"engine": {"block_size": 12}}, "engine.block_size", "power of two"),
+        ({"engine": {"modle": "tiny.en"}}, "engine.modle", "Extra inputs"),
+        ({"encoder": {"max_batch_size": 0}}, "encoder.max_batch_size", "greater than or equal to 1"),
+        ({"transfer": {"connector": "carrier-pigeon"}}, "transfer.connector", "nixl"),
+        ({"served_model_names": []}, "served_model_names", "at least one"),
+        ({"decoder": {"autoscaling": {"min_replicas": 0}}}, "decoder.autoscaling", "scale_to_zero"),
+        (
+            {"encoder": {"autoscaling": {"min_replicas": 3, "max_replicas": 2}}},
+            "encoder.autoscaling",
+            "below min_replicas",
+        ),
+        ({"engine": {"max_num_seqs": 4, "interactive_reserved_seqs": 4}}, "engine", "batch-priority work"),
+        ({"engine": {"kv_cache_dtype": "int8"}}, "engine.kv_cache_dtype", "fp8_e4m3"),
+        (
+            {"engine": {"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flash_attn"}},
+            "engine",
+            "cannot read an fp8 KV cache",
+        ),
+    ],
+)
+def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason):
+    with pytest.raises(ConfigError) as failure:
+        parse_app_config(args)
+    assert field in str(failure.value) and reason in str(failure.value)
+
+
+def test_an_fp8_kv_cache_is_set_in_the_engine_section_that_encoders_and_decoders_share():
+    spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
+    args = spec["applications"][0]["args"]
+    assert parse_app_config(args).engine.kv_cache_torch_dtype == torch.float32  # auto: the model's dtype
+    args["engine"]["kv_cache_dtype"] = "fp8_e4m3"
+    config = parse_app_config(args)  # deployments/app.py binds this one config to both deployments
+    assert (
+        config.engine.kv_cache_dtype == "fp8_e4m3"
+        and config.engine.kv_cache_torch_dtype == torch.float8_e4m3fn
+    )
+
+
+def test_api_keys_come_from_the_environment_when_the_config_gives_none(monkeypatch):
+    monkeypatch.setenv("WHISPER_DISAGG_API_KEYS", "key-one, key-two")
+    assert parse_app_config({}).http.api_keys == ["key-one", "key-two"]
+    assert parse_app_config({"http": {"api_keys": ["from-yaml"]}}).http.api_keys == ["from-yaml"]
+
+
+def test_scale_to_zero_is_off_by_default_and_allowed_when_asked():
+    assert parse_app_config({"decoder": {"autoscaling": {}}}).decoder.autoscaling.scale_to_zero is False
+    allowed = parse_app_config({"decoder": {"autoscaling": {"min_replicas": 0, "scale_to_zero": True}}})
+    assert allowed.decoder.autoscaling.min_replicas == 0
+
+
+def test_the_kuberay_example_serves_valid_args_and_its_worker_groups_offer_the_resources_asked_for():
+    manifest = yaml.safe_load((CONFIGS[0].parents[1] / "docs" / "kuberay-rayservice.yaml").read_text())
+    serve_config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    config = parse_app_config(serve_config["applications"][0]["args"])
+    offered = {
+        key
+        for group in manifest["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+        for key in yaml.safe_load(group["rayStartParams"]["resources"].strip('"').replace('\\"', '"'))
+    }
+    assert set(config.encoder.resources) | set(config.decoder.resources) <= offered

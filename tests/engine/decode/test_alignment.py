@@ -1,0 +1,51 @@
+"""The pieces of word alignment: the dynamic-time-warping path is the cheapest monotonic one, and
+tokens group into words with their punctuation."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from engine.decode.alignment import _dtw_path, _merge_punctuation, _split_words
+
+
+def _cheapest_cost(cost: np.ndarray) -> float:
+    """Brute force over every path of steps right, down or diagonal."""
+    rows, columns = cost.shape
+    best = np.full((rows, columns), np.inf)
+    for i, j in itertools.product(range(rows), range(columns)):
+        before = [
+            best[i - 1, j - 1] if i and j else np.inf,
+            best[i - 1, j] if i else np.inf,
+            best[i, j - 1] if j else np.inf,
+        ]
+        best[i, j] = cost[i, j] + (0.0 if i == j == 0 else min(before))
+    return float(best[-1, -1])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 8), (7, 5), (6, 30)])
+def test_the_dtw_path_is_monotonic_covers_both_ends_and_is_the_cheapest(shape):
+    cost = np.random.default_rng(sum(shape)).standard_normal(shape)
+    rows, columns = _dtw_path(cost)
+    assert (rows[0], columns[0]) == (0, 0) and (rows[-1], columns[-1]) == (shape[0] - 1, shape[1] - 1)
+    steps = set(zip(np.diff(rows), np.diff(columns)))
+    assert steps <= {(0, 1), (1, 0), (1, 1)}
+    assert cost[rows, columns].sum() == pytest.approx(_cheapest_cost(cost))
+
+
+def test_tokens_group_into_words_that_carry_their_punctuation(tiny_en):
+    tokenizer = tiny_en.tokenizer
+    tokens = tokenizer.encode(' And so, my fellow "Americans": ask!')
+    words = _merge_punctuation(_split_words(tokenizer, tokens, "en"))
+    assert [word for word, _ in words] == [" And", " so,", " my", " fellow", ' "Americans":', " ask!"]
+    assert sum(count for _, count in words) == len(tokens)
+
+
+def test_languages_without_spaces_split_into_characters_even_across_tokens(tiny_en):
+    tokenizer = tiny_en.tokenizer
+    tokens = tokenizer.encode("日本語")  # byte-level tokens: a character may take several
+    words = _split_words(tokenizer, tokens, "ja")
+    assert [word for word, _ in words] == ["日", "本", "語"]
+    assert sum(count for _, count in words) == len(tokens)

@@ -1,0 +1,161 @@
+"""The scheduler's policy on its own: admission, priorities, aging, held blocks and what a read step
+appends, with an injected clock (no model, no sleeping)."""
+
+from __future__ import annotations
+
+from engine.decode.request import Request, RequestStatus
+from engine.decode.scheduler import Scheduler
+from engine.decode.step_output import StepOutput
+from engine.kv.block_pool import BlockPool
+from engine.types import DecodeOptions, FinishReason, Priority
+from tests.support.clock import FakeClock
+
+BLOCK_SIZE = 16
+CROSS_TOKENS = 32  # two cross-attention blocks a request
+EOT = 99
+
+
+def window(request_id: str, priority: Priority = Priority.INTERACTIVE, max_tokens: int = 10) -> Request:
+    """A request of 3 prompt tokens: 2 cross blocks + 1 self block of 16 tokens."""
+    request = Request(
+        request_id=request_id,
+        prompt_tokens=[1, 2, 3],
+        sot_index=0,
+        max_tokens=max_tokens,
+        options=DecodeOptions(),
+        cross_source=None,
+        priority=priority,
+    )
+    request.pending_tokens = [1]
+    return request
+
+
+def scheduler_with(num_blocks: int, max_num_seqs: int = 8, **policy) -> tuple[Scheduler, FakeClock]:
+    clock = FakeClock()
+    scheduler = Scheduler(
+        BlockPool(num_blocks, BLOCK_SIZE),
+        CROSS_TOKENS,
+        max_num_seqs,
+        2048,
+        eot=EOT,
+        n_text_ctx=448,
+        clock=clock,
+        **policy,
+    )
+    return scheduler, clock
+
+
+def ids(requests: list[Request]) -> list[str]:
+    return [request.request_id for request in requests]
+
+
+def test_a_request_is_admitted_only_when_the_pool_holds_its_worst_case_and_the_next_waits_in_order():
+    scheduler, _ = scheduler_with(num_blocks=7)  # room for two requests of 3 blocks
+    for name in ("a", "b", "c"):
+        scheduler.add(window(name))
+    step = scheduler.schedule()
+    assert ids(step.admitted) == ["a", "b"] and ids(step.batch) == ["a", "b"]
+    assert scheduler.pool.num_free_blocks == 1
+    assert ids(scheduler.waiting) == ["c"], "the third waits for room instead of being dropped"
+    scheduler.finish(scheduler.running[0], FinishReason.STOP)
+    assert ids(scheduler.schedule().admitted) == ["c"]
+
+
+def test_the_oldest_interactive_request_is_admitted_before_older_batch_work():
+    scheduler, _ = scheduler_with(num_blocks=3)  # one request at a time
+    scheduler.add(window("batch", Priority.BATCH))
+    scheduler.add(window("interactive"))
+    assert ids(scheduler.schedule().admitted) == ["interactive"]
+
+
+def test_batch_work_that_waited_batch_aging_s_ranks_as_interactive_without_sleeping():
+    scheduler, clock = scheduler_with(num_blocks=3, batch_aging_s=5.0)
+    scheduler.add(window("batch", Priority.BATCH))
+    clock.now_s = 5.0
+    scheduler.add(window("interactive"))
+    assert ids(scheduler.schedule().admitted) == ["batch"], "aged batch work is older, so it goes first"
+
+
+def test_admitted_batch_windows_sit_out_steps_while_interactive_work_runs_until_they_age():
+    scheduler, clock = scheduler_with(num_blocks=12, batch_aging_s=5.0)
+    scheduler.add(window("batch", Priority.BATCH))
+    assert ids(scheduler.schedule().batch) == ["batch"], "alone, batch work runs at every step"
+    scheduler.add(window("interactive"))
+    clock.now_s = 1.0
+    assert ids(scheduler.schedule().batch) == ["interactive"]
+    clock.now_s = 4.9
+    assert ids(scheduler.schedule().batch) == ["interactive"]
+    clock.now_s = 5.0  # waited 5 s since it last ran, at 0 s
+    assert ids(scheduler.schedule().batch) == ["batch", "interactive"]
+
+
+def test_interactive_reserved_seqs_keep_slots_and_blocks_out_of_batch_works_reach():
+    scheduler, _ = scheduler_with(num_blocks=30, max_num_seqs=3, interactive_reserved_seqs=1)
+    for name in ("b1", "b2", "b3"):
+        scheduler.add(window(name, Priority.BATCH))
+    assert ids(scheduler.schedule().admitted) == ["b1", "b2"], "one slot stays free for interactive work"
+    scheduler.add(window("interactive"))
+    assert ids(scheduler.schedule().admitted) == ["interactive"]
+
+
+def test_a_request_finished_while_its_step_is_on_the_device_keeps_its_blocks_until_that_step_is_read():
+    scheduler, _ = scheduler_with(num_blocks=6)
+    request = window("a")
+    scheduler.add(request)
+    scheduler.schedule()
+    free_while_running = scheduler.pool.num_free_blocks
+    request.launched_in = 4
+    scheduler.step_read(3)
+    scheduler.finish(request, FinishReason.ABORTED)
+    assert request.status == RequestStatus.FINISHED
+    assert scheduler.pool.num_free_blocks == free_while_running, "step 4 may still write its K/V"
+    scheduler.step_read(4)
+    assert scheduler.pool.num_free_blocks == 6
+
+
+def test_a_read_step_appends_tokens_and_reports_end_of_text_and_length_stops():
+    scheduler, _ = scheduler_with(num_blocks=12)
+    short, ending, going = window("short", max_tokens=1), window("ending"), window("going")
+    for request in (short, ending, going):
+        scheduler.add(request)
+    batch = scheduler.schedule().batch
+    for request in batch:
+        request.launched_in, request.unread_tokens = 0, 1
+    output = StepOutput(
+        step_id=0,
+        batch=batch,
+        epochs=[0, 0, 0],
+        tokens=[7, EOT, 8],
+        logprobs=[-0.5, -0.25, -1.0],
+        sampled_rows={0, 1, 2},
+        no_speech_probs={1: 0.125},
+        languages={},
+        computed_after=[4, 4, 4],
+    )
+    stopped = scheduler.update_from_output(output)
+    assert [(request.request_id, reason) for request, reason in stopped] == [
+        ("short", FinishReason.LENGTH),
+        ("ending", FinishReason.STOP),
+    ]
+    assert short.output_tokens == [7] and ending.output_tokens == [] and going.output_tokens == [8]
+    assert going.sum_logprob == -1.0 and ending.no_speech_prob == 0.125
+
+
+def test_rows_of_a_window_restarted_since_its_step_was_launched_are_ignored():
+    scheduler, _ = scheduler_with(num_blocks=6)
+    request = window("a")
+    scheduler.add(request)
+    batch = scheduler.schedule().batch
+    request.epoch = 1  # a fallback restart after the step was launched
+    output = StepOutput(
+        step_id=0,
+        batch=batch,
+        epochs=[0],
+        tokens=[EOT],
+        logprobs=[0.0],
+        sampled_rows={0},
+        no_speech_probs={},
+        languages={},
+        computed_after=[4],
+    )
+    assert scheduler.update_from_output(output) == [] and request.output_tokens == []

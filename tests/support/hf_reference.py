@@ -1,0 +1,68 @@
+"""transformers as the reference: the same weights in WhisperForConditionalGeneration, decoded by
+its own greedy `generate` with Whisper's suppression (and timestamp) logits processors."""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, GenerationMixin, WhisperConfig, WhisperForConditionalGeneration
+from transformers.generation.logits_process import LogitsProcessorList, WhisperTimeStampLogitsProcessor
+
+from engine.model.weights import LoadedWeights, load_weights
+
+
+def hf_model(model_name: str) -> tuple[WhisperForConditionalGeneration, LoadedWeights]:
+    weights = load_weights(model_name)
+    dims = weights.dims
+    config = WhisperConfig(
+        vocab_size=dims.vocab_size,
+        num_mel_bins=dims.n_mels,
+        d_model=dims.d_model,
+        encoder_layers=dims.encoder_layers,
+        decoder_layers=dims.decoder_layers,
+        encoder_attention_heads=dims.encoder_heads,
+        decoder_attention_heads=dims.decoder_heads,
+        encoder_ffn_dim=dims.encoder_ffn_dim,
+        decoder_ffn_dim=dims.decoder_ffn_dim,
+        max_source_positions=dims.n_audio_ctx,
+        max_target_positions=dims.n_text_ctx,
+    )
+    model = WhisperForConditionalGeneration(config).eval()
+    state = {f"model.{k}": v.float() for k, v in weights.state_dict.items()}
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert set(missing) <= {"proj_out.weight"} and not unexpected, (missing, unexpected)
+    model.tie_weights()
+    return model, weights
+
+
+@torch.inference_mode()
+def hf_greedy(
+    model: WhisperForConditionalGeneration,
+    input_features: torch.Tensor,
+    prompt_tokens: list[int],
+    max_new_tokens: int,
+    eot: int,
+    suppress_tokens: list[int],
+    begin_suppress_tokens: list[int],
+    timestamps: bool = False,
+    no_timestamps_token: int | None = None,
+) -> list[int]:
+    processors = LogitsProcessorList()
+    if timestamps:
+        config = GenerationConfig(eos_token_id=eot, max_initial_timestamp_index=50)
+        config.no_timestamps_token_id = no_timestamps_token
+        processors.append(WhisperTimeStampLogitsProcessor(config, begin_index=len(prompt_tokens)))
+    out = GenerationMixin.generate(
+        model,
+        input_features=input_features,
+        decoder_input_ids=torch.tensor([prompt_tokens], device=input_features.device),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        suppress_tokens=suppress_tokens,
+        begin_suppress_tokens=begin_suppress_tokens,
+        logits_processor=processors,
+        eos_token_id=eot,
+        pad_token_id=eot,
+    )
+    tokens = out[0, len(prompt_tokens) :].tolist()
+    return tokens[:-1] if tokens and tokens[-1] == eot else tokens

@@ -1,0 +1,161 @@
+"""The product packages' shape: no import cycle among their modules, and no module over 400 lines.
+
+Read from the source (AST), nothing is imported: every ``import`` and ``from ... import`` counts,
+at module level and inside functions alike, except those under ``if TYPE_CHECKING:`` (they never
+run). ``from package import name`` is an import of ``package.name`` where that is a module.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.support.paths import REPO_ROOT
+
+PACKAGES = ("engine", "kv_transfer", "deployments")
+MAX_LINES = 400
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the packages, by dotted name (a package by its own name, not ``__init__``)."""
+    modules = {}
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _is_type_checking_block(node: ast.AST) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST):
+    """Every Import and ImportFrom, however deeply nested, outside ``if TYPE_CHECKING:`` blocks."""
+    pending = [tree]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        children = list(ast.iter_child_nodes(node))
+        if _is_type_checking_block(node):
+            children = list(node.orelse)
+        pending.extend(children)
+
+
+def imported_modules(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The packages' modules that module ``name`` (at ``path``) imports."""
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            base = node.module or ""
+            if node.level:  # relative: from the module's package, one level up per extra dot
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, *([base] if base else [])])
+            targets = [
+                f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names
+            ]
+        for target in targets:
+            while target and target not in modules:  # `import a.b.c` of a non-module c: its module
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = module_files()
+    return {name: imported_modules(name, path, modules) for name, path in modules.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle (its modules in import order, the first again at the end) per strongly connected
+    component of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for successor in sorted(graph[node]):
+            if successor not in index:
+                visit(successor)
+                low[node] = min(low[node], low[successor])
+            elif successor in on_stack:
+                low[node] = min(low[node], index[successor])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.add(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(component)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_cycle_within(graph, component) for component in components]
+
+
+def _cycle_within(graph: dict[str, set[str]], component: set[str]) -> list[str]:
+    """A shortest cycle through the component's first module, by breadth-first search."""
+    start = min(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for successor in sorted(graph[node] & component):
+                if successor == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return [start, *reversed(path[:-1]), start]
+                if successor not in came_from:
+                    came_from[successor] = node
+                    following.append(successor)
+        frontier = following
+    raise AssertionError(f"no cycle in the strongly connected component {sorted(component)}")
+
+
+def test_the_cycle_finder_reports_each_cycle_with_its_modules_in_import_order():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set(), "e": {"f"}, "f": {"e"}}
+    assert sorted(import_cycles(graph)) == [["a", "b", "c", "a"], ["e", "f", "e"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_graph_sees_function_level_and_submodule_imports():
+    graph = import_graph()
+    assert set(graph) >= {"engine", "engine.decode.engine", "kv_transfer", "deployments.app"}
+    # kv_transfer/__init__.py imports its connectors inside make_sender / make_receiver.
+    assert {"kv_transfer.nixl", "kv_transfer.local", "kv_transfer.base"} <= graph["kv_transfer"]
+
+
+def test_the_packages_import_one_another_without_a_cycle():
+    cycles = import_cycles(import_graph())
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_no_module_of_the_packages_is_over_400_lines():
+    sizes = {
+        str(path.relative_to(REPO_ROOT)): len(path.read_text().splitlines())
+        for path in module_files().values()
+    }
+    too_long = {path: lines for path, lines in sorted(sizes.items()) if lines > MAX_LINES}
+    assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
