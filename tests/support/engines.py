@@ -27,7 +27,7 @@ def config_with(loaded: LoadedModel, **overrides) -> EngineConfig:
     gpu = settings.pop("gpu") | {
         name: overrides.pop(name) for name in list(overrides) if name in GPUSwitches.model_fields
     }
-    return EngineConfig(**settings, **overrides, gpu=gpu)
+    return EngineConfig(**{**settings, **overrides, "gpu": gpu})
 
 
 def engine_with(loaded: LoadedModel, **overrides) -> DecoderEngine:
