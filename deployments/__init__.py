@@ -1,0 +1,1 @@
+"""The Ray Serve application: ingress (HTTP), encoder and decoder deployments, routing, autoscaling."""

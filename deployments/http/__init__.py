@@ -1,0 +1,1 @@
+"""The HTTP side of the ingress: OpenAI error JSON, form parsing, windows in flight, SSE, response formats."""

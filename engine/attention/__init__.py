@@ -1,0 +1,1 @@
+"""Paged attention backends behind one interface: a torch reference, Triton kernels, flash-attn."""
