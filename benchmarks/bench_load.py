@@ -3,8 +3,12 @@ final answer, no 5xx but the designed 429/503, every process's memory flat after
 the KV pool all free at the end.
 
     .venv/bin/python benchmarks/bench_load.py [--clients 64] [--duration-s 300] [--record]
+        [--fixed-output-tokens N] [--no-fallback] [--priority interactive|batch]
 
 Starts a local Ray and the default app (configs/default.yaml) unless --url points at a running one.
+The vendor fields let random weights be measured: ``--fixed-output-tokens`` makes every window
+decode exactly N tokens (the server's benchmark-only ``fixed_output_tokens``). Tokens/s comes from
+the decoders' own counters (``whisper_decoder_tokens_generated`` at /metrics).
 """
 
 from __future__ import annotations
@@ -44,6 +48,12 @@ class LoadReport:
     rss_mb: dict[str, list[float]] = field(default_factory=dict)  # process -> samples after warm-up
     kv_blocks_used_at_end: float = float("nan")
     staged_at_end: float = float("nan")
+    tokens_decoded: float = float("nan")  # by the decoders while the load ran (their counters)
+    long_latencies_s: list[float] = field(default_factory=list)  # of clips over one 30 s window
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_decoded / self.wall_s if self.wall_s else float("nan")
 
     @property
     def unexpected_5xx(self) -> int:
@@ -55,8 +65,8 @@ class LoadReport:
         growth = [(s[-1] - s[0]) / s[0] for s in self.rss_mb.values() if len(s) >= 2 and s[0] > 0]
         return max(growth, default=0.0)
 
-    def percentile_s(self, q: float) -> float:
-        values = sorted(self.latencies_s)
+    def percentile_s(self, q: float, latencies_s: list[float] | None = None) -> float:
+        values = sorted(self.latencies_s if latencies_s is None else latencies_s)
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
@@ -84,13 +94,17 @@ def run_load(
     warmup_s: float,
     api_key: str | None = None,
     request_timeout_s: float = 300.0,
+    fields: dict[str, str] | None = None,
 ) -> LoadReport:
+    """``fields``: vendor form fields sent with every request (e.g. fixed_output_tokens)."""
     clips = [c for c in load_manifest(SPEECH_DIR) if c.text]
     payloads = [(c.path.name, c.path.read_bytes(), c.duration_s) for c in clips]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     report = LoadReport(clients, duration_s)
     lock = threading.Lock()
     stop_at = time.monotonic() + duration_s
+    form = {"model": "whisper-1", **(fields or {})}
+    tokens_at_start = metric_sum(url, "whisper_decoder_tokens_generated")
 
     def client_loop(seed: int) -> None:
         chooser = random.Random(seed)
@@ -105,7 +119,7 @@ def run_load(
                         f"{url}/v1/audio/transcriptions",
                         headers=headers,
                         files={"file": (name, data)},
-                        data={"model": "whisper-1"},
+                        data=form,
                     )
                 except httpx.HTTPError as error:
                     with lock:
@@ -117,6 +131,8 @@ def run_load(
                     if response.status_code == 200:
                         report.latencies_s.append(time.perf_counter() - started)
                         report.audio_s += audio_s
+                        if audio_s > 30:
+                            report.long_latencies_s.append(report.latencies_s[-1])
                 if response.status_code in (429, 503):
                     time.sleep(float(response.headers.get("retry-after", "1")))
 
@@ -140,6 +156,7 @@ def run_load(
     time.sleep(2)  # releases of the last pulls are asynchronous
     report.kv_blocks_used_at_end = metric_sum(url, "whisper_decoder_kv_blocks_used")
     report.staged_at_end = metric_sum(url, "whisper_encoder_staged")
+    report.tokens_decoded = metric_sum(url, "whisper_decoder_tokens_generated") - tokens_at_start
     return report
 
 
@@ -169,9 +186,20 @@ def main() -> None:
     parser.add_argument("--duration-s", type=float, default=300)
     parser.add_argument("--warmup-s", type=float, default=30)
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--fixed-output-tokens", type=int, default=None, help="every window decodes N tokens")
+    parser.add_argument("--no-fallback", action="store_true", help="send temperature_fallback=false")
+    parser.add_argument("--priority", choices=["interactive", "batch"], default=None)
     args = parser.parse_args()
+    fields = {}
+    if args.fixed_output_tokens:
+        fields["fixed_output_tokens"] = str(args.fixed_output_tokens)
+    if args.no_fallback:
+        fields["temperature_fallback"] = "false"
+    if args.priority:
+        fields["priority"] = args.priority
     url = args.url or start_default_app()
-    report = run_load(url, args.clients, args.duration_s, args.warmup_s)
+    report = run_load(url, args.clients, args.duration_s, args.warmup_s, args.api_key, fields=fields)
     rows = [
         ["clients", report.clients],
         ["duration s", report.duration_s],
@@ -185,6 +213,9 @@ def main() -> None:
         ["throughput (audio s / wall s)", round(report.audio_s / report.wall_s, 2)],
         ["latency p50 s", round(report.percentile_s(0.5), 2)],
         ["latency p95 s", round(report.percentile_s(0.95), 2)],
+        ["latency p50 s, clips over 30 s", round(report.percentile_s(0.5, report.long_latencies_s), 2)],
+        ["tokens decoded / wall s (decoder counters)", round(report.tokens_per_s, 1)],
+        ["vendor fields", fields or "none"],
         ["max RSS growth after warm-up", f"{report.max_rss_growth:.1%}"],
         ["KV blocks used at end", report.kv_blocks_used_at_end],
         ["staged K/V at end", report.staged_at_end],
@@ -216,6 +247,7 @@ def main() -> None:
             "latency_p95_s": report.percentile_s(0.95),
             "kv_blocks_used_at_end": report.kv_blocks_used_at_end,
             "staged_at_end": report.staged_at_end,
+            "tokens_per_s": report.tokens_per_s,
         }
         record(
             "Load test, default app on CPU (bench_load.py)",

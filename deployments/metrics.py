@@ -41,6 +41,12 @@ class ServingMetrics:
         self.decoder_waiting = Gauge(
             "whisper_decoder_waiting", "windows waiting for KV blocks", ["replica"], registry=self.registry
         )
+        self.decoder_tokens = Gauge(
+            "whisper_decoder_tokens_generated",
+            "tokens decoded since start (the decoder's own count, fallback retries excluded)",
+            ["replica"],
+            registry=self.registry,
+        )
         self.decoder_aborted = Gauge(
             "whisper_decoder_windows_aborted",
             "windows aborted because their caller went away",
@@ -84,6 +90,7 @@ class ServingMetrics:
             self.decoder_running,
             self.decoder_waiting,
             self.decoder_aborted,
+            self.decoder_tokens,
             self.encoder_batch_size,
             self.encoder_windows,
             self.encoder_staged,
@@ -97,6 +104,7 @@ class ServingMetrics:
             self.decoder_running.labels(replica).set(stats.num_running)
             self.decoder_waiting.labels(replica).set(stats.num_waiting)
             self.decoder_aborted.labels(replica).set(stats.windows_aborted)
+            self.decoder_tokens.labels(replica).set(stats.tokens_generated)
         for index, stats in enumerate(encoder_stats):
             replica = str(index)
             self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)

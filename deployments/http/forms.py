@@ -67,6 +67,26 @@ def _parse_temperature(raw) -> float:
     return value
 
 
+def _parse_fixed_output_tokens(raw) -> int | None:
+    """The benchmark-only vendor field `fixed_output_tokens`: every window decodes exactly this many
+    tokens, end of text or not, with no fallback, so that random weights (which never stop on their
+    own) and real ones cost a known amount of decoding. Not for transcripts: the text goes on past
+    the speech."""
+    if raw in (None, ""):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise APIError(
+            400,
+            f"Invalid fixed_output_tokens '{raw}'; expected a whole number of at least 1.",
+            param="fixed_output_tokens",
+        )
+    return value
+
+
 def _parse_priority(raw) -> Priority | None:
     """The vendor field `priority` (interactive | batch); absent: chosen by the audio's length."""
     if raw in (None, ""):
@@ -187,6 +207,9 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     # sequential long-form, which seeks by them); words are only shown in verbose_json.
     timestamps = response_format in ("srt", "vtt", "verbose_json")
     words = "word" in granularities and response_format == "verbose_json"
+    fixed_tokens = _parse_fixed_output_tokens(form.get("fixed_output_tokens"))
+    if fixed_tokens is not None:
+        fallback = None  # a retry would decode the window again: the count would not be known
     options = DecodeOptions(
         language=language,
         task=task,
@@ -195,6 +218,8 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         timestamps=timestamps,
         fallback=fallback,
         word_timestamps=words,
+        max_tokens=fixed_tokens,
+        ignore_eot=fixed_tokens is not None,
     )
     return TranscriptionForm(
         data,

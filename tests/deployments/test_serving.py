@@ -191,6 +191,25 @@ def test_models_and_health_routes(server_url):
     assert httpx.get(f"{server_url}/health", timeout=30).json() == {"status": "ok"}
 
 
+def test_fixed_output_tokens_makes_a_window_decode_exactly_that_many_tokens_for_benchmarks(
+    client, server_url
+):
+    before = metric_sum(server_url, "whisper_decoder_tokens_generated")
+    with open(SPEECH_DIR / "jfk.flac", "rb") as audio:  # one window
+        client.audio.transcriptions.create(
+            model="whisper-1", file=audio, extra_body={"fixed_output_tokens": 37}
+        )
+    assert metric_sum(server_url, "whisper_decoder_tokens_generated") - before == 37, (
+        "past its end of text too"
+    )
+    with pytest.raises(openai.BadRequestError) as refused:
+        with open(SPEECH_DIR / "jfk.flac", "rb") as audio:
+            client.audio.transcriptions.create(
+                model="whisper-1", file=audio, extra_body={"fixed_output_tokens": 0}
+            )
+    assert refused.value.body["param"] == "fixed_output_tokens"
+
+
 def _encoded(samples: np.ndarray, rate: int, fmt: str, subtype: str) -> bytes:
     buffer = io.BytesIO()
     soundfile.write(buffer, samples, rate, format=fmt, subtype=subtype)
