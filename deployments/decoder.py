@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from dataclasses import dataclass
 
 import ray
@@ -49,14 +50,24 @@ class DecoderDeployment:
     def __init__(self, config: AppConfig):
         if config.decoder.torch_threads:
             torch.set_num_threads(config.decoder.torch_threads)
+        started = time.perf_counter()
         self.loaded = load_model(config.engine)
+        loaded_s = time.perf_counter() - started
         # Encoding happens in the encoder replicas: free the encoder's weights here (for large-v3,
         # 1.3 GB of GPU memory this replica would hold and never use).
         self.loaded.model.encoder = None
         if config.engine.torch_device.type == "cuda":
             torch.cuda.empty_cache()  # back to the GPU, which an encoder replica may share
-        self.engine = DecoderEngine(self.loaded)
+        self.engine = DecoderEngine(self.loaded)  # sizes the KV cache, captures decode CUDA graphs
         self.receiver = make_receiver(config.transfer, storage=self.engine.storage)
+        logger.info(
+            "decoder replica prepared in %.1f s: %s loaded in %.1f s, engine and %s receiver in %.1f s",
+            time.perf_counter() - started,
+            config.engine.model,
+            loaded_s,
+            config.transfer.resolved_connector(),
+            time.perf_counter() - started - loaded_s,
+        )
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._waiters_lock = threading.Lock()
         self._work = threading.Event()

@@ -64,13 +64,23 @@ class EncoderDeployment:
         if config.encoder.torch_threads:
             torch.set_num_threads(config.encoder.torch_threads)
         self.config = config
+        started = time.perf_counter()
         self.loaded = load_model(config.engine)
+        loaded_s = time.perf_counter() - started
         # Decoding happens in the decoder replicas: of the decoder keep only what makes a window's
         # cross-attention K/V, and hand the rest back (a GPU may be shared with a decoder replica).
         self.loaded.model.decoder.keep_only_cross_kv()
         if config.engine.torch_device.type == "cuda":
             torch.cuda.empty_cache()
-        self.runner = EncoderRunner(self.loaded)
+        self.runner = EncoderRunner(self.loaded)  # compiles and warms the encoder where it is compiled
+        logger.info(
+            "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder ready (compiled: %s) in %.1f s",
+            time.perf_counter() - started,
+            config.engine.model,
+            loaded_s,
+            config.engine.gpu_switches().compile_encoder,
+            time.perf_counter() - started - loaded_s,
+        )
         self.payload = config.transfer.resolved_mode()
         self.sender = make_sender(
             config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device

@@ -27,6 +27,7 @@ from deployments.http.errors import (
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
 from deployments.http.pipeline import WindowPipeline
+from deployments.http.readiness import Readiness
 from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics
 from engine.model.audio import SAMPLE_RATE, decode_audio
@@ -44,6 +45,7 @@ class Ingress:
         self.encoder = encoder
         self.decoder = decoder
         self.pipeline = WindowPipeline(encoder, decoder, config.http.max_windows_in_flight)
+        self.readiness = Readiness(self.pipeline)
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
 
@@ -74,6 +76,19 @@ class Ingress:
     @app.get("/health")
     async def health(self) -> Response:
         return JSONResponse({"status": "ok"})
+
+    @app.get("/ready")
+    async def ready(self) -> Response:
+        if not self.readiness.check():
+            detail = f" (last warm-up: {self.readiness.last_error})" if self.readiness.last_error else ""
+            raise APIError(
+                503,
+                f"The server is warming up: no window has gone through its encoder and decoder yet{detail}.",
+                error_type="server_error",
+                code="not_ready",
+                retry_after_s=1,
+            )
+        return JSONResponse({"status": "ready", "warm_up_s": round(self.readiness.warm_up_s, 3)})
 
     @app.get("/metrics")
     async def metrics(self) -> Response:

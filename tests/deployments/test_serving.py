@@ -185,6 +185,19 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
 
 
+def test_ready_is_503_until_a_warm_up_window_has_gone_through_encoder_and_decoder_then_200(server_url):
+    # The first probe starts the warm-up, so it answers before any window can have gone through.
+    first = httpx.get(f"{server_url}/ready", timeout=30)
+    assert first.status_code == 503 and first.headers["retry-after"] == "1"
+    assert first.json()["error"]["code"] == "not_ready"
+    deadline = time.monotonic() + 120
+    while (probe := httpx.get(f"{server_url}/ready", timeout=30)).status_code == 503:
+        assert time.monotonic() < deadline, probe.json()
+        time.sleep(0.2)
+    assert probe.status_code == 200 and probe.json()["status"] == "ready"
+    assert probe.json()["warm_up_s"] > 0
+
+
 def test_models_and_health_routes(server_url):
     models = httpx.get(f"{server_url}/v1/models", headers=AUTH, timeout=30).json()
     assert {m["id"] for m in models["data"]} >= {"whisper-1", "tiny.en"}

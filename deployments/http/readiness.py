@@ -1,0 +1,63 @@
+"""Readiness, as Kubernetes probes expect it: ``/ready`` answers 503 until a warm-up window has gone
+through the whole path (an encoder replica, a K/V transfer, a decoder replica) and 200 after.
+
+``/health`` says only that the ingress answers (liveness). A replica is constructed with its
+preparation done (weights loaded, the encoder compiled, decode CUDA graphs captured: each logs
+how long it took), so one short window through both sides proves that they serve and that the
+transfer path between them works. The first probe starts the warm-up; a failed warm-up is tried
+again at the next probe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import numpy as np
+
+from deployments.http.pipeline import WindowPipeline
+from engine.model.audio import SAMPLE_RATE
+from engine.types import DecodeOptions, Priority
+
+logger = logging.getLogger("ray.serve")
+
+WARM_UP_AUDIO_S = 1.0
+
+
+class Readiness:
+    def __init__(self, pipeline: WindowPipeline):
+        self.pipeline = pipeline
+        self.warm_up_s: float | None = None  # how long the warm-up window took, once it has succeeded
+        self.last_error: str | None = None
+        self._warming_up: asyncio.Task | None = None
+
+    @property
+    def is_ready(self) -> bool:
+        return self.warm_up_s is not None
+
+    def check(self) -> bool:
+        """Whether the app is ready; if not, start a warm-up unless one is running."""
+        if not self.is_ready and (self._warming_up is None or self._warming_up.done()):
+            self._warming_up = asyncio.ensure_future(self._warm_up())
+        return self.is_ready
+
+    async def _warm_up(self) -> None:
+        started = time.perf_counter()
+        silence = np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
+        try:
+            await self.pipeline.decode_window(
+                f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
+            )
+        except Exception as error:
+            self.last_error = str(error) or type(error).__name__
+            logger.warning(
+                "warm-up window failed (%s); the next readiness probe tries again", self.last_error
+            )
+            return
+        self.warm_up_s = time.perf_counter() - started
+        logger.info(
+            "ready: a warm-up window went through an encoder, a transfer and a decoder in %.2f s",
+            self.warm_up_s,
+        )
