@@ -44,6 +44,9 @@ class DecoderStats:
     windows_aborted: int  # callers that went away (disconnects, timeouts) before their result
     tokens_generated: int
     node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
+    kv_loads: int = 0  # cross-attention K/V pulls landed
+    kv_load_p50_s: float = float("nan")  # of the recent pulls, from start to landing
+    kv_load_p95_s: float = float("nan")
 
 
 class DecoderDeployment:
@@ -137,6 +140,7 @@ class DecoderDeployment:
                     self.windows_decoded += 1
                 self.tokens_generated += len(result.tokens)
                 self._deliver(result)
+        self.engine.close()
 
     def _deliver(self, result: DecodeResult) -> None:
         with self._waiters_lock:
@@ -186,6 +190,9 @@ class DecoderDeployment:
             windows_aborted=self.windows_aborted,
             tokens_generated=self.tokens_generated,
             node_id=ray.get_runtime_context().get_node_id(),
+            kv_loads=stats.num_kv_loads,
+            kv_load_p50_s=stats.kv_load_p50_s,
+            kv_load_p95_s=stats.kv_load_p95_s,
         )
 
     def __del__(self):

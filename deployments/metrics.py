@@ -47,6 +47,18 @@ class ServingMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.kv_loads = Gauge(
+            "whisper_decoder_kv_loads",
+            "cross-attention K/V pulls landed in the decoder",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.kv_load_seconds = Gauge(
+            "whisper_decoder_kv_load_seconds",
+            "recent cross-attention K/V pull times, start to landing, by quantile",
+            ["replica", "quantile"],
+            registry=self.registry,
+        )
         self.decoder_aborted = Gauge(
             "whisper_decoder_windows_aborted",
             "windows aborted because their caller went away",
@@ -91,6 +103,8 @@ class ServingMetrics:
             self.decoder_waiting,
             self.decoder_aborted,
             self.decoder_tokens,
+            self.kv_loads,
+            self.kv_load_seconds,
             self.encoder_batch_size,
             self.encoder_windows,
             self.encoder_staged,
@@ -105,6 +119,9 @@ class ServingMetrics:
             self.decoder_waiting.labels(replica).set(stats.num_waiting)
             self.decoder_aborted.labels(replica).set(stats.windows_aborted)
             self.decoder_tokens.labels(replica).set(stats.tokens_generated)
+            self.kv_loads.labels(replica).set(stats.kv_loads)
+            self.kv_load_seconds.labels(replica, "0.5").set(stats.kv_load_p50_s)
+            self.kv_load_seconds.labels(replica, "0.95").set(stats.kv_load_p95_s)
         for index, stats in enumerate(encoder_stats):
             replica = str(index)
             self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)

@@ -17,6 +17,7 @@ class TransferredCrossKV:
 
     handle: TransferHandle
     receiver: KVReceiver
+    travels = True  # a pull: it loads beside the decode loop
 
     def discard(self) -> None:
         self.receiver.discard(self.handle)

@@ -4,11 +4,14 @@ It ties the pieces together and owns none of their logic: the scheduler decides 
 appends what a step produced; the pipeline launches a step on the device and reads it back
 (engine/decode/pipeline.py explains async steps); the fallback module decides whether a stopped
 window starts again, hotter; the result builder turns a finished window into a DecodeResult.
-Deployments read the engine only through ``stats()``, a snapshot taken on the loop thread.
+Cross-attention K/V that travels (a pull from an encoder replica) loads beside the loop
+(engine/decode/kv_loader.py). Deployments read the engine only through ``stats()``, a snapshot
+taken on the loop thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from engine.config import EngineConfig
 from engine.decode.alignment import alignment_heads_of
 from engine.decode.fallback import restart_hotter
 from engine.decode.inbox import Inbox
+from engine.decode.kv_loader import CrossKVLoader
 from engine.decode.logit_rules import LogitRules
 from engine.decode.pipeline import StepPipeline
 from engine.decode.prompt import build_request
@@ -35,6 +39,9 @@ from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 
 logger = logging.getLogger(__name__)
 
+# How long a step with nothing to run waits for a K/V load to land before it returns.
+LANDING_WAIT_S = 0.02
+
 
 @dataclass(frozen=True)
 class EngineStats:
@@ -47,6 +54,9 @@ class EngineStats:
     num_waiting: int  # submitted and not admitted yet
     num_waiting_interactive: int
     waiting_blocks: int  # what the waiting requests will reserve when admitted
+    num_kv_loads: int = 0  # cross-attention K/V pulls landed beside the loop
+    kv_load_p50_s: float = float("nan")  # of the recent pulls, from start to landing
+    kv_load_p95_s: float = float("nan")
 
 
 class DecoderEngine:
@@ -90,6 +100,7 @@ class DecoderEngine:
         self.pipeline = StepPipeline(
             self.runner, rules, self.tokenizer, dims.n_text_ctx, self.stepped_prompt_tokens, self.async_steps
         )
+        self.loader = CrossKVLoader(self.storage, self.runner.project_cross_kv, self.device)
         self.results = ResultBuilder(
             self.tokenizer, loaded.model, self.storage, alignment_heads_of(loaded.weights)
         )
@@ -144,17 +155,25 @@ class DecoderEngine:
 
     @property
     def has_work(self) -> bool:
-        return self.scheduler.has_work or not self._inbox.empty or self.pipeline.in_flight is not None
+        return (
+            self.scheduler.has_work
+            or not self._inbox.empty
+            or self.pipeline.in_flight is not None
+            or self.loader.num_loading > 0  # a load landing frees the blocks of a request ended meanwhile
+        )
 
     def stats(self) -> EngineStats:
-        """The last snapshot the loop thread took; safe to call from any thread."""
+        """The last snapshot the loop thread took, with what was submitted since and the recent K/V
+        pull times; safe to call from any thread."""
         stats, submitted = self._stats, self._inbox.num_requests
-        return EngineStats(
-            **{
-                **stats.__dict__,
-                "num_waiting": stats.num_waiting + submitted,
-                "waiting_blocks": stats.waiting_blocks + submitted * self.blocks_per_window,
-            }
+        load_times = sorted(self.loader.recent_load_s.copy())  # copy(): one step under the GIL
+        return dataclasses.replace(
+            stats,
+            num_waiting=stats.num_waiting + submitted,
+            waiting_blocks=stats.waiting_blocks + submitted * self.blocks_per_window,
+            num_kv_loads=self.loader.num_loaded,
+            kv_load_p50_s=_percentile(load_times, 0.50),
+            kv_load_p95_s=_percentile(load_times, 0.95),
         )
 
     def step(self) -> list[DecodeResult]:
@@ -162,6 +181,7 @@ class DecoderEngine:
         tokens of this step (or, with async steps, of the one launched before); return finished ones."""
         finished = self._take_submitted()
         finished += self._take_aborted()
+        finished += self._take_landed()
         scheduled = self.scheduler.schedule()
         finished += self._load_cross_kv(scheduled.admitted)
         launched = self.pipeline.launch(scheduled.batch)
@@ -192,19 +212,41 @@ class DecoderEngine:
         return [self._finish(request, FinishReason.ABORTED) for request in aborted if request is not None]
 
     def _load_cross_kv(self, admitted: list[Request]) -> list[DecodeResult]:
+        """K/V that travels starts loading beside the loop; in-process K/V is written now."""
         failed: list[DecodeResult] = []
         for request in admitted:
+            if request.cross_source.travels:
+                self.loader.start(request)
+                continue
             try:
                 request.cross_source.load_into(
                     self.storage, request.blocks.cross_block_ids, self.runner.project_cross_kv
                 )
             except Exception as exc:
-                # A failed K/V load (e.g. a transfer error) fails this request only, and frees its blocks.
-                logger.exception("loading cross-attention K/V for %s failed", request.request_id)
-                request.error = f"loading cross-attention K/V failed: {exc}"
-                request.error_retriable = isinstance(exc, RetriableError)
-                failed.append(self._finish(request, FinishReason.ERROR))
+                failed.append(self._fail_load(request, exc))
         return failed
+
+    def _take_landed(self) -> list[DecodeResult]:
+        """Loads that ended since the last step: their requests step from now on, or fail."""
+        # With nothing else to do, wait a little for a load to land rather than spin.
+        idle = not (self.scheduler.has_runnable or self.scheduler.waiting or self.pipeline.in_flight)
+        failed = []
+        for request, error in self.loader.take_landed(LANDING_WAIT_S if idle and self._inbox.empty else 0.0):
+            if error is not None and request.status != RequestStatus.FINISHED:
+                failed.append(self._fail_load(request, error))
+        self.scheduler.release_held()  # blocks of requests that ended while their K/V was loading
+        return failed
+
+    def _fail_load(self, request: Request, error: BaseException) -> DecodeResult:
+        """A failed K/V load (e.g. a transfer error) fails its request only, and frees its blocks."""
+        logger.error("loading cross-attention K/V for %s failed: %s", request.request_id, error)
+        request.error = f"loading cross-attention K/V failed: {error}"
+        request.error_retriable = isinstance(error, RetriableError)
+        return self._finish(request, FinishReason.ERROR)
+
+    def close(self) -> None:
+        """Stop the K/V load workers (waiting for loads under way)."""
+        self.loader.close()
 
     def _finish(self, request: Request, reason: FinishReason) -> DecodeResult:
         """End a request and return its result. A decoded one (STOP, LENGTH) gets its result while it
@@ -230,6 +272,10 @@ class DecoderEngine:
             num_waiting_interactive=scheduler.num_waiting_of(Priority.INTERACTIVE),
             waiting_blocks=sum(scheduler.blocks_for(request) for request in scheduler.waiting),
         )
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def _paged_cache(loaded: LoadedModel, config: EngineConfig) -> tuple[PagedKVStorage, BlockPool]:

@@ -97,8 +97,14 @@ class StepPipeline:
 
     @torch.inference_mode()
     def launch(self, scheduled: list[Request]) -> LaunchedStep | None:
-        """One decoder forward, logit rules and sampling for every request that still needs a step."""
-        batch = [r for r in scheduled if r.finish_reason is None and not self._ends_with_unread_token(r)]
+        """One decoder forward, logit rules and sampling for every request that still needs a step:
+        not ended since it was scheduled, not waiting for its K/V (a pull started at its admission),
+        not done by length with its last token still unread."""
+        batch = [
+            r
+            for r in scheduled
+            if r.finish_reason is None and not r.cross_kv_loading and not self._ends_with_unread_token(r)
+        ]
         if not batch:
             return None
         step_id = next(self._step_ids)

@@ -46,6 +46,7 @@ class Request:
     unread_tokens: int = 0  # tokens sampled in launched steps that the host has not read yet
     launched_in: int = -1  # the last step launched with this request in it
     epoch: int = 0  # bumped when the window starts again (fallback): rows launched before are stale
+    cross_kv_loading: bool = False  # its K/V is on its way into its blocks: it sits out the steps
     output_tokens: list[int] = field(default_factory=list)
     sum_logprob: float = 0.0
     no_speech_prob: float | None = None

@@ -21,6 +21,9 @@ behind a batch backlog as alone, while batch work loses at most ``batch_aging_s`
 more requests of the same size, out of batch work's reach, so an interactive request arriving
 behind a batch backlog is admitted at the next step instead of waiting for batch windows to finish.
 
+An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
+engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
+
 After a step is read, ``update_from_output`` appends each row's token to its request and says
 which requests reached a stop (end of text, or their length); the engine decides whether such a
 request restarts (fallback) or finishes. A request finished while a step launched with it is
@@ -109,13 +112,12 @@ class Scheduler:
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        batch = [
-            r for r in self.running if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)
-        ]
+        runnable = [r for r in self.running if not r.cross_kv_loading]
+        batch = [r for r in runnable if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)]
         if not batch:
             # Only batch work runs: all of it, and nothing of it waits now. (While interactive work
             # runs, a batch request's wait is not reset: once aged it runs at every step until then.)
-            batch = list(self.running)
+            batch = runnable
             for request in batch:
                 request.waiting_since_s = now
         return ScheduledStep(admitted=admitted, batch=batch)
@@ -172,29 +174,42 @@ class Scheduler:
                 stopped.append((request, FinishReason.LENGTH))
         return stopped
 
+    @property
+    def has_runnable(self) -> bool:
+        """Whether a running request can take a step (its K/V has landed)."""
+        return any(not request.cross_kv_loading for request in self.running)
+
     def step_read(self, step_id: int) -> None:
         """Step ``step_id`` (and every one before it) has run: blocks held for it go back."""
         self.last_read_step = step_id
+        self.release_held()
+
+    def release_held(self) -> None:
+        """Give back the blocks of finished requests that nothing writes any more."""
         still_held = []
         for request in self._held:
-            if request.launched_in > step_id:
+            if self._blocks_in_use(request):
                 still_held.append(request)
             else:
                 self.release_blocks(request)
         self._held = still_held
 
+    def _blocks_in_use(self, request: Request) -> bool:
+        """A step launched with it and not read yet, or its K/V load, may still write its blocks."""
+        return request.launched_in > self.last_read_step or request.cross_kv_loading
+
     def finish(self, request: Request, reason: FinishReason) -> None:
         """Take a request out, wherever it is, and return its blocks; safe to call once per request.
 
-        If a step launched with it has not been read yet, that step may still be writing its K/V:
-        its blocks are held until ``step_read`` says that step has run."""
+        If a step launched with it has not been read yet, or its K/V is still loading, something may
+        still write its blocks: they are held until ``step_read`` or ``release_held`` finds nothing does."""
         if request.status == RequestStatus.FINISHED:
             return
         if request.status == RequestStatus.RUNNING:
             self.running.remove(request)
         elif request in self.waiting:  # (one refused by ``add`` never joined)
             self.waiting.remove(request)
-        if request.launched_in > self.last_read_step:
+        if self._blocks_in_use(request):
             self._held.append(request)
         else:
             self.release_blocks(request)

@@ -20,6 +20,9 @@ StateProjection = Callable[[torch.Tensor], torch.Tensor]
 
 
 class CrossKVSource(Protocol):
+    # Whether loading waits on another process (a transfer): such a load runs beside the decode loop.
+    travels: bool
+
     def load_into(
         self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
     ) -> None: ...
@@ -33,6 +36,7 @@ class CrossKVTensor:
     """Cross-attention K/V already computed in this process: [layers, 2, frames, H, D]."""
 
     cross_kv: torch.Tensor
+    travels = False
 
     def load_into(
         self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
@@ -48,6 +52,7 @@ class EncoderStates:
     """Encoder output [frames, d_model]; the decoder side projects it to cross K/V itself."""
 
     states: torch.Tensor
+    travels = False
 
     def load_into(
         self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection

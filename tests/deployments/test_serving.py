@@ -183,6 +183,7 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     assert 'whisper_transfer_info{connector="nixl",payload="cross_kv",replica="0"} 1.0' in metrics
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
+    assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
 
 
 def test_ready_is_503_until_a_warm_up_window_has_gone_through_encoder_and_decoder_then_200(server_url):

@@ -26,6 +26,7 @@ class CountedLoads:
 
     kv: CrossKVTensor
     loads: int = 0
+    travels = False
 
     def load_into(self, storage, block_ids, project_states):
         self.loads += 1

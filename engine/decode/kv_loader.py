@@ -1,0 +1,98 @@
+"""Cross-attention K/V loads beside the decode loop.
+
+A window's K/V that must travel (a pull from an encoder replica over NIXL or the object store)
+loads on a worker thread while the loop keeps stepping the windows it already holds: a slow or
+failed pull delays only its own window. The scheduler keeps an admitted window out of the steps
+until its load has landed (``Request.cross_kv_loading``), as vLLM's scheduler keeps a request that
+waits for remote KVs. In-process K/V (the offline API's) loads inline, at admission.
+
+On a GPU the worker writes on a stream of its own and records an event after the load; the loop's
+stream waits for that event (on the device, never the host) before the window's first step reads
+its blocks.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from engine.decode.request import Request
+from engine.kv.sources import StateProjection
+from engine.kv.storage import PagedKVStorage
+
+# Pulls are mostly waiting (on the network, or on a copy engine): two at a time keep a link busy
+# without one slow sender holding back every other window.
+LOAD_WORKERS = 2
+# Load times kept for the percentiles the decoder reports (the most recent ones).
+RECENT_LOADS = 1000
+
+
+@dataclass
+class _Load:
+    request: Request
+    landed: Future  # the load's CUDA event (None off the GPU), or its exception
+
+
+class CrossKVLoader:
+    def __init__(self, storage: PagedKVStorage, project_states: StateProjection, device: torch.device):
+        self.storage = storage
+        self.project_states = project_states
+        self.device = device
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._workers = ThreadPoolExecutor(max_workers=LOAD_WORKERS, thread_name_prefix="kv-load")
+        self._loads: list[_Load] = []
+        self._some_landed = threading.Event()
+        self.recent_load_s: deque[float] = deque(maxlen=RECENT_LOADS)  # start of a load to its landing
+        self.num_loaded = 0
+
+    @property
+    def num_loading(self) -> int:
+        return len(self._loads)
+
+    def start(self, request: Request) -> None:
+        """Load ``request``'s K/V into its cross-attention blocks on a worker thread."""
+        request.cross_kv_loading = True
+        landed = self._workers.submit(self._load, request.cross_source, list(request.blocks.cross_block_ids))
+        landed.add_done_callback(lambda _: self._some_landed.set())
+        self._loads.append(_Load(request, landed))
+
+    def _load(self, source, block_ids: list[int]) -> torch.cuda.Event | None:
+        started = time.perf_counter()
+        if self._stream is None:
+            source.load_into(self.storage, block_ids, self.project_states)
+            landed = None
+        else:
+            with torch.cuda.stream(self._stream), torch.inference_mode():
+                source.load_into(self.storage, block_ids, self.project_states)
+                landed = torch.cuda.Event()
+                landed.record(self._stream)
+        self.recent_load_s.append(time.perf_counter() - started)  # (a deque's append is thread-safe)
+        return landed
+
+    def take_landed(self, wait_s: float = 0.0) -> list[tuple[Request, BaseException | None]]:
+        """The loads that have ended since the last call, each with its error or None; waits up to
+        ``wait_s`` for one when none has (the loop has nothing else to do)."""
+        self._some_landed.clear()
+        if wait_s > 0 and self._loads and not any(load.landed.done() for load in self._loads):
+            self._some_landed.wait(wait_s)
+        ended, still_loading = [], []
+        for load in self._loads:  # one pass: a load may land while this runs
+            (ended if load.landed.done() else still_loading).append(load)
+        self._loads = still_loading
+        outcomes = []
+        for load in ended:
+            error = load.landed.exception()
+            if error is None and load.landed.result() is not None:
+                torch.cuda.current_stream(self.device).wait_event(load.landed.result())
+            load.request.cross_kv_loading = False
+            self.num_loaded += error is None
+            outcomes.append((load.request, error))
+        return outcomes
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=True, cancel_futures=True)
