@@ -4,7 +4,11 @@
 # of the large-v3 shape saved by transformers (the real checkpoint cannot be carried to the lent GPU).
 #
 #   TOKENIZER=<multilingual tokenizer.json> [CLIENTS=48 DURATION=60 WARMUP=10 STARTUP_S=300] \
-#     bash benchmarks/run_app_on_gpu.sh
+#     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
+#
+# Prints the time from `serve run` to /ready (a warm-up window through encoder, NIXL and decoder)
+# and the first request's latency after it, then bench_load's table and the decoders' K/V pull
+# times from /metrics.
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
@@ -35,15 +39,31 @@ config["applications"][0]["args"]["engine"]["model"] = str(work / "large-v3")
 (work / "app.yaml").write_text(yaml.safe_dump(config))
 EOF
 
-python3 -m ray.serve.scripts run "$WORK/app.yaml" > "$WORK/serve.log" 2>&1 &
+# Without the dashboard: the GPU machine's trimmed ray has no dashboard build (../shared/gpu/README.md).
+python3 -m ray.scripts.scripts start --head --include-dashboard=false --num-gpus=1 > "$WORK/ray.log" 2>&1
+started=$(date +%s.%N)
+python3 -m ray.serve.scripts run --address=auto "$WORK/app.yaml" > "$WORK/serve.log" 2>&1 &
 serve_pid=$!
 trap 'kill $serve_pid 2>/dev/null || true; python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true' EXIT
-started=$(date +%s)
-until python3 -c "import urllib.request; urllib.request.urlopen('http://localhost:8000/health', timeout=2)" 2>/dev/null; do
-  if (( $(date +%s) - started > STARTUP_S )); then
-    echo "the app did not answer /health within ${STARTUP_S} s"; tail -50 "$WORK/serve.log"; exit 1
+ready() { python3 -c "import urllib.request; urllib.request.urlopen('http://localhost:8000/ready', timeout=5)" 2>/dev/null; }
+until ready; do
+  if (( $(date +%s) - ${started%.*} > STARTUP_S )); then
+    echo "the app was not ready within ${STARTUP_S} s"; tail -50 "$WORK/serve.log"; exit 1
   fi
-  sleep 2
+  sleep 0.5
 done
-echo "app up after $(( $(date +%s) - started )) s"
-python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$CLIENTS" --duration-s "$DURATION" --warmup-s "$WARMUP"
+echo "ready after $(python3 -c "import time; print(round(time.time() - $started, 1))") s from serve run"
+python3 - <<'EOF2'
+import time, httpx
+clip = "tests/data/speech/jfk.flac"
+started = time.perf_counter()
+response = httpx.post("http://localhost:8000/v1/audio/transcriptions", files={"file": open(clip, "rb")},
+                      data={"model": "whisper-1", "temperature_fallback": "false"}, timeout=300)
+print(f"first request after ready: {response.status_code} in {time.perf_counter() - started:.2f} s")
+EOF2
+# shellcheck disable=SC2086
+python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$CLIENTS" --duration-s "$DURATION" \
+  --warmup-s "$WARMUP" ${BENCH_ARGS:-}
+python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
+  | grep -E '^whisper_decoder_(kv_load|tokens|kv_loads)'
+grep -E "prepared in|ready:" "$WORK/serve.log" /tmp/ray/session_latest/logs/serve/*.log 2>/dev/null | tail -5 || true
