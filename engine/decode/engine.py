@@ -228,10 +228,11 @@ class DecoderEngine:
 
     def _take_landed(self) -> list[DecodeResult]:
         """Loads that ended since the last step: their requests step from now on, or fail."""
-        # With nothing else to do, wait a little for a load to land rather than spin.
-        idle = not (self.scheduler.has_runnable or self.scheduler.waiting or self.pipeline.in_flight)
+        # Nothing can step until a load lands: wait for one a little rather than spin (a spinning
+        # loop would also hold the GIL the loader's threads need).
+        idle = not self.scheduler.has_runnable and self.pipeline.in_flight is None
         failed = []
-        for request, error in self.loader.take_landed(LANDING_WAIT_S if idle and self._inbox.empty else 0.0):
+        for request, error in self.loader.take_landed(LANDING_WAIT_S if idle else 0.0):
             if error is not None and request.status != RequestStatus.FINISHED:
                 failed.append(self._fail_load(request, error))
         self.scheduler.release_held()  # blocks of requests that ended while their K/V was loading
