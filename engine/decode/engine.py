@@ -88,7 +88,7 @@ class DecoderEngine:
             eot=self.tokenizer.special.eot,
             n_text_ctx=dims.n_text_ctx,
         )
-        rules = LogitRules(
+        self.rules = LogitRules(
             self.tokenizer,
             dims.vocab_size,
             loaded.weights.suppress_tokens,
@@ -96,9 +96,13 @@ class DecoderEngine:
             self.device,
             num_slots=config.max_num_seqs + 1,
         )
-        self.rules = rules
         self.pipeline = StepPipeline(
-            self.runner, rules, self.tokenizer, dims.n_text_ctx, self.stepped_prompt_tokens, self.async_steps
+            self.runner,
+            self.rules,
+            self.tokenizer,
+            dims.n_text_ctx,
+            self.stepped_prompt_tokens,
+            self.async_steps,
         )
         self.loader = CrossKVLoader(self.storage, self.runner.project_cross_kv, self.device)
         self.results = ResultBuilder(

@@ -68,7 +68,7 @@ class StepPipeline:
         self._step_ids = itertools.count()
         self._language_of_token = {token: code for code, token in tokenizer.language_tokens.items()}
 
-    def first_prompt_tokens(self, request: Request) -> list[int]:
+    def next_prompt_tokens_of(self, request: Request) -> list[int]:
         return next_prompt_tokens(request, self.stepped_prompt_tokens)
 
     def step_to_read(self, launched: LaunchedStep | None) -> LaunchedStep | None:
@@ -122,11 +122,11 @@ class StepPipeline:
                 # The rest of the prompt starts with the language detected here, on the device.
                 detect_rows.append(row)
                 request.detect_language = False
-                request.pending_tokens = self.first_prompt_tokens(request)
+                request.pending_tokens = self.next_prompt_tokens_of(request)
                 request.pending_tokens[0], request.pending_source_row = FROM_LAST_STEP, row
             elif request.num_computed_tokens < len(request.prompt_tokens):
                 # The rest of the prompt (language, task, timestamp tokens) runs before any sampling.
-                request.pending_tokens = self.first_prompt_tokens(request)
+                request.pending_tokens = self.next_prompt_tokens_of(request)
             else:
                 sampling_rows.append(row)
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
