@@ -1,7 +1,8 @@
 """Long-form modes compared on one file over a minute long (speech-set clips with a second of
-silence between them, the file tests/test_long_form.py builds): parallel windows (cut at quiet
-points, all in flight at once) vs openai-whisper's sequential loop (one window after another,
-each prompted by the text before it). Both with timestamps, greedy, no fallback.
+silence between them, the file tests/engine/transcribe/test_long_form.py builds): parallel
+windows (cut at quiet points, all in flight at once) vs openai-whisper's sequential loop (one
+window after another, each prompted by the text before it). Both with timestamps, greedy, no
+fallback.
 
 The figure to read is the ratio (sequential wall time / parallel wall time); absolute times depend
 on the machine. On a shared machine other jobs only ever add time, so each mode's fastest of

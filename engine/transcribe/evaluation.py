@@ -60,8 +60,8 @@ def concatenate_clips(clips: list[SpeechClip], silence_s: float) -> Concatenated
     return ConcatenatedSpeech(np.concatenate(pieces), " ".join(clip.text for clip in clips), starts, ends)
 
 
-# The long-form test file (tests/test_long_form.py, benchmarks/bench_long_form.py): 73 s, three
-# windows; real speech (JFK, the Harvard sentences) and synthetic.
+# The long-form test file (tests/engine/transcribe/test_long_form.py, benchmarks/bench_long_form.py):
+# 73 s, three windows; real speech (JFK, the Harvard sentences) and synthetic.
 LONG_FORM_CLIP_IDS = [
     "jfk",
     *(f"osr72_{i:02d}" for i in range(1, 11)),
