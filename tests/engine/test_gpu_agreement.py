@@ -19,7 +19,7 @@ from engine.kv.sources import CrossKVTensor
 from engine.model.audio import log_mel_spectrogram
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion_by_id
-from tests.support.hf_reference import hf_greedy
+from tests.support.hf_reference import hf_greedy_as_engine
 from tests.support.models import bundled_tokenizer
 from tests.support.speech import short_english_clips, windows_of
 
@@ -72,15 +72,7 @@ def decode_both(shape: str, dtype: torch.dtype, language: str | None = "en"):
             codes[i] for i in sot_logits[:, language_ids].argmax(dim=-1).tolist()
         ]
     theirs = [
-        hf_greedy(
-            hf,
-            mels[i : i + 1],
-            requests[i].prompt_tokens,
-            NEW_TOKENS,
-            loaded.tokenizer.special.eot,
-            engine.rules.suppress_token_ids,
-            engine.rules.begin_suppress_token_ids,
-        )
+        hf_greedy_as_engine(hf, mels[i : i + 1], engine, requests[i], max_new_tokens=NEW_TOKENS)
         for i in range(NUM_WINDOWS)
     ]
     return ours, theirs

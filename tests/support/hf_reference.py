@@ -66,3 +66,26 @@ def hf_greedy(
     )
     tokens = out[0, len(prompt_tokens) :].tolist()
     return tokens[:-1] if tokens and tokens[-1] == eot else tokens
+
+
+def hf_greedy_as_engine(
+    model: WhisperForConditionalGeneration,
+    input_features: torch.Tensor,
+    engine,
+    request,
+    max_new_tokens: int | None = None,
+) -> list[int]:
+    """hf_greedy with what ``engine`` decodes ``request`` with: its prompt, its length (or
+    ``max_new_tokens``), end of text, the suppression lists and the timestamp rules."""
+    special = engine.tokenizer.special
+    return hf_greedy(
+        model,
+        input_features,
+        request.prompt_tokens,
+        request.max_tokens if max_new_tokens is None else max_new_tokens,
+        special.eot,
+        engine.rules.suppress_token_ids,
+        engine.rules.begin_suppress_token_ids,
+        timestamps=request.options.timestamps,
+        no_timestamps_token=special.no_timestamps,
+    )

@@ -39,7 +39,7 @@ from engine.model.loading import load_model
 from engine.model.whisper import add_layer_norm
 from engine.types import DecodeOptions
 from tests.support.engines import decode_alone
-from tests.support.hf_reference import hf_greedy, hf_model
+from tests.support.hf_reference import hf_greedy_as_engine, hf_model
 from tests.support.paths import REPO_ROOT
 from tests.support.speech import SPEECH_DIR, windows_of
 
@@ -504,17 +504,6 @@ def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whis
         mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
         cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels.to(DEVICE)))[0]
     request, result = decode_alone(engine, cross_kv, DecodeOptions(max_tokens=40))
-    special = loaded.tokenizer.special
-    expected = hf_greedy(
-        reference,
-        mels,
-        request.prompt_tokens,
-        request.max_tokens,
-        special.eot,
-        engine.rules.suppress_token_ids,
-        engine.rules.begin_suppress_token_ids,
-        timestamps=False,
-        no_timestamps_token=special.no_timestamps,
-    )
+    expected = hf_greedy_as_engine(reference, mels, engine, request)
     assert len(result.tokens) > 0
     assert result.tokens == expected

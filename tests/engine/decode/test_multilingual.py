@@ -17,7 +17,7 @@ from engine.model.loading import load_model
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion
-from tests.support.hf_reference import hf_greedy, hf_model
+from tests.support.hf_reference import hf_greedy_as_engine, hf_model
 from tests.support.speech import SPEECH_DIR
 
 
@@ -79,15 +79,7 @@ def test_multilingual_prompts_decode_the_same_tokens_as_transformers(
     )
     engine.submit(request)
     results = run_to_completion(engine)
-    expected = hf_greedy(
-        base_reference,
-        log_mel_spectrogram(audio, 80),
-        request.prompt_tokens,
-        request.max_tokens,
-        base.tokenizer.special.eot,
-        engine.rules.suppress_token_ids,
-        engine.rules.begin_suppress_token_ids,
-    )
+    expected = hf_greedy_as_engine(base_reference, log_mel_spectrogram(audio, 80), engine, request)
     assert results[0].tokens == expected and engine.pool.num_used_blocks == 0
 
 
@@ -136,13 +128,5 @@ def test_a_random_multilingual_model_detects_the_language_transformers_ranks_fir
     task_token = tokenizer.special.translate if task == "translate" else tokenizer.special.transcribe
     assert results[0].language == expected_language
     assert request.prompt_tokens[1:3] == [tokenizer.language_tokens[expected_language], task_token]
-    expected = hf_greedy(
-        reference,
-        mels,
-        request.prompt_tokens,
-        request.max_tokens,
-        tokenizer.special.eot,
-        engine.rules.suppress_token_ids,
-        engine.rules.begin_suppress_token_ids,
-    )
+    expected = hf_greedy_as_engine(reference, mels, engine, request)
     assert results[0].tokens == expected and engine.pool.num_used_blocks == 0

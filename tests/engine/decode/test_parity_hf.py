@@ -12,7 +12,7 @@ from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram
 from engine.model.loading import load_model
 from engine.types import DecodeOptions
 from tests.support.engines import cross_kv_of, decode_alone, engine_with
-from tests.support.hf_reference import hf_greedy, hf_model
+from tests.support.hf_reference import hf_greedy_as_engine, hf_model
 from tests.support.speech import SPEECH_DIR, short_english_clips, windows_of
 
 
@@ -48,18 +48,7 @@ def test_random_small_whisper_decodes_the_same_tokens_as_transformers(
         mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
         cross_kv = encoder.cross_kv(loaded.model.encoder(mels))[0]
     request, result = decode_alone(engine, cross_kv, options)
-    special = loaded.tokenizer.special
-    expected = hf_greedy(
-        reference,
-        mels,
-        request.prompt_tokens,
-        request.max_tokens,
-        special.eot,
-        engine.rules.suppress_token_ids,
-        engine.rules.begin_suppress_token_ids,
-        timestamps=options.timestamps,
-        no_timestamps_token=special.no_timestamps,
-    )
+    expected = hf_greedy_as_engine(reference, mels, engine, request)
     assert len(result.tokens) > 0
     assert result.tokens == expected
 
@@ -75,7 +64,6 @@ def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
     extractor = WhisperFeatureExtractor(feature_size=tiny_en.weights.dims.n_mels)
     engine = DecoderEngine(tiny_en)
     encoder = EncoderRunner(tiny_en)
-    special = tiny_en.tokenizer.special
     clips = short_english_clips()
     mismatches = []
     for clip in clips:
@@ -85,15 +73,7 @@ def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
         features = torch.from_numpy(
             extractor(samples[:N_SAMPLES], sampling_rate=16000, return_tensors="np").input_features
         )
-        expected = hf_greedy(
-            reference,
-            features,
-            request.prompt_tokens,
-            request.max_tokens,
-            special.eot,
-            engine.rules.suppress_token_ids,
-            engine.rules.begin_suppress_token_ids,
-        )
+        expected = hf_greedy_as_engine(reference, features, engine, request)
         if result.tokens != expected:
             mismatches.append((clip.id, result.text, tiny_en.tokenizer.decode(expected)))
     print(f"tiny.en token-exact with transformers on {len(clips) - len(mismatches)}/{len(clips)} clips")
