@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
-# Issue 7, part (d): the whole Ray Serve app on one GPU (configs/large-v3-one-gpu.yaml: encoder and
-# decoder replicas sharing it, K/V over NIXL) under benchmarks/bench_load.py, with random weights
-# of the large-v3 shape saved by transformers (the real checkpoint cannot be carried to the lent GPU).
+# The whole Ray Serve app on one GPU (configs/<MODEL>-one-gpu.yaml: encoder and decoder replicas
+# sharing it, K/V over NIXL) under benchmarks/bench_load.py, with random weights of the model's
+# shape saved by transformers (the real checkpoints cannot be carried to the lent GPU).
 #
-#   TOKENIZER=<multilingual tokenizer.json> [CLIENTS=48 DURATION=60 WARMUP=10 STARTUP_S=300] \
+#   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
+#     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
 #
 # Prints the time from `serve run` to /ready (a warm-up window through encoder, NIXL and decoder)
-# and the first request's latency after it, then bench_load's table and the decoders' K/V pull
-# times from /metrics.
+# and the first request's latency after it, then bench_load's table for each client count in
+# CLIENTS (priorities by audio length: the 35.5 s clip is batch work), one more run with every
+# request sent as interactive at INTERACTIVE_CLIENTS (empty: none), the decoders' K/V pull times
+# from /metrics, and, with the app stopped, the engine alone on the same weights at the same
+# concurrencies (benchmarks/engine_alone.py).
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${TOKENIZER:?set TOKENIZER to a multilingual Whisper tokenizer.json}"
-CLIENTS=${CLIENTS:-48}
+MODEL=${MODEL:-large-v3}
+CLIENTS=${CLIENTS:-64 128}
+INTERACTIVE_CLIENTS=${INTERACTIVE_CLIENTS-64}
+ENGINE_ALONE=${ENGINE_ALONE:-1}
 DURATION=${DURATION:-60}
 WARMUP=${WARMUP:-10}
 STARTUP_S=${STARTUP_S:-300}
 WORK=${WORK:-/tmp/whisper-app}
 mkdir -p "$WORK"
 
-python3 - "$WORK" "$TOKENIZER" <<'EOF'
+python3 - "$WORK" "$TOKENIZER" "$MODEL" <<'EOF'
 import shutil, sys
 from pathlib import Path
 
@@ -31,11 +38,11 @@ import yaml
 sys.path.insert(0, ".")
 from benchmarks.gpu_models import random_hf_whisper
 
-work, tokenizer = Path(sys.argv[1]), sys.argv[2]
-random_hf_whisper("large-v3", "cpu", torch.bfloat16).save_pretrained(work / "large-v3")
-shutil.copy(tokenizer, work / "large-v3" / "tokenizer.json")
-config = yaml.safe_load(Path("configs/large-v3-one-gpu.yaml").read_text())
-config["applications"][0]["args"]["engine"]["model"] = str(work / "large-v3")
+work, tokenizer, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+random_hf_whisper(model, "cpu", torch.bfloat16).save_pretrained(work / model)
+shutil.copy(tokenizer, work / model / "tokenizer.json")
+config = yaml.safe_load(Path(f"configs/{model}-one-gpu.yaml").read_text())
+config["applications"][0]["args"]["engine"]["model"] = str(work / model)
 (work / "app.yaml").write_text(yaml.safe_dump(config))
 EOF
 
@@ -61,9 +68,27 @@ response = httpx.post("http://localhost:8000/v1/audio/transcriptions", files={"f
                       data={"model": "whisper-1", "temperature_fallback": "false"}, timeout=300)
 print(f"first request after ready: {response.status_code} in {time.perf_counter() - started:.2f} s")
 EOF2
-# shellcheck disable=SC2086
-python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$CLIENTS" --duration-s "$DURATION" \
-  --warmup-s "$WARMUP" ${BENCH_ARGS:-}
-python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
-  | grep -E '^whisper_decoder_(kv_load|tokens|kv_loads)'
-grep -E "prepared in|ready:" "$WORK/serve.log" /tmp/ray/session_latest/logs/serve/*.log 2>/dev/null | tail -5 || true
+metrics() {
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
+    | grep -E '^whisper_(decoder_(kv_load|tokens|kv_loads|busy)|encoder_)' || true
+}
+for clients in $CLIENTS; do
+  echo "== $clients clients, priorities by audio length"
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$clients" --duration-s "$DURATION" \
+    --warmup-s "$WARMUP" ${BENCH_ARGS:-}
+  metrics
+done
+if [[ -n "$INTERACTIVE_CLIENTS" ]]; then
+  echo "== $INTERACTIVE_CLIENTS clients, every request interactive"
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$INTERACTIVE_CLIENTS" \
+    --duration-s "$DURATION" --warmup-s "$WARMUP" --priority interactive ${BENCH_ARGS:-}
+fi
+grep -hE "prepared in|ready:" "$WORK/serve.log" /tmp/ray/session_latest/logs/serve/*.log 2>/dev/null | tail -5 || true
+kill $serve_pid 2>/dev/null || true
+python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+if [[ "$ENGINE_ALONE" == 1 ]]; then
+  echo "== the engine alone on the same weights"
+  python3 benchmarks/engine_alone.py --model "$WORK/$MODEL" --max-num-seqs "${CLIENTS// /,}"
+fi
