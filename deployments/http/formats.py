@@ -45,7 +45,7 @@ def segments_of(transcription: Transcription) -> list[Segment]:
     starts_s = transcription.window_starts_s
     for index, window in enumerate(transcription.windows):
         offset_s = starts_s[index]
-        window_end_s = starts_s[index + 1] if index + 1 < len(starts_s) else transcription.duration_s
+        window_end_s = transcription.window_ends_s[index]
         pieces = window.segments
         if pieces is None:
             pieces = [TimedText(0.0, window_end_s - offset_s, window.text, window.tokens)]
@@ -99,14 +99,20 @@ def to_vtt(segments: list[Segment]) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-def to_verbose_json(transcription: Transcription, task: str, with_words: bool = False) -> dict:
+def to_verbose_json(
+    transcription: Transcription, task: str, with_words: bool = False, with_segments: bool = True
+) -> dict:
+    """OpenAI's verbose_json: ``segments`` unless only word timestamps were asked for, ``words``
+    when they were."""
     segments = segments_of(transcription)
     body = {
         "task": task,
         "language": transcription.language or "",
         "duration": round(transcription.duration_s, 3),
         "text": transcription.text,
-        "segments": [
+    }
+    if with_segments:
+        body["segments"] = [
             {
                 "id": s.id,
                 "seek": round(s.start_s * 100),
@@ -120,8 +126,7 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
                 "no_speech_prob": s.no_speech_prob,
             }
             for s in segments
-        ],
-    }
+        ]
     if with_words:
         # OpenAI's shape: one list for the whole file, each word without its leading space.
         body["words"] = [
@@ -132,7 +137,14 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
     return body
 
 
-def to_response(transcription: Transcription, response_format: str, task: str, with_words: bool) -> Response:
+def to_response(
+    transcription: Transcription,
+    response_format: str,
+    task: str,
+    timestamp_granularities: tuple[str, ...] = (),
+    with_logprobs: bool = False,
+) -> Response:
+    """``with_logprobs``: include[]=logprobs asked for each text token's log-probability (json only)."""
     if response_format == "text":
         return PlainTextResponse(transcription.text + "\n")
     if response_format == "srt":
@@ -140,5 +152,15 @@ def to_response(transcription: Transcription, response_format: str, task: str, w
     if response_format == "vtt":
         return PlainTextResponse(to_vtt(segments_of(transcription)), media_type="text/vtt")
     if response_format == "verbose_json":
-        return JSONResponse(to_verbose_json(transcription, task, with_words=with_words))
+        with_words = "word" in timestamp_granularities
+        with_segments = not timestamp_granularities or "segment" in timestamp_granularities
+        return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
+    if with_logprobs:
+        # OpenAI's shape: the token's text, its log-probability, and the token's UTF-8 bytes.
+        logprobs = [
+            {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
+            for window in transcription.windows
+            for item in window.token_logprobs or []
+        ]
+        return JSONResponse({"text": transcription.text, "logprobs": logprobs})
     return JSONResponse({"text": transcription.text})

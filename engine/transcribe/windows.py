@@ -47,6 +47,8 @@ class Transcription:
     duration_s: float
     windows: list[DecodeResult]  # one per window, in order
     window_starts_s: list[float]  # where each window starts on the file's timeline
+    # Where each window ends; the next one's start unless speech detection left audio out between.
+    window_ends_s: list[float]
 
 
 def split_windows(samples: np.ndarray) -> list[AudioWindow]:
@@ -79,6 +81,7 @@ def assemble_transcription(
         duration_s=len(samples) / SAMPLE_RATE,
         windows=results,
         window_starts_s=[window.start_s for window in windows],
+        window_ends_s=[window.start_s + len(window.samples) / SAMPLE_RATE for window in windows],
     )
 
 
@@ -111,12 +114,14 @@ class LongFormCursor(ABC):
 
 
 class ParallelCursor(LongFormCursor):
-    """Every window, cut at quiet points (``split_windows``), handed out at once with the same options."""
+    """Every window handed out at once with the same options: the audio cut at quiet points
+    (``split_windows``), or the windows given (those speech detection packed, which may leave
+    audio out)."""
 
-    def __init__(self, samples: np.ndarray, options: DecodeOptions):
+    def __init__(self, samples: np.ndarray, options: DecodeOptions, windows: list[AudioWindow] | None = None):
         self.samples = samples
         self.options = options
-        self.windows = split_windows(samples)
+        self.windows = split_windows(samples) if windows is None else windows
         self.results: list[DecodeResult] = []
         self._handed_out = False
 
@@ -207,7 +212,15 @@ class SequentialCursor(LongFormCursor):
         return assemble_transcription(self.samples, self.windows, self.results)
 
 
-def long_form_cursor(samples: np.ndarray, options: DecodeOptions, mode: LongFormMode) -> LongFormCursor:
+def long_form_cursor(
+    samples: np.ndarray,
+    options: DecodeOptions,
+    mode: LongFormMode,
+    windows: list[AudioWindow] | None = None,
+) -> LongFormCursor:
+    """The cursor for ``mode``; ``windows`` (parallel only) replaces cutting at quiet points."""
     if mode == "sequential":
+        if windows is not None:
+            raise ValueError("sequential long-form seeks through the whole file; it takes no windows")
         return SequentialCursor(samples, options)
-    return ParallelCursor(samples, options)
+    return ParallelCursor(samples, options, windows)
