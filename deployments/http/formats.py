@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.decode.fallback import compression_ratio
+from engine.model.audio import SAMPLE_RATE
 from engine.transcribe.windows import Transcription
 from engine.types import TimedText
 
@@ -42,25 +43,29 @@ def segments_of(transcription: Transcription) -> list[Segment]:
     """The transcript's segments on the file's timeline: Whisper's timestamp segments when the
     windows were decoded with timestamps, else one segment per window."""
     segments: list[Segment] = []
-    starts_s = transcription.window_starts_s
-    for index, window in enumerate(transcription.windows):
-        offset_s = starts_s[index]
-        window_end_s = transcription.window_ends_s[index]
+    for window, timeline in zip(transcription.windows, transcription.timelines):
+        window_s = timeline.num_samples / SAMPLE_RATE
         pieces = window.segments
         if pieces is None:
-            pieces = [TimedText(0.0, window_end_s - offset_s, window.text, window.tokens)]
+            pieces = [TimedText(0.0, window_s, window.text, window.tokens)]
         for piece in pieces:
             if not piece.text.strip():
                 continue
-            start_s = min(offset_s + piece.start_s, window_end_s)
-            end_s = min(max(offset_s + piece.end_s, start_s), window_end_s)
+            # Clamped to the window's audio (Whisper may time text into the padding after it),
+            # then placed on the file's timeline.
+            piece_start_s = min(piece.start_s, window_s)
+            piece_end_s = min(max(piece.end_s, piece_start_s), window_s)
+            start_s, end_s = timeline.file_span_s(piece_start_s, piece_end_s)
             words = None
             if piece.words is not None:
                 words = []
                 for word in piece.words:
-                    word_start_s = min(max(offset_s + word.start_s, start_s), end_s)
-                    word_end_s = min(max(offset_s + word.end_s, word_start_s), end_s)
-                    words.append(Word(word.word, round(word_start_s, 3), round(word_end_s, 3)))
+                    word_start_s = min(max(word.start_s, piece_start_s), piece_end_s)
+                    word_end_s = min(max(word.end_s, word_start_s), piece_end_s)
+                    file_start_s, file_end_s = timeline.file_span_s(word_start_s, word_end_s)
+                    file_start_s, file_end_s = max(file_start_s, start_s), min(file_end_s, end_s)
+                    file_end_s = max(file_end_s, file_start_s)
+                    words.append(Word(word.word, round(file_start_s, 3), round(file_end_s, 3)))
             segments.append(
                 Segment(
                     id=len(segments),

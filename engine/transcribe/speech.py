@@ -2,9 +2,9 @@
 regions of a file that hold speech -> windows of at most 30 s packed from them.
 
 Long audio is then cut where speech is, not at fixed or quiet points, and stretches without speech
-are never encoded or decoded: no compute spent on them and no text hallucinated from them. Windows
-are spans of the original audio (as faster-whisper's batched pipeline packs them), so a window's
-timestamps land on the file's timeline with its start offset alone.
+are never encoded or decoded: no compute spent on them and no text hallucinated from them. A window
+is the speech of several regions played one after another (as faster-whisper's VAD filter packs
+them), keeping where each piece came from so timestamps land on the file's timeline.
 """
 
 from __future__ import annotations
@@ -94,10 +94,11 @@ def detect_speech(samples: np.ndarray, options: SpeechOptions) -> list[SpeechReg
 
 
 def speech_windows(samples: np.ndarray, regions: list[SpeechRegion]) -> list[AudioWindow]:
-    """Windows of at most 30 s, each a span of the audio from one region's start to a later
-    region's end, packing as many whole regions as fit; audio between windows is left out. A region
-    longer than 30 s is cut at its quiet points, as audio without speech detection is."""
-    pieces: list[tuple[int, int]] = []
+    """Windows of at most 30 s, each the audio of as many whole regions as fit, played one after
+    another; the audio between regions is left out. A region longer than 30 s is cut at its
+    quiet points, as audio without speech detection is. Each window keeps where its pieces lie in
+    the file, so its timestamps map back to the file's timeline."""
+    pieces: list[tuple[int, int]] = []  # (start, end) samples in the file
     for region in regions:
         if region.end_sample - region.start_sample <= N_SAMPLES:
             pieces.append((region.start_sample, region.end_sample))
@@ -106,14 +107,21 @@ def speech_windows(samples: np.ndarray, regions: list[SpeechRegion]) -> list[Aud
             start = region.start_sample + window.start_sample
             pieces.append((start, start + len(window.samples)))
     windows: list[AudioWindow] = []
-    span: tuple[int, int] | None = None
+    packed: list[tuple[int, int]] = []
     for start, end in pieces:
-        if span is not None and end - span[0] <= N_SAMPLES:
-            span = (span[0], end)
-            continue
-        if span is not None:
-            windows.append(AudioWindow(span[0], samples[span[0] : span[1]]))
-        span = (start, end)
-    if span is not None:
-        windows.append(AudioWindow(span[0], samples[span[0] : span[1]]))
+        if packed and sum(e - s for s, e in packed) + end - start > N_SAMPLES:
+            windows.append(_packed_window(samples, packed))
+            packed = []
+        packed.append((start, end))
+    if packed:
+        windows.append(_packed_window(samples, packed))
     return windows
+
+
+def _packed_window(samples: np.ndarray, pieces: list[tuple[int, int]]) -> AudioWindow:
+    offsets = np.cumsum([0] + [end - start for start, end in pieces[:-1]])
+    return AudioWindow(
+        start_sample=pieces[0][0],
+        samples=np.concatenate([samples[start:end] for start, end in pieces]),
+        piece_starts=tuple((int(offset), start) for offset, (start, _) in zip(offsets, pieces)),
+    )
