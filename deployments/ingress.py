@@ -40,6 +40,11 @@ app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper tra
 add_exception_handlers(app)
 
 
+def _model_object(name: str) -> dict:
+    """OpenAI's model object."""
+    return {"id": name, "object": "model", "created": 0, "owned_by": "whisper-disagg"}
+
+
 @serve.ingress(app)
 class Ingress:
     def __init__(self, config: AppConfig, encoder: DeploymentHandle, decoder: DeploymentHandle):
@@ -197,8 +202,3 @@ class Ingress:
         token = header[7:].strip() if header.lower().startswith("bearer ") else ""
         if token not in keys:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-
-
-def _model_object(name: str) -> dict:
-    """OpenAI's model object."""
-    return {"id": name, "object": "model", "created": 0, "owned_by": "whisper-disagg"}
