@@ -103,6 +103,9 @@ def _parse_priority(raw) -> Priority | None:
 
 
 _SERVER_VAD_FIELDS = {"threshold": float, "prefix_padding_ms": int, "silence_duration_ms": int}
+# What OpenAI's API documents for the server_vad fields a client leaves out. "auto" instead takes
+# SpeechOptions' defaults, tuned for offline Whisper (longer regions: whole sentences per region).
+_SERVER_VAD_DEFAULTS = {"threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 200}
 _CHUNKING = "chunking_strategy"
 
 
@@ -144,7 +147,7 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
         raise APIError(
             400, f"Invalid {_CHUNKING}.type '{fields.get('type')}'; expected 'server_vad'.", param=_CHUNKING
         )
-    values = {}
+    values = dict(_SERVER_VAD_DEFAULTS)
     for name, raw in fields.items():
         if name == "type":
             continue
@@ -277,7 +280,9 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         raise APIError(
             400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.", param="long_form"
         )
-    speech = _parse_chunking_strategy(form, SpeechOptions() if config.http.vad_by_default else None)
+    # The server's default applies to parallel long-form only: sequential seeks through all the audio.
+    vad_by_default = config.http.vad_by_default and long_form == "parallel"
+    speech = _parse_chunking_strategy(form, SpeechOptions() if vad_by_default else None)
     if speech is not None and long_form == "sequential":
         raise APIError(
             400,
