@@ -163,10 +163,11 @@ class HTTPLimits(BaseModel):
     )
     vad_by_default: bool = Field(
         False,
-        description="requests that send no `chunking_strategy` get Silero VAD as with "
-        "chunking_strategy=auto: windows packed from detected speech, no-speech stretches not decoded. "
-        "Costs about 4 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md); off keeps "
-        "OpenAI's behaviour for whisper-1, which cuts every request's audio without speech detection",
+        description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
+        "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
+        "decoded. Costs 3.4 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md, "
+        "bench_ingest.py); off keeps OpenAI's behaviour for whisper-1, which cuts every request's audio "
+        "without speech detection",
     )
     api_keys: list[str] = Field(
         default_factory=list,
