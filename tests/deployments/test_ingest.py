@@ -164,6 +164,21 @@ def test_45_s_of_silence_streams_a_single_done_event_with_empty_text(server_url)
     assert events == [{"type": "transcript.text.done", "text": ""}]
 
 
+def test_chunking_strategy_sent_as_a_json_string_as_curl_sends_it_is_understood(server_url):
+    silence = encode(np.zeros(45 * SAMPLE_RATE, np.float32), WAV)
+    for strategy, status in [('{"type": "server_vad", "silence_duration_ms": 500}', 200), ("{not json", 400)]:
+        response = httpx.post(
+            f"{server_url}/v1/audio/transcriptions",
+            data={"model": "whisper-1", "chunking_strategy": strategy, "response_format": "verbose_json"},
+            files={"file": ("silence.wav", silence)},
+            timeout=120,
+        )
+        assert response.status_code == status, response.text
+        if status == 200:
+            assert response.json()["text"] == "" and response.json()["segments"] == []
+    assert response.json()["error"]["param"] == "chunking_strategy"
+
+
 def test_a_bad_chunking_strategy_is_a_400_naming_it(client):
     for strategy in ({"type": "client_vad"}, {"type": "server_vad", "threshold": 3}, "sometimes"):
         with pytest.raises(openai.BadRequestError) as refused:
