@@ -19,8 +19,9 @@ import numpy as np
 from engine.errors import AudioDecodeError, AudioTooLongError
 
 SAMPLE_RATE = 16000
-# Whisper's training audio was mixed to mono as the mean of the channels (librosa, transformers);
-# FFmpeg's own downmix weighs each channel by 1/sqrt(2), a louder mix the mel would see as a shift.
+# The resampler keeps the channels (planar float) and we mix them to mono as their mean, as
+# librosa and transformers do for Whisper; FFmpeg's own downmix weighs each channel by 1/sqrt(2),
+# a louder mix that the log-mel would see as a shift.
 _PLANAR_FLOAT = "fltp"
 
 
