@@ -165,7 +165,7 @@ class HTTPLimits(BaseModel):
         False,
         description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
         "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
-        "decoded. Costs 3.4 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md, "
+        "decoded. Costs 3.1 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md, "
         "bench_ingest.py); off keeps OpenAI's behaviour for whisper-1, which cuts every request's audio "
         "without speech detection",
     )

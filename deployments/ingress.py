@@ -175,7 +175,7 @@ class Ingress:
         windows meanwhile. Speech detection belongs here, before the encoder, because it decides
         which windows exist at all: it must see the whole file once (an encoder sees one 30 s
         window and would cut regions at its edges), and a stretch it rules out is never sent,
-        encoded or decoded. It is cheap for that place: about 3.4 s of one core per hour of audio,
+        encoded or decoded. It is cheap for that place: about 3 s of one core per hour of audio,
         against minutes of encoder and decoder time for the same hour.
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.

@@ -87,7 +87,7 @@ def speech_regions(probabilities: np.ndarray, num_samples: int, options: SpeechO
 
 
 def detect_speech(samples: np.ndarray, options: SpeechOptions) -> list[SpeechRegion]:
-    """16 kHz float32 audio -> its speech regions, by Silero VAD. About 3.4 s of one core per hour
+    """16 kHz float32 audio -> its speech regions, by Silero VAD. About 3 s of one core per hour
     of audio (benchmarks/bench_ingest.py)."""
     probabilities = load_silero_vad().speech_probabilities(samples)
     return speech_regions(probabilities, len(samples), options)
