@@ -177,6 +177,14 @@ class HTTPLimits(BaseModel):
         description="requests without a `priority` field are interactive up to this audio length, "
         "batch beyond it",
     )
+    vad_by_default: bool = Field(
+        False,
+        description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
+        "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
+        "decoded. Costs 3.1 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md, "
+        "bench_ingest.py); off keeps OpenAI's behaviour for whisper-1, which cuts every request's audio "
+        "without speech detection",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="when non-empty, requests need `Authorization: Bearer <key>`; also read from "

@@ -32,3 +32,18 @@ class CacheFullError(EngineError, RuntimeError):
 class RetriableError(EngineError, RuntimeError):
     """A request failed for a reason that trying again (re-encoding, another replica) may cure,
     such as a lost cross-attention K/V transfer. The HTTP layer retries or answers 503."""
+
+
+class AudioTooLongError(EngineError, ValueError):
+    """The audio is longer than the caller accepts: its header says so (``claimed``), or decoding
+    produced more samples than allowed and was stopped there."""
+
+    def __init__(self, duration_s: float, max_duration_s: float, claimed: bool):
+        if claimed:
+            message = f"the file's header says it holds {duration_s:.0f} s of audio"
+        else:
+            message = f"the audio runs past {max_duration_s:.0f} s (decoding stopped there)"
+        super().__init__(f"{message}; this server accepts at most {max_duration_s:.0f} s")
+        self.duration_s = duration_s
+        self.max_duration_s = max_duration_s
+        self.claimed = claimed

@@ -41,6 +41,7 @@ class DecodeOptions:
     ignore_eot: bool = False  # benchmarks only: decode exactly max_tokens, end of text or not
     fallback: FallbackOptions | None = None
     word_timestamps: bool = False  # needs timestamps; aligns words with the cross-attention heads
+    token_logprobs: bool = False  # return each text token's log-probability (OpenAI's include[]=logprobs)
 
     def temperatures(self) -> tuple[float, ...]:
         """The temperatures a window may be decoded at, in the order they are tried."""
@@ -97,6 +98,14 @@ class TimedText:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A text token as OpenAI's ``logprobs`` lists it: its text and its log-probability when sampled."""
+
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
 class DecodeResult:
     request_id: str
     tokens: list[int]  # sampled tokens, timestamps included, end of text excluded
@@ -111,3 +120,4 @@ class DecodeResult:
     segments: list[TimedText] | None = None  # with timestamps on: the text cut at timestamp tokens
     compression_ratio: float = 0.0  # of the text: openai-whisper's repetition signal
     no_speech: bool = False  # judged silence by the fallback thresholds: no text is returned
+    token_logprobs: list[TokenLogprob] | None = None  # with options.token_logprobs: its text tokens'

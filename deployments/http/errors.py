@@ -10,8 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from ray.exceptions import RayActorError, RayTaskError
 from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+from starlette.exceptions import HTTPException
 
-from engine.errors import AudioDecodeError, RequestRejectedError, RetriableError
+from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError
 from kv_transfer.base import StagingFullError
 
 logger = logging.getLogger("ray.serve")
@@ -61,6 +62,8 @@ def api_error_of(error: Exception) -> APIError:
         error = error.cause  # raised in another replica: answer for the original error, not Ray's wrapper
     if isinstance(error, APIError):
         return error
+    if isinstance(error, AudioTooLongError):
+        return APIError(413, f"Audio too long: {error}.", param="file", code="audio_too_long")
     if isinstance(error, AudioDecodeError):
         return APIError(400, f"Invalid audio file: {error}", param="file", code="invalid_audio")
     if isinstance(error, RequestRejectedError):
@@ -98,7 +101,20 @@ async def _validation_error(_: Request, error: RequestValidationError) -> JSONRe
     return error_response(APIError(400, message, param=field))
 
 
+async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
+    """FastAPI's own answers (an unknown route, a wrong method) in OpenAI's error shape."""
+    if error.status_code == 404:
+        message = f"Unknown request URL: {request.method} {request.url.path}."
+        return error_response(APIError(404, message, code="unknown_url"))
+    if error.status_code == 405:
+        message = f"Method {request.method} is not allowed for {request.url.path}."
+        return error_response(APIError(405, message, code="method_not_allowed"))
+    return error_response(APIError(error.status_code, str(error.detail)))
+
+
 def add_exception_handlers(app: FastAPI) -> None:
-    """Errors that escape a route, and FastAPI's own validation errors, answer as OpenAI's error JSON."""
+    """Errors that escape a route, FastAPI's own validation errors and its answers for unknown
+    routes, all in OpenAI's error JSON."""
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)

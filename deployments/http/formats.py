@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine.decode.fallback import compression_ratio
+from engine.model.audio import SAMPLE_RATE
 from engine.transcribe.windows import Transcription
 from engine.types import TimedText
 
@@ -42,25 +43,29 @@ def segments_of(transcription: Transcription) -> list[Segment]:
     """The transcript's segments on the file's timeline: Whisper's timestamp segments when the
     windows were decoded with timestamps, else one segment per window."""
     segments: list[Segment] = []
-    starts_s = transcription.window_starts_s
-    for index, window in enumerate(transcription.windows):
-        offset_s = starts_s[index]
-        window_end_s = starts_s[index + 1] if index + 1 < len(starts_s) else transcription.duration_s
+    for window, timeline in zip(transcription.windows, transcription.timelines):
+        window_s = timeline.num_samples / SAMPLE_RATE
         pieces = window.segments
         if pieces is None:
-            pieces = [TimedText(0.0, window_end_s - offset_s, window.text, window.tokens)]
+            pieces = [TimedText(0.0, window_s, window.text, window.tokens)]
         for piece in pieces:
             if not piece.text.strip():
                 continue
-            start_s = min(offset_s + piece.start_s, window_end_s)
-            end_s = min(max(offset_s + piece.end_s, start_s), window_end_s)
+            # Clamped to the window's audio (Whisper may time text into the padding after it),
+            # then placed on the file's timeline.
+            piece_start_s = min(piece.start_s, window_s)
+            piece_end_s = min(max(piece.end_s, piece_start_s), window_s)
+            start_s, end_s = timeline.file_span_s(piece_start_s, piece_end_s)
             words = None
             if piece.words is not None:
                 words = []
                 for word in piece.words:
-                    word_start_s = min(max(offset_s + word.start_s, start_s), end_s)
-                    word_end_s = min(max(offset_s + word.end_s, word_start_s), end_s)
-                    words.append(Word(word.word, round(word_start_s, 3), round(word_end_s, 3)))
+                    word_start_s = min(max(word.start_s, piece_start_s), piece_end_s)
+                    word_end_s = min(max(word.end_s, word_start_s), piece_end_s)
+                    file_start_s, file_end_s = timeline.file_span_s(word_start_s, word_end_s)
+                    file_start_s, file_end_s = max(file_start_s, start_s), min(file_end_s, end_s)
+                    file_end_s = max(file_end_s, file_start_s)
+                    words.append(Word(word.word, round(file_start_s, 3), round(file_end_s, 3)))
             segments.append(
                 Segment(
                     id=len(segments),
@@ -99,14 +104,20 @@ def to_vtt(segments: list[Segment]) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
-def to_verbose_json(transcription: Transcription, task: str, with_words: bool = False) -> dict:
+def to_verbose_json(
+    transcription: Transcription, task: str, with_words: bool = False, with_segments: bool = True
+) -> dict:
+    """OpenAI's verbose_json: ``segments`` unless only word timestamps were asked for, ``words``
+    when they were."""
     segments = segments_of(transcription)
     body = {
         "task": task,
         "language": transcription.language or "",
         "duration": round(transcription.duration_s, 3),
         "text": transcription.text,
-        "segments": [
+    }
+    if with_segments:
+        body["segments"] = [
             {
                 "id": s.id,
                 "seek": round(s.start_s * 100),
@@ -120,8 +131,7 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
                 "no_speech_prob": s.no_speech_prob,
             }
             for s in segments
-        ],
-    }
+        ]
     if with_words:
         # OpenAI's shape: one list for the whole file, each word without its leading space.
         body["words"] = [
@@ -132,7 +142,14 @@ def to_verbose_json(transcription: Transcription, task: str, with_words: bool = 
     return body
 
 
-def to_response(transcription: Transcription, response_format: str, task: str, with_words: bool) -> Response:
+def to_response(
+    transcription: Transcription,
+    response_format: str,
+    task: str,
+    timestamp_granularities: tuple[str, ...] = (),
+    with_logprobs: bool = False,
+) -> Response:
+    """``with_logprobs``: include[]=logprobs asked for each text token's log-probability (json only)."""
     if response_format == "text":
         return PlainTextResponse(transcription.text + "\n")
     if response_format == "srt":
@@ -140,5 +157,15 @@ def to_response(transcription: Transcription, response_format: str, task: str, w
     if response_format == "vtt":
         return PlainTextResponse(to_vtt(segments_of(transcription)), media_type="text/vtt")
     if response_format == "verbose_json":
-        return JSONResponse(to_verbose_json(transcription, task, with_words=with_words))
+        with_words = "word" in timestamp_granularities
+        with_segments = not timestamp_granularities or "segment" in timestamp_granularities
+        return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
+    if with_logprobs:
+        # OpenAI's shape: the token's text, its log-probability, and the token's UTF-8 bytes.
+        logprobs = [
+            {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
+            for window in transcription.windows
+            for item in window.token_logprobs or []
+        ]
+        return JSONResponse({"text": transcription.text, "logprobs": logprobs})
     return JSONResponse({"text": transcription.text})

@@ -4,6 +4,7 @@ wrong answers with an ``APIError`` naming it, as OpenAI's API does.
 """
 
 import asyncio
+import json
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -12,6 +13,7 @@ from starlette.datastructures import FormData
 from deployments.config import AppConfig
 from deployments.http.errors import APIError
 from deployments.http.formats import RESPONSE_FORMATS
+from engine.transcribe.speech import SpeechOptions
 from engine.transcribe.windows import LongFormMode
 from engine.types import DecodeOptions, FallbackOptions, Priority
 
@@ -27,6 +29,7 @@ class TranscriptionForm:
     long_form: LongFormMode
     stream: bool
     priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
+    speech: SpeechOptions | None  # chunking_strategy (or the server's default): windows from speech
 
 
 def _parse_flag(raw, name: str, default: bool) -> bool:
@@ -99,6 +102,91 @@ def _parse_priority(raw) -> Priority | None:
         ) from None
 
 
+_SERVER_VAD_FIELDS = {"threshold": float, "prefix_padding_ms": int, "silence_duration_ms": int}
+# What OpenAI's API documents for the server_vad fields a client leaves out. "auto" instead takes
+# SpeechOptions' defaults, tuned for offline Whisper (longer regions: whole sentences per region).
+_SERVER_VAD_DEFAULTS = {"threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 200}
+_CHUNKING = "chunking_strategy"
+
+
+def _chunking_fields(form: FormData) -> dict | str | None:
+    """OpenAI's ``chunking_strategy`` as sent: "auto", a JSON object (curl), or the bracketed fields
+    the official client flattens an object into (``chunking_strategy[type]=server_vad``)."""
+    nested = {
+        key[len(_CHUNKING) + 1 : -1]: value for key, value in form.items() if key.startswith(f"{_CHUNKING}[")
+    }
+    raw = form.get(_CHUNKING)
+    if nested:
+        return nested
+    if raw in (None, ""):
+        return None
+    if str(raw).strip().startswith("{"):
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            raise APIError(400, f"Invalid {_CHUNKING}: not valid JSON.", param=_CHUNKING) from None
+        if not isinstance(value, dict):
+            raise APIError(400, f'Invalid {_CHUNKING}: expected "auto" or an object.', param=_CHUNKING)
+        return value
+    return str(raw)
+
+
+def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> SpeechOptions | None:
+    """ "auto" or {"type": "server_vad", "threshold", "prefix_padding_ms", "silence_duration_ms"}:
+    windows packed from detected speech; absent: the server's default (http.vad_by_default)."""
+    fields = _chunking_fields(form)
+    if fields is None:
+        return default
+    if fields == "auto":
+        return SpeechOptions()
+    if isinstance(fields, str):
+        raise APIError(
+            400, f"Invalid {_CHUNKING} '{fields}'; expected \"auto\" or a server_vad object.", param=_CHUNKING
+        )
+    if fields.get("type") != "server_vad":
+        raise APIError(
+            400, f"Invalid {_CHUNKING}.type '{fields.get('type')}'; expected 'server_vad'.", param=_CHUNKING
+        )
+    values = dict(_SERVER_VAD_DEFAULTS)
+    for name, raw in fields.items():
+        if name == "type":
+            continue
+        kind = _SERVER_VAD_FIELDS.get(name)
+        if kind is None:
+            raise APIError(
+                400,
+                f"Unknown {_CHUNKING} field '{name}'; expected {', '.join(_SERVER_VAD_FIELDS)}.",
+                param=_CHUNKING,
+            )
+        try:
+            value = kind(float(raw)) if kind is int else kind(raw)
+        except (TypeError, ValueError):
+            value = None
+        valid = value is not None and (0.0 <= value <= 1.0 if name == "threshold" else value >= 0)
+        if not valid:
+            expected = (
+                "a number from 0 to 1" if name == "threshold" else "a whole number of milliseconds >= 0"
+            )
+            raise APIError(400, f"Invalid {_CHUNKING}.{name} '{raw}'; expected {expected}.", param=_CHUNKING)
+        values[name] = value
+    return SpeechOptions(**values)
+
+
+def _parse_include(form: FormData, response_format: str) -> bool:
+    """``include[]``: only 'logprobs', which, as in OpenAI's API, needs response_format json."""
+    include = form.getlist("include[]") or form.getlist("include")
+    for item in include:
+        if item != "logprobs":
+            raise APIError(400, f"Invalid include value '{item}'; expected 'logprobs'.", param="include[]")
+    if include and response_format != "json":
+        raise APIError(
+            400,
+            f"include[]=logprobs is only available with response_format json, not '{response_format}'.",
+            param="include[]",
+        )
+    return bool(include)
+
+
 async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, bytes]:
     """The multipart form and its audio file's bytes, within the upload's size and time limits."""
     limit_bytes = int(config.http.max_upload_mb * 2**20)
@@ -169,6 +257,13 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
                 f"Invalid timestamp_granularities value '{granularity}'; expected 'segment' or 'word'.",
                 param="timestamp_granularities[]",
             )
+    if granularities and response_format != "verbose_json":
+        raise APIError(
+            400,
+            "timestamp_granularities[] is only supported with response_format verbose_json, "
+            f"not '{response_format}'.",
+            param="timestamp_granularities[]",
+        )
     language = form.get("language") or None
     if task == "translate":
         language = None  # translations detect the spoken language and always output English
@@ -184,6 +279,16 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     if long_form not in ("parallel", "sequential"):
         raise APIError(
             400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.", param="long_form"
+        )
+    # The server's default applies to parallel long-form only: sequential seeks through all the audio.
+    vad_by_default = config.http.vad_by_default and long_form == "parallel"
+    speech = _parse_chunking_strategy(form, SpeechOptions() if vad_by_default else None)
+    if speech is not None and long_form == "sequential":
+        raise APIError(
+            400,
+            f"{_CHUNKING} cuts the audio where speech is; long_form 'sequential' seeks through all of "
+            "it instead. Send one of the two.",
+            param=_CHUNKING,
         )
     beam_size = form.get("beam_size")  # vendor field
     if beam_size not in (None, "", "1"):
@@ -220,6 +325,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         word_timestamps=words,
         max_tokens=fixed_tokens,
         ignore_eot=fixed_tokens is not None,
+        token_logprobs=_parse_include(form, response_format),
     )
     return TranscriptionForm(
         data,
@@ -229,4 +335,5 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         long_form,
         stream,
         _parse_priority(form.get("priority")),
+        speech,
     )

@@ -65,6 +65,7 @@ def restart_hotter(request: Request, tokenizer: WhisperTokenizer, undo_draw: tor
     request.epoch += 1
     request.temperature = temperatures[request.attempt]
     request.output_tokens, request.sum_logprob, request.unread_tokens = [], 0.0, 0
+    request.output_logprobs = []
     request.num_computed_tokens = len(request.prompt_tokens) - 1
     request.pending_tokens = request.prompt_tokens[-1:]
     return True

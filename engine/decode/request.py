@@ -49,6 +49,7 @@ class Request:
     cross_kv_loading: bool = False  # its K/V is on its way into its blocks: it sits out the steps
     output_tokens: list[int] = field(default_factory=list)
     sum_logprob: float = 0.0
+    output_logprobs: list[float] = field(default_factory=list)  # one per output token
     no_speech_prob: float | None = None
     language: str | None = None
     generator: torch.Generator | None = None

@@ -12,7 +12,7 @@ from engine.kv.storage import PagedKVStorage
 from engine.model.audio import CHUNK_LENGTH_S
 from engine.model.tokenizer import WhisperTokenizer
 from engine.model.whisper import Whisper
-from engine.types import DecodeResult, FinishReason, TimedText
+from engine.types import DecodeResult, FinishReason, TimedText, TokenLogprob
 
 
 @dataclass
@@ -43,6 +43,14 @@ class ResultBuilder:
             segments = align_words(
                 self.model, self.storage, self.tokenizer, self.alignment_heads, request, segments
             )
+        token_logprobs = None
+        if options.token_logprobs:
+            eot = self.tokenizer.special.eot  # timestamps and special tokens are not text
+            token_logprobs = [
+                TokenLogprob(self.tokenizer.decode([token]), float(logprob))
+                for token, logprob in zip(tokens, request.output_logprobs)
+                if token < eot
+            ]
         return DecodeResult(
             request_id=request.request_id,
             tokens=tokens,
@@ -57,6 +65,7 @@ class ResultBuilder:
             segments=segments,
             compression_ratio=compression_ratio(text),
             no_speech=silent,
+            token_logprobs=token_logprobs,
         )
 
 

@@ -162,6 +162,7 @@ class Scheduler:
                 stopped.append((request, FinishReason.STOP))
                 continue
             request.output_tokens.append(token)
+            request.output_logprobs.append(output.logprobs[row])
             full = output.computed_after[row] + 1 >= self.n_text_ctx
             if len(request.output_tokens) >= request.max_tokens or full:
                 stopped.append((request, FinishReason.LENGTH))

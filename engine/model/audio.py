@@ -1,4 +1,5 @@
-"""Audio front end: encoded bytes -> float32 mono 16 kHz samples -> batched log-mel spectrogram.
+"""Audio front end: float32 mono 16 kHz samples (decoded by engine/model/ffmpeg.py) -> batched
+log-mel spectrogram.
 
 The mel computation follows Whisper's recipe (periodic Hann window of 400 samples, hop 160, power
 spectrum, Slaney mel filters up to 8 kHz, log10 with a dynamic range of 8, scaled by (x + 4) / 4) so
@@ -8,96 +9,20 @@ that it matches transformers' ``WhisperFeatureExtractor`` and the weights traine
 from __future__ import annotations
 
 import functools
-import io
 import math
-import os
 
 import numpy as np
-import soundfile
 import torch
 
-from engine.errors import AudioDecodeError
+# Decoding lives with FFmpeg in engine/model/ffmpeg.py; these names are the front end's public API.
+from engine.model.ffmpeg import SAMPLE_RATE, decode_audio, load_audio_file, resample
 
-SAMPLE_RATE = 16000
+__all__ = ["SAMPLE_RATE", "decode_audio", "load_audio_file", "resample", "log_mel_spectrogram", "pad_or_trim"]
+
 N_FFT = 400
 HOP_LENGTH = 160
 CHUNK_LENGTH_S = 30
 N_SAMPLES = CHUNK_LENGTH_S * SAMPLE_RATE  # 480000 samples in one encoder window
-
-
-def decode_audio(data: bytes) -> np.ndarray:
-    """Any format libsndfile reads (wav, flac, ogg, mp3, ...) -> float32 mono samples at 16 kHz.
-
-    Raises AudioDecodeError for empty input, bytes that are not audio, or non-finite samples; an
-    audio file with zero frames is valid and gives an empty array.
-    """
-    if not data:
-        raise AudioDecodeError("the audio file is empty")
-    try:
-        samples, rate = soundfile.read(io.BytesIO(data), dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, TypeError, ValueError) as error:
-        raise AudioDecodeError(f"could not decode audio: {error}") from None
-    return _to_model_input(samples, rate)
-
-
-def load_audio_file(path: str | os.PathLike) -> np.ndarray:
-    try:
-        with open(path, "rb") as audio_file:
-            data = audio_file.read()
-    except OSError as error:
-        raise AudioDecodeError(f"could not read {os.fspath(path)!r}: {error.strerror}") from None
-    try:
-        return decode_audio(data)
-    except AudioDecodeError as error:
-        raise AudioDecodeError(f"{os.fspath(path)}: {error}") from None
-
-
-def _to_model_input(samples: np.ndarray, rate: int) -> np.ndarray:
-    """[frames, channels] at any rate -> [frames'] mono at 16 kHz."""
-    if samples.shape[0] == 0:
-        return np.zeros(0, dtype=np.float32)
-    if not np.isfinite(samples).all():
-        raise AudioDecodeError("the audio contains NaN or infinite samples")
-    mono = samples.mean(axis=1, dtype=np.float32)
-    return resample(mono, rate, SAMPLE_RATE)
-
-
-def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
-    """Band-limited (windowed-sinc, Hann) polyphase resampling, as torchaudio's default does.
-
-    The filter's cutoff sits just under the lower Nyquist frequency so that downsampling from 44.1
-    or 48 kHz does not alias speech harmonics into the band the mel filters look at.
-    """
-    if orig_rate == new_rate or samples.size == 0:
-        return samples.astype(np.float32, copy=False)
-    divisor = math.gcd(orig_rate, new_rate)
-    orig, new = orig_rate // divisor, new_rate // divisor
-    kernel, width = _sinc_kernel(orig, new)
-    waveform = torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32))
-    length = waveform.shape[0]
-    padded = torch.nn.functional.pad(waveform[None, None], (width, width + orig))
-    # Each of the `new` output phases is a strided convolution with its own shifted kernel.
-    phases = torch.nn.functional.conv1d(padded, kernel, stride=orig)  # [1, new, frames]
-    output = phases[0].transpose(0, 1).reshape(-1)
-    target_length = math.ceil(new * length / orig)
-    return output[:target_length].numpy().astype(np.float32, copy=False)
-
-
-@functools.lru_cache(maxsize=16)
-def _sinc_kernel(
-    orig: int, new: int, zero_crossings: int = 6, rolloff: float = 0.99
-) -> tuple[torch.Tensor, int]:
-    base_rate = min(orig, new) * rolloff
-    width = math.ceil(zero_crossings * orig / base_rate)
-    positions = torch.arange(-width, width + orig, dtype=torch.float64)[None, :] / orig
-    positions = positions + (torch.arange(0, -new, -1, dtype=torch.float64)[:, None] / new)
-    positions = positions * base_rate
-    positions = positions.clamp(-zero_crossings, zero_crossings)
-    window = torch.cos(positions * math.pi / zero_crossings / 2) ** 2
-    positions = positions * math.pi
-    sinc = torch.where(positions == 0, torch.ones_like(positions), torch.sin(positions) / positions)
-    kernel = (sinc * window * base_rate / orig).to(torch.float32)
-    return kernel[:, None, :], width
 
 
 def pad_or_trim(samples: np.ndarray, length: int = N_SAMPLES) -> np.ndarray:

@@ -45,13 +45,15 @@ class ConcatenatedSpeech:
         return len(self.samples) / 16000
 
 
-def concatenate_clips(clips: list[SpeechClip], silence_s: float) -> ConcatenatedSpeech:
-    """Built when needed from the speech set, so no long audio sits in the repository."""
+def concatenate_clips(clips: list[SpeechClip], silence_s: float | list[float]) -> ConcatenatedSpeech:
+    """Built when needed from the speech set, so no long audio sits in the repository.
+    ``silence_s``: after every clip, or a list of the pause after each clip."""
     from engine.model.audio import SAMPLE_RATE, load_audio_file
 
-    silence = np.zeros(round(silence_s * SAMPLE_RATE), dtype=np.float32)
+    pauses_s = silence_s if isinstance(silence_s, list) else [silence_s] * len(clips)
     pieces, starts, ends, position = [], [], [], 0
-    for clip in clips:
+    for clip, pause_s in zip(clips, pauses_s):
+        silence = np.zeros(round(pause_s * SAMPLE_RATE), dtype=np.float32)
         audio = load_audio_file(clip.path)
         starts.append(position / SAMPLE_RATE)
         ends.append((position + len(audio)) / SAMPLE_RATE)
@@ -67,6 +69,16 @@ LONG_FORM_CLIP_IDS = [
     *(f"osr72_{i:02d}" for i in range(1, 11)),
     *(f"tts_{i:02d}" for i in range(1, 7)),
 ]
+
+
+def paused_speech_file(folder: Path, seed: int = 0) -> ConcatenatedSpeech:
+    """Every English clip of the speech set once, in a seeded order, with pauses of 1 to 8 s
+    between them: 5.5 minutes with many pauses, as a meeting or a dictation has."""
+    clips = [clip for clip in load_manifest(folder) if clip.text]
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(clips))
+    pauses_s = [round(float(pause), 2) for pause in rng.uniform(1.0, 8.0, size=len(clips))]
+    return concatenate_clips([clips[index] for index in order], pauses_s)
 
 
 def long_form_file(folder: Path) -> ConcatenatedSpeech:

@@ -21,6 +21,7 @@ from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
 from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
 from engine.model.loading import LoadedModel, load_model
+from engine.transcribe.speech import SpeechOptions, detect_speech, speech_windows
 from engine.transcribe.windows import LongFormMode, Transcription, long_form_cursor
 from engine.types import DecodeOptions, DecodeResult, FinishReason
 
@@ -66,9 +67,16 @@ class Transcriber:
         inputs: Sequence[AudioInput],
         options: DecodeOptions = DecodeOptions(),
         long_form: LongFormMode = "parallel",
+        speech: SpeechOptions | None = None,
     ) -> list[Transcription]:
+        """``speech``: cut each file into windows packed from the speech Silero VAD finds in it,
+        leaving the rest undecoded (parallel long-form only); None: cut at quiet points."""
         self.decoder.make_request(options, cross_source=None)  # fail fast on bad options
-        cursors = [long_form_cursor(to_samples(audio), options, long_form) for audio in inputs]
+        cursors = []
+        for audio in inputs:
+            samples = to_samples(audio)
+            windows = None if speech is None else speech_windows(samples, detect_speech(samples, speech))
+            cursors.append(long_form_cursor(samples, options, long_form, windows))
         # Rounds of what the cursors hand out, the files' windows sharing batches: in parallel mode
         # one round of every window, in sequential mode each file's current window.
         while handed_out := [(cursor, pending) for cursor in cursors for pending in cursor.next_windows()]:

@@ -10,6 +10,7 @@ each window starting where the previous one's finished text ended.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -30,14 +31,68 @@ CUT_SEARCH_S = 5.0
 CUT_FRAME_S = 0.1
 
 
+# A segment or word crossing a join between two packed pieces by less than this is moved off it.
+JOIN_SNAP_S = 0.5
+
+
+@dataclass(frozen=True)
+class WindowTimeline:
+    """Where a window's audio lies in the file: the window is pieces of the file played one after
+    another (one piece, unless speech detection packed it), each starting at (sample in the
+    window, sample in the file)."""
+
+    piece_starts: tuple[tuple[int, int], ...]
+    num_samples: int
+
+    def file_s(self, window_s: float, at_end: bool = False) -> float:
+        """A time in the window -> the same moment on the file's timeline. A time where two pieces
+        join is the end of the first when ``at_end`` (a segment's end), else the next one's start."""
+        position = window_s * SAMPLE_RATE
+        starts = [window_sample for window_sample, _ in self.piece_starts]
+        index = (bisect.bisect_left if at_end else bisect.bisect_right)(starts, position) - 1
+        window_sample, file_sample = self.piece_starts[max(index, 0)]
+        return (file_sample + position - window_sample) / SAMPLE_RATE
+
+    def file_span_s(self, start_s: float, end_s: float) -> tuple[float, float]:
+        """A stretch of the window (a segment, a word) -> its start and end on the file's timeline.
+
+        Whisper times a segment's start a little before its first word and its end a little after
+        its last, so a stretch that crosses a join by less than ``JOIN_SNAP_S`` is taken to belong
+        to the piece it mostly lies in: without that, a sentence that starts just after a join
+        would be dated to the end of the piece before, seconds earlier in the file."""
+        joins_s = [window_sample / SAMPLE_RATE for window_sample, _ in self.piece_starts[1:]]
+        for join_s in joins_s:
+            if start_s < join_s < end_s and join_s - start_s < JOIN_SNAP_S:
+                start_s = join_s
+            if start_s < join_s < end_s and end_s - join_s < JOIN_SNAP_S:
+                end_s = join_s
+        file_start_s = self.file_s(start_s)
+        return file_start_s, max(self.file_s(end_s, at_end=True), file_start_s)
+
+    @property
+    def start_s(self) -> float:
+        return self.file_s(0.0)
+
+    @property
+    def end_s(self) -> float:
+        return self.file_s(self.num_samples / SAMPLE_RATE, at_end=True)
+
+
 @dataclass(frozen=True)
 class AudioWindow:
-    start_sample: int
+    start_sample: int  # in the file
     samples: np.ndarray  # at most N_SAMPLES
+    # Speech detection packs pieces of the file into one window: (sample in the window, sample in
+    # the file) where each begins. None: the window is the file's samples from start_sample on.
+    piece_starts: tuple[tuple[int, int], ...] | None = None
 
     @property
     def start_s(self) -> float:
         return self.start_sample / SAMPLE_RATE
+
+    @property
+    def timeline(self) -> WindowTimeline:
+        return WindowTimeline(self.piece_starts or ((0, self.start_sample),), len(self.samples))
 
 
 @dataclass(frozen=True)
@@ -46,7 +101,17 @@ class Transcription:
     language: str | None
     duration_s: float
     windows: list[DecodeResult]  # one per window, in order
-    window_starts_s: list[float]  # where each window starts on the file's timeline
+    timelines: list[WindowTimeline]  # where each window's audio lies in the file
+
+    @property
+    def window_starts_s(self) -> list[float]:
+        """Where each window starts on the file's timeline."""
+        return [timeline.start_s for timeline in self.timelines]
+
+    @property
+    def window_ends_s(self) -> list[float]:
+        """Where each ends: the next one's start, unless speech detection left audio out between."""
+        return [timeline.end_s for timeline in self.timelines]
 
 
 def split_windows(samples: np.ndarray) -> list[AudioWindow]:
@@ -78,7 +143,7 @@ def assemble_transcription(
         language=results[0].language if results else None,
         duration_s=len(samples) / SAMPLE_RATE,
         windows=results,
-        window_starts_s=[window.start_s for window in windows],
+        timelines=[window.timeline for window in windows],
     )
 
 
@@ -111,12 +176,14 @@ class LongFormCursor(ABC):
 
 
 class ParallelCursor(LongFormCursor):
-    """Every window, cut at quiet points (``split_windows``), handed out at once with the same options."""
+    """Every window handed out at once with the same options: the audio cut at quiet points
+    (``split_windows``), or the windows given (those speech detection packed, which may leave
+    audio out)."""
 
-    def __init__(self, samples: np.ndarray, options: DecodeOptions):
+    def __init__(self, samples: np.ndarray, options: DecodeOptions, windows: list[AudioWindow] | None = None):
         self.samples = samples
         self.options = options
-        self.windows = split_windows(samples)
+        self.windows = split_windows(samples) if windows is None else windows
         self.results: list[DecodeResult] = []
         self._handed_out = False
 
@@ -207,7 +274,15 @@ class SequentialCursor(LongFormCursor):
         return assemble_transcription(self.samples, self.windows, self.results)
 
 
-def long_form_cursor(samples: np.ndarray, options: DecodeOptions, mode: LongFormMode) -> LongFormCursor:
+def long_form_cursor(
+    samples: np.ndarray,
+    options: DecodeOptions,
+    mode: LongFormMode,
+    windows: list[AudioWindow] | None = None,
+) -> LongFormCursor:
+    """The cursor for ``mode``; ``windows`` (parallel only) replaces cutting at quiet points."""
     if mode == "sequential":
+        if windows is not None:
+            raise ValueError("sequential long-form seeks through the whole file; it takes no windows")
         return SequentialCursor(samples, options)
-    return ParallelCursor(samples, options)
+    return ParallelCursor(samples, options, windows)

@@ -1,0 +1,163 @@
+"""Encoded audio -> float32 mono 16 kHz samples, with FFmpeg's demuxers, decoders and resampler
+(through PyAV, whose wheel carries FFmpeg's libraries).
+
+Every container and codec FFmpeg reads is accepted, which covers each format OpenAI's API takes
+(flac, mp3, mp4, mpeg, mpga, m4a, ogg, wav, webm). Decoding is incremental: the samples are counted
+as they come out of the decoder, so a file longer than the caller allows is refused early and a
+compressed file cannot expand into unbounded memory.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+
+import av
+import numpy as np
+
+from engine.errors import AudioDecodeError, AudioTooLongError
+
+SAMPLE_RATE = 16000
+# The resampler keeps the channels (planar float) and we mix them to mono as their mean, as
+# librosa and transformers do for Whisper; FFmpeg's own downmix weighs each channel by 1/sqrt(2),
+# a louder mix that the log-mel would see as a shift.
+_PLANAR_FLOAT = "fltp"
+
+
+def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
+    """Any container and codec FFmpeg reads -> float32 mono samples at 16 kHz, from the file's
+    first audio stream.
+
+    ``max_duration_s`` bounds the work and memory: a file whose header claims more audio, or that
+    decodes into more, raises AudioTooLongError as soon as that is known, not after decoding it
+    all. Raises AudioDecodeError, with a message in words, for empty input, bytes that are not
+    audio, a container without audio, a corrupt stream or non-finite samples; an audio stream
+    with no samples is valid and gives an empty array.
+    """
+    if not data:
+        raise AudioDecodeError("the audio file is empty")
+    try:
+        container = av.open(io.BytesIO(data), mode="r", metadata_errors="ignore")
+    except av.FFmpegError as error:
+        raise AudioDecodeError(
+            f"could not decode audio: the file is truncated, corrupt or in no audio format FFmpeg "
+            f"reads ({_reason(error)})"
+        ) from None
+    with container:
+        if not container.streams.audio:
+            kinds = sorted({stream.type for stream in container.streams})
+            found = f" (it holds {', '.join(kinds)} only)" if kinds else ""
+            raise AudioDecodeError(f"could not decode audio: the file has no audio stream{found}")
+        stream = container.streams.audio[0]
+        if max_duration_s is not None:
+            claimed_s = _claimed_duration_s(container, stream)
+            if claimed_s is not None and claimed_s > max_duration_s:
+                raise AudioTooLongError(claimed_s, max_duration_s, claimed=True)
+        max_samples = None if max_duration_s is None else math.floor(max_duration_s * SAMPLE_RATE)
+        samples = _decode_stream(container, stream, max_samples, max_duration_s)
+    if not np.isfinite(samples).all():
+        raise AudioDecodeError("the audio contains NaN or infinite samples")
+    return samples
+
+
+def _decode_stream(
+    container: av.container.InputContainer,
+    stream: av.AudioStream,
+    max_samples: int | None,
+    max_duration_s: float | None,
+) -> np.ndarray:
+    pieces: list[np.ndarray] = []
+    total = 0
+    resampler: av.AudioResampler | None = None
+    layout = None
+    bad_packets = 0
+    last_error: av.FFmpegError | None = None
+    try:
+        for packet in container.demux(stream):
+            try:
+                frames = packet.decode()
+            except av.FFmpegError as error:
+                # A damaged packet in an otherwise good stream is skipped, as FFmpeg's own command
+                # line does; a stream made of nothing else is refused below.
+                bad_packets += 1
+                last_error = error
+                continue
+            for frame in frames:
+                if resampler is None or frame.layout.name != layout:
+                    if resampler is not None:  # the channel layout changed mid-stream
+                        total += _append(pieces, resampler.resample(None))
+                    layout = frame.layout.name
+                    resampler = av.AudioResampler(format=_PLANAR_FLOAT, layout=layout, rate=SAMPLE_RATE)
+                frame.pts = None  # the resampler times its output itself; broken pts only upset it
+                total += _append(pieces, resampler.resample(frame))
+                if max_samples is not None and total > max_samples:
+                    raise AudioTooLongError(total / SAMPLE_RATE, max_duration_s, claimed=False)
+        if resampler is not None:
+            total += _append(pieces, resampler.resample(None))
+    except av.FFmpegError as error:  # the container itself broke off (truncated, corrupt index)
+        if not pieces:
+            raise AudioDecodeError(
+                f"could not decode audio: the file is corrupt ({_reason(error)})"
+            ) from None
+    if not pieces and bad_packets:
+        raise AudioDecodeError(
+            f"could not decode audio: every one of its {bad_packets} audio packets is corrupt "
+            f"({_reason(last_error)})"
+        )
+    if max_samples is not None and total > max_samples:
+        raise AudioTooLongError(total / SAMPLE_RATE, max_duration_s, claimed=False)
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+
+def _append(pieces: list[np.ndarray], frames: list[av.AudioFrame]) -> int:
+    """Mix each resampled frame to mono (the mean of its channels) onto ``pieces``; returns the
+    number of samples added."""
+    added = 0
+    for frame in frames:
+        planes = frame.to_ndarray()  # [channels, samples], float32
+        mono = planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
+        pieces.append(mono)
+        added += mono.shape[0]
+    return added
+
+
+def _claimed_duration_s(container: av.container.InputContainer, stream: av.AudioStream) -> float | None:
+    """How long the file says its audio is, before decoding; None when it does not say."""
+    if stream.duration is not None and stream.time_base is not None:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None:
+        return container.duration / av.time_base
+    return None
+
+
+def _reason(error: av.FFmpegError | None) -> str:
+    """FFmpeg's reason in words, without the file-name part PyAV adds (a Python object's repr)."""
+    reason = getattr(error, "strerror", None) or "unknown error"
+    return reason[0].lower() + reason[1:].rstrip(".")
+
+
+def load_audio_file(path: str | os.PathLike, max_duration_s: float | None = None) -> np.ndarray:
+    try:
+        with open(path, "rb") as audio_file:
+            data = audio_file.read()
+    except OSError as error:
+        raise AudioDecodeError(f"could not read {os.fspath(path)!r}: {error.strerror}") from None
+    try:
+        return decode_audio(data, max_duration_s)
+    except AudioDecodeError as error:
+        raise AudioDecodeError(f"{os.fspath(path)}: {error}") from None
+
+
+def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
+    """Mono float32 samples at ``orig_rate`` -> at ``new_rate``, with FFmpeg's resampler (swr: a
+    band-limited windowed-sinc filter)."""
+    if orig_rate == new_rate or samples.size == 0:
+        return samples.astype(np.float32, copy=False)
+    frame = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(samples, dtype=np.float32)[None], format="flt", layout="mono"
+    )
+    frame.sample_rate = orig_rate
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=new_rate)
+    out = [*resampler.resample(frame), *resampler.resample(None)]
+    return np.concatenate([piece.to_ndarray().reshape(-1) for piece in out])
