@@ -1,0 +1,164 @@
+"""One live turn of a realtime session: its audio as it arrives, the partial passes that turn the
+audio so far into stable text, and the final pass. Every pass is one window through the same
+``WindowPipeline`` as file requests, at interactive priority, so it shares encoder batches and
+decoder steps with every other stream and file.
+
+A turn longer than one 30 s window is cut at a quiet point (``split_windows``): the first window
+gets its final pass, its text is committed, and the turn carries on in a new window prompted with
+the text committed so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import numpy as np
+
+from deployments.http.pipeline import WindowPipeline
+from deployments.http.realtime_events import SessionSettings, server_event
+from deployments.metrics import ServingMetrics
+from engine.model.audio import N_SAMPLES, SAMPLE_RATE, resample
+from engine.transcribe.agreement import LocalAgreement
+from engine.transcribe.windows import split_windows
+from engine.types import DecodeOptions, FallbackOptions, Priority
+
+logger = logging.getLogger("ray.serve")
+
+Emit = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class LiveTurn:
+    def __init__(
+        self,
+        item_id: str,
+        settings: SessionSettings,
+        pipeline: WindowPipeline,
+        emit: Emit,
+        metrics: ServingMetrics,
+    ):
+        self.item_id = item_id
+        self.settings = settings
+        self.sample_rate_hz = settings.sample_rate_hz  # the client's rate; resampled per pass
+        self.pipeline = pipeline
+        self.emit = emit
+        self.metrics = metrics
+        self.agreement = LocalAgreement()
+        self._chunks: list[np.ndarray] = []
+        self.num_samples = 0  # at the client's rate
+        self._window_start = 0  # the open window's first sample, at the client's rate
+        self._window_prompt = settings.prompt  # the session's prompt; then the text committed before
+        self._pass: asyncio.Task | None = None  # the partial pass (or window carry-over) in flight
+        self._passed_samples = 0  # num_samples when the last pass started
+        self._passes = 0
+        self._carry_in_flight = False  # a carry-over's text is part of the turn's: finish() awaits it
+
+    @property
+    def duration_s(self) -> float:
+        return self.num_samples / self.sample_rate_hz
+
+    @property
+    def pass_in_flight(self) -> bool:
+        return self._pass is not None and not self._pass.done()
+
+    def append(self, samples: np.ndarray) -> None:
+        self._chunks.append(samples)
+        self.num_samples += len(samples)
+
+    def new_audio_s(self) -> float:
+        """Audio that arrived since the last pass started."""
+        return (self.num_samples - self._passed_samples) / self.sample_rate_hz
+
+    def start_partial_pass(self) -> None:
+        """Transcribe the open window again (or, past 30 s, close its first window and carry on)."""
+        self._passed_samples = self.num_samples
+        work = self._carry_over() if self._window_samples_16k_count() > N_SAMPLES else self._partial_pass()
+        self._pass = asyncio.create_task(work)
+
+    async def finish(self) -> str:
+        """The final pass: every delta not sent yet, then the turn's whole text (the deltas joined).
+        A partial pass in flight is dropped, so it never delays the final one; a carry-over in
+        flight is part of the text and is awaited."""
+        if self._pass is not None:
+            if not self._carry_in_flight:
+                self._pass.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._pass
+        while self._window_samples_16k_count() > N_SAMPLES:
+            await self._carry_over()
+        samples = self._window_samples_16k()
+        if len(samples):
+            result = await self._decode("f", samples, final=True)
+            await self._send_delta(self.agreement.finish_window(result.text))
+        return self.agreement.text
+
+    def cancel(self) -> None:
+        """The client cleared the buffer or went away: drop the pass in flight (its decode is
+        aborted and its KV blocks freed)."""
+        if self._pass is not None:
+            self._pass.cancel()
+
+    # ---- passes -------------------------------------------------------------------------------
+
+    async def _partial_pass(self) -> None:
+        started = time.perf_counter()
+        try:
+            result = await self._decode("p", self._window_samples_16k(), final=False)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a partial pass is an extra: the final pass reports failures
+            logger.warning("realtime %s: a partial pass failed", self.item_id, exc_info=True)
+            return
+        self.metrics.observe_partial_pass(time.perf_counter() - started)
+        await self._send_delta(self.agreement.update(result.text))
+
+    async def _carry_over(self) -> None:
+        """Close the open window's first 30 s (cut at a quiet point) with a final pass."""
+        self._carry_in_flight = True
+        try:
+            first = split_windows(self._window_samples_16k())[0]
+            result = await self._decode("c", first.samples, final=True)
+            await self._send_delta(self.agreement.finish_window(result.text))
+            self._window_start += round(len(first.samples) * self.sample_rate_hz / SAMPLE_RATE)
+            self._window_prompt = self.agreement.text or self.settings.prompt
+        finally:
+            self._carry_in_flight = False
+
+    async def _decode(self, kind: str, samples: np.ndarray, final: bool):
+        self._passes += 1
+        options = DecodeOptions(
+            language=self.settings.language,
+            prompt=self._window_prompt or None,
+            # The final pass decodes as the file endpoint does (openai-whisper's fallback), so a
+            # turn's text is the file's text; partial passes are one greedy decode each.
+            fallback=FallbackOptions() if final else None,
+        )
+        window_id = f"{self.item_id}-{kind}{self._passes}"
+        return await self.pipeline.decode_window(window_id, samples, options, Priority.INTERACTIVE)
+
+    async def _send_delta(self, delta: str) -> None:
+        if delta:
+            await self.emit(
+                server_event(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=self.item_id,
+                    content_index=0,
+                    delta=delta,
+                )
+            )
+
+    # ---- audio --------------------------------------------------------------------------------
+
+    def _window_samples_16k(self) -> np.ndarray:
+        if len(self._chunks) > 1:
+            self._chunks = [np.concatenate(self._chunks)]
+        if not self._chunks:
+            return np.zeros(0, dtype=np.float32)
+        return resample(self._chunks[0][self._window_start :], self.sample_rate_hz, SAMPLE_RATE)
+
+    def _window_samples_16k_count(self) -> int:
+        return (self.num_samples - self._window_start) * SAMPLE_RATE // self.sample_rate_hz
