@@ -11,7 +11,6 @@ the text committed so far.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -30,6 +29,10 @@ from engine.types import DecodeOptions, FallbackOptions, Priority
 logger = logging.getLogger("ray.serve")
 
 Emit = Callable[[dict[str, Any]], Awaitable[None]]
+_PASSES: set[asyncio.Task] = set()
+# Fast speech is ~4 tokens a second; a partial pass may decode this many for its audio.
+PARTIAL_TOKENS_BASE = 10
+PARTIAL_TOKENS_PER_S = 6
 
 
 class LiveTurn:
@@ -56,6 +59,7 @@ class LiveTurn:
         self._passed_samples = 0  # num_samples when the last pass started
         self._passes = 0
         self._carry_in_flight = False  # a carry-over's text is part of the turn's: finish() awaits it
+        self._closed = False  # finished or cancelled: partial passes still out are ignored
 
     @property
     def duration_s(self) -> float:
@@ -78,16 +82,18 @@ class LiveTurn:
         self._passed_samples = self.num_samples
         work = self._carry_over() if self._window_samples_16k_count() > N_SAMPLES else self._partial_pass()
         self._pass = asyncio.create_task(work)
+        # The event loop keeps only weak references to tasks: hold each until it is done, however
+        # early the session lets go of this turn.
+        _PASSES.add(self._pass)
+        self._pass.add_done_callback(_PASSES.discard)
 
     async def finish(self) -> str:
         """The final pass: every delta not sent yet, then the turn's whole text (the deltas joined).
-        A partial pass in flight is dropped, so it never delays the final one; a carry-over in
-        flight is part of the text and is awaited."""
-        if self._pass is not None:
-            if not self._carry_in_flight:
-                self._pass.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pass
+        A partial pass in flight is dropped (its text ignored), so it never delays the final one; a
+        carry-over in flight is part of the text and is awaited."""
+        self._closed = True
+        if self._carry_in_flight:
+            await asyncio.wait([self._pass])
         while self._window_samples_16k_count() > N_SAMPLES:
             await self._carry_over()
         samples = self._window_samples_16k()
@@ -97,10 +103,10 @@ class LiveTurn:
         return self.agreement.text
 
     def cancel(self) -> None:
-        """The client cleared the buffer or went away: drop the pass in flight (its decode is
-        aborted and its KV blocks freed)."""
-        if self._pass is not None:
-            self._pass.cancel()
+        """The client cleared the buffer or went away: a pass in flight runs out (cancelling a
+        Serve call between encoder and decoder would strand its staged K/V until the staging's
+        unclaimed timeout) and its text is ignored."""
+        self._closed = True
 
     # ---- passes -------------------------------------------------------------------------------
 
@@ -108,13 +114,12 @@ class LiveTurn:
         started = time.perf_counter()
         try:
             result = await self._decode("p", self._window_samples_16k(), final=False)
-        except asyncio.CancelledError:
-            raise
         except Exception:  # a partial pass is an extra: the final pass reports failures
             logger.warning("realtime %s: a partial pass failed", self.item_id, exc_info=True)
             return
         self.metrics.observe_partial_pass(time.perf_counter() - started)
-        await self._send_delta(self.agreement.update(result.text))
+        if not self._closed:
+            await self._send_delta(self.agreement.update(result.text))
 
     async def _carry_over(self) -> None:
         """Close the open window's first 30 s (cut at a quiet point) with a final pass."""
@@ -130,12 +135,18 @@ class LiveTurn:
 
     async def _decode(self, kind: str, samples: np.ndarray, final: bool):
         self._passes += 1
+        duration_s = len(samples) / SAMPLE_RATE
         options = DecodeOptions(
             language=self.settings.language,
             prompt=self._window_prompt or None,
             # The final pass decodes as the file endpoint does (openai-whisper's fallback), so a
-            # turn's text is the file's text; partial passes are one greedy decode each.
+            # turn's text is the file's text; partial passes are one greedy decode each, capped
+            # near the most words the audio can hold: on a second of audio tiny.en can fall into a
+            # repetition loop that would run to 224 tokens (8 s of CPU) for text no one keeps.
             fallback=FallbackOptions() if final else None,
+            max_tokens=None
+            if final
+            else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s)),
         )
         window_id = f"{self.item_id}-{kind}{self._passes}"
         return await self.pipeline.decode_window(window_id, samples, options, Priority.INTERACTIVE)

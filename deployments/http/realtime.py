@@ -6,7 +6,7 @@ passes run by a ``LiveTurn`` (deployments/http/live_turn.py).
 The session reads client events in one loop and never waits for a pass there: passes run as tasks
 beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
 whose previous pass is still out), and final passes are chained so that turns complete in order.
-When the client goes away every task is cancelled, which aborts its decodes and frees their blocks.
+When the client goes away, passes still out run to their end and free what they hold.
 """
 
 from __future__ import annotations
@@ -281,8 +281,6 @@ class RealtimeSession:
     async def _finish(self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float) -> None:
         try:
             text = await turn.finish()
-        except asyncio.CancelledError:
-            raise
         except Exception as error:
             if previous is not None:
                 await asyncio.wait([previous])
@@ -327,8 +325,8 @@ class RealtimeSession:
         return task
 
     def _release(self) -> None:
-        """The session is over: cancel every pass, which aborts its decode and frees its blocks."""
+        """The session is over. Passes still out run to their end (cancelling one between encoder
+        and decoder would strand its staged K/V until the staging times out): each then frees its
+        blocks, and whatever it would send goes nowhere."""
         if self.turn is not None:
             self.turn.cancel()
-        for task in list(self._tasks):
-            task.cancel()

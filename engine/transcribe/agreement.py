@@ -25,10 +25,19 @@ def _common_prefix_length(first: list[str], second: list[str]) -> int:
 
 
 class LocalAgreement:
-    def __init__(self):
+    """``passes``: how many consecutive hypotheses must agree on a word (whisper_streaming's
+    LocalAgreement-n). Three, not whisper_streaming's two: with tiny.en, two passes over the first
+    second or two of a turn agree on wrong words often enough ("Very very" for "The river") that
+    the text sent would differ from the file endpoint's (measured on the speech set, see
+    tests/engine/transcribe/test_agreement.py); a third pass costs about one partial interval.
+    Words are compared as written, case and punctuation included: a pass that changes a word's
+    form is not yet sure of it ("Hiker" before "hikers")."""
+
+    def __init__(self, passes: int = 3):
+        self.passes = passes
         self.committed: list[str] = []  # the turn's committed words, every window's
         self._window_start = 0  # index in ``committed`` where the open window's words begin
-        self._previous: list[str] | None = None  # the open window's last hypothesis, committed words first
+        self._recent: list[list[str]] = []  # the open window's last hypotheses, committed words first
 
     @property
     def text(self) -> str:
@@ -38,15 +47,15 @@ class LocalAgreement:
     def update(self, window_text: str) -> str:
         """Take a partial pass's text of the open window; returns the delta to send ("" if none)."""
         hypothesis = self.committed[: self._window_start] + window_text.split()
-        previous, self._previous = self._previous, hypothesis
-        if previous is None:
+        self._recent = [*self._recent, hypothesis][-self.passes :]
+        if len(self._recent) < self.passes:
             return ""
         if hypothesis[: len(self.committed)] != self.committed:
             return ""  # this pass heard the committed words differently: it confirms nothing after them
-        agreed = _common_prefix_length(previous, hypothesis)
-        # A word at the end of either pass may be cut off by the audio's end ("year." before
-        # "year, and ..."): commit it only once a later word in both passes confirms it.
-        if agreed == len(previous) or agreed == len(hypothesis):
+        agreed = min(_common_prefix_length(self._recent[0], other) for other in self._recent[1:])
+        # A word at the end of a pass may be cut off by the audio's end ("year." before "year,
+        # and ..."): commit it only once a later word in every pass confirms it.
+        if any(agreed == len(words) for words in self._recent):
             agreed -= 1
         return self._commit(hypothesis[len(self.committed) : max(agreed, len(self.committed))])
 
@@ -57,7 +66,7 @@ class LocalAgreement:
         already = self.committed[self._window_start :]
         delta = self._commit(window_words[_aligned_end(already, window_words) :])
         self._window_start = len(self.committed)
-        self._previous = None
+        self._recent = []
         return delta
 
     def _commit(self, words: list[str]) -> str:

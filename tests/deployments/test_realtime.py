@@ -34,8 +34,10 @@ DEFAULT_CONFIG = CONFIGS_DIR / "default.yaml"
 API_KEY = "realtime-test-key"
 MAX_SESSIONS = 10
 SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
-# One long utterance (11 s), and short ones of two speakers and a synthetic voice.
-CLIP_IDS = ["jfk", "osr72_04", "tts_05", "osr72_08"]
+# Utterances of 2.9 to 4.5 s without pauses inside (a pause longer than silence_duration_ms ends a
+# turn, as it should), a recorded speaker and synthetic voices, that tiny.en transcribes without an
+# error from the file: so live and file texts can be compared word for word.
+CLIP_IDS = ["tts_01", "osr72_04", "tts_11", "tts_28"]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +104,12 @@ def _file_text(client: openai.OpenAI, pcm16: bytes) -> str:
     return client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav.getvalue())).text
 
 
+def metric_sum_plain(server_url: str, name: str) -> float:
+    """A metric without labels, as this ingress replica reports it."""
+    lines = httpx.get(f"{server_url}/metrics", timeout=30).text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
+
+
 def _assert_everything_is_free(server_url: str, within_s: float = 10.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
@@ -135,10 +143,10 @@ def test_server_vad_turns_have_started_deltas_stopped_and_the_file_endpoints_tex
         assert started[index]["audio_start_ms"] < stopped[index]["audio_end_ms"]
         assert abs(stopped[index]["audio_end_ms"] / 1000 - record.speech_audio_ends_s[index]) < 0.6
         assert "".join(delta for _, delta in turn["deltas"]) == turn["text"], "deltas join to the text"
-        if len(utterances[index]) / (2 * REALTIME_RATE_HZ) > 2:
-            assert turn["deltas"] and turn["deltas"][0][0] < record.speech_ends_s[index], (
-                f"{CLIP_IDS[index]}: partial text arrives while the person is still speaking"
-            )
+        stopped_at = next(at for at, e in record.events if e is stopped[index])
+        assert turn["deltas"] and turn["deltas"][0][0] < stopped_at, (
+            f"{CLIP_IDS[index]}: partial text arrives before the turn ends"
+        )
     file_texts = [_file_text(client, pcm16) for pcm16 in utterances]
     live_texts = [turn["text"] for turn in turns]
     references = [next(c.text for c in english_clips() if c.id == clip_id) for clip_id in CLIP_IDS]
@@ -149,7 +157,7 @@ def test_server_vad_turns_have_started_deltas_stopped_and_the_file_endpoints_tex
 
 
 def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(client, server_url):
-    utterances = _utterances(["tts_18", "osr72_01"])
+    utterances = _utterances(["tts_14", "osr72_02"])
     connection = _open(client, None)
     try:
         record = stream_live(connection, utterances, silence_s=0.5, chunk_ms=100, commit=True)
@@ -160,7 +168,7 @@ def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(clien
     assert len(turns) == 2 and len(record.of_type("input_audio_buffer.committed")) == 2
     for turn, pcm16 in zip(turns, utterances):
         assert "".join(delta for _, delta in turn["deltas"]) == turn["text"]
-        assert turn["text"] and word_error_rate([_file_text(client, pcm16)], [turn["text"]]) <= 0.1
+        assert turn["text"] == _file_text(client, pcm16)
     assert turns[0]["deltas"], "a 4 s turn gets partial text before its commit"
 
 
@@ -201,8 +209,7 @@ def test_a_client_that_hangs_up_mid_turn_leaves_nothing_held(client, server_url)
     stream_live(connection, [utterance], chunk_ms=40, stop_after_bytes=int(6.5 * REALTIME_RATE_HZ * 2))
     connection.close()
     _assert_everything_is_free(server_url)
-    metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
-    assert "whisper_realtime_sessions 0.0" in metrics, "the session is gone"
+    assert metric_sum_plain(server_url, "whisper_realtime_sessions") == 0, "the session is gone"
 
 
 def test_a_connection_without_the_api_key_is_refused_and_one_with_it_works(server_url):
@@ -227,7 +234,6 @@ def test_a_connection_without_the_api_key_is_refused_and_one_with_it_works(serve
 
 def test_each_bad_event_gets_an_error_event_and_the_session_survives(client):
     connection = _open(client, None)
-    pcm16 = base64.b64encode(bytes(960)).decode()
     bad_events = [
         ({"type": "response.create"}, "unknown_event_type"),
         ({"type": "input_audio_buffer.append", "audio": "not base64!!"}, "invalid_base64"),
@@ -275,16 +281,23 @@ def test_each_bad_event_gets_an_error_event_and_the_session_survives(client):
             assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["message"]
         connection.send_raw("{not json")
         assert _recv(connection)["error"]["code"] == "invalid_json"
-        # Still serving: a well-formed update answers, audio appends, a commit transcribes.
-        connection.input_audio_buffer.append(audio=pcm16)
+        # Still serving: audio appends and a commit transcribes it.
+        connection.input_audio_buffer.append(audio=base64.b64encode(_utterances(["osr72_05"])[0]).decode())
         connection.input_audio_buffer.commit()
         assert _recv(connection)["type"] == "input_audio_buffer.committed"
-        assert _recv(connection)["type"] == "conversation.item.input_audio_transcription.completed"
+        while (event := _recv(connection))["type"].endswith(".delta"):
+            pass
+        assert event["type"] == "conversation.item.input_audio_transcription.completed"
+        assert event["transcript"] == "Small children came to see him."
     finally:
         connection.close()
 
 
-def test_beyond_max_sessions_a_connection_gets_an_error_event_and_a_1013_close(client):
+def test_beyond_max_sessions_a_connection_gets_an_error_event_and_a_1013_close(client, server_url):
+    deadline = time.monotonic() + 10
+    while metric_sum_plain(server_url, "whisper_realtime_sessions") > 0:  # earlier tests' sessions
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
     connections = [_connect(client).enter() for _ in range(MAX_SESSIONS)]
     try:
         for connection in connections:
