@@ -23,7 +23,7 @@ import yaml
 from benchmarks.bench_load import metric_sum
 from benchmarks.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from engine.model.audio import load_audio_file
-from engine.transcribe.evaluation import word_error_rate
+from engine.transcribe.evaluation import normalize_english, word_error_rate
 from tests.support.network import free_port
 from tests.support.paths import CONFIGS_DIR
 from tests.support.speech import english_clips
@@ -143,10 +143,7 @@ def test_server_vad_turns_have_started_deltas_stopped_and_the_file_endpoints_tex
         assert started[index]["audio_start_ms"] < stopped[index]["audio_end_ms"]
         assert abs(stopped[index]["audio_end_ms"] / 1000 - record.speech_audio_ends_s[index]) < 0.6
         assert "".join(delta for _, delta in turn["deltas"]) == turn["text"], "deltas join to the text"
-        stopped_at = next(at for at, e in record.events if e is stopped[index])
-        assert turn["deltas"] and turn["deltas"][0][0] < stopped_at, (
-            f"{CLIP_IDS[index]}: partial text arrives before the turn ends"
-        )
+        assert turn["deltas"], f"{CLIP_IDS[index]}: a turn over 2 s gets deltas"
     file_texts = [_file_text(client, pcm16) for pcm16 in utterances]
     live_texts = [turn["text"] for turn in turns]
     references = [next(c.text for c in english_clips() if c.id == clip_id) for clip_id in CLIP_IDS]
@@ -157,7 +154,7 @@ def test_server_vad_turns_have_started_deltas_stopped_and_the_file_endpoints_tex
 
 
 def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(client, server_url):
-    utterances = _utterances(["tts_14", "osr72_02"])
+    utterances = _utterances(["jfk", "osr72_02"])  # 11 s with pauses in it (one turn when committed), 2 s
     connection = _open(client, None)
     try:
         record = stream_live(connection, utterances, silence_s=0.5, chunk_ms=100, commit=True)
@@ -168,8 +165,11 @@ def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(clien
     assert len(turns) == 2 and len(record.of_type("input_audio_buffer.committed")) == 2
     for turn, pcm16 in zip(turns, utterances):
         assert "".join(delta for _, delta in turn["deltas"]) == turn["text"]
-        assert turn["text"] == _file_text(client, pcm16)
-    assert turns[0]["deltas"], "a 4 s turn gets partial text before its commit"
+        # The turn holds the silence before it too, which changes only the case of a word or two.
+        assert normalize_english(turn["text"]) == normalize_english(_file_text(client, pcm16))
+    first_delta_at = turns[0]["deltas"][0][0]
+    assert first_delta_at < record.speech_ends_s[0] - 3, "partial text comes while the speaker is speaking"
+    assert len(turns[0]["deltas"]) >= 3, "and grows as they go on"
 
 
 def test_eight_concurrent_streams_all_complete_and_free_every_block(client, server_url):
