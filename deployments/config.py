@@ -190,6 +190,12 @@ class RealtimeOptions(BaseModel):
         description="how often an open turn's audio so far is transcribed again for partial text; a "
         "stream whose previous pass has not come back skips the pass instead of queueing it",
     )
+    max_partial_passes_in_flight: int = Field(
+        8,
+        ge=1,
+        description="partial passes out at once across this replica's sessions (one encoder batch); "
+        "beyond it streams skip their partial passes, so a final pass never queues behind many",
+    )
     idle_timeout_s: float = Field(
         120.0, gt=0, description="a session with no client event for this long is closed (code 1000)"
     )

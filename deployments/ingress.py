@@ -26,6 +26,7 @@ from deployments.http.errors import (
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
+from deployments.http.live_turn import PartialPassSlots
 from deployments.http.pipeline import WindowPipeline
 from deployments.http.readiness import Readiness
 from deployments.http.realtime import CLOSE_TRY_AGAIN_LATER, RealtimeSession
@@ -53,6 +54,7 @@ class Ingress:
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
+        self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -117,6 +119,7 @@ class Ingress:
                 self.config.accepted_model_names,
                 self.pipeline,
                 self.metrics,
+                self.partial_pass_slots,
                 self.decoder.check_options.remote,
             )
             await session.run()

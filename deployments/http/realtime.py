@@ -23,7 +23,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from deployments.config import RealtimeOptions
 from deployments.http.errors import api_error_of
-from deployments.http.live_turn import LiveTurn
+from deployments.http.live_turn import LiveTurn, PartialPassSlots
 from deployments.http.pipeline import WindowPipeline
 from deployments.http.realtime_events import (
     RealtimeEventError,
@@ -55,8 +55,10 @@ class RealtimeSession:
         model_names: set[str],
         pipeline: WindowPipeline,
         metrics: ServingMetrics,
+        slots: PartialPassSlots,
         check_options,  # async (DecodeOptions) -> None; raises RequestRejectedError
     ):
+        self.slots = slots
         self.websocket = websocket
         self.options = options
         self.model_names = model_names
@@ -265,7 +267,9 @@ class RealtimeSession:
             self.detector.end_turn((self._received_samples - self._detector_origin) / rate)
 
     def _open_turn(self) -> None:
-        self.turn = LiveTurn(new_id("item"), self.settings, self.pipeline, self.emit, self.metrics)
+        self.turn = LiveTurn(
+            new_id("item"), self.settings, self.pipeline, self.emit, self.metrics, self.slots
+        )
 
     async def _commit(self, speech_ended_s: float) -> None:
         turn, self.turn = self.turn, None
@@ -313,7 +317,7 @@ class RealtimeSession:
             turn = self.turn
             if turn is None or turn.new_audio_s() < interval_s / 2:
                 continue
-            if turn.pass_in_flight:
+            if turn.pass_in_flight or not self.slots.available:
                 self.metrics.skipped_partials.inc()  # behind: skip rather than queue
                 continue
             turn.start_partial_pass()
