@@ -1,6 +1,6 @@
 """Live transcription over `GET /v1/realtime?intent=transcription` on the default app
 (configs/default.yaml) on a real local Ray and Serve, spoken to by the official `openai` client's
-realtime connection: speech-set clips streamed at real-time pace as pcm16 24 kHz in 40 ms chunks,
+realtime connection: speech-set clips streamed at real-time pace as pcm16 24 kHz in 20-100 ms chunks,
 with silence between utterances, turns found by the server's Silero VAD or committed by the client.
 """
 
