@@ -82,7 +82,8 @@ def build_whisper_app(config: AppConfig) -> Application:
         ),
     )
     ingress = serve.deployment(Ingress).options(**_deployment_options("WhisperIngress", config.ingress))
-    return ingress.bind(config, encoder.bind(config), decoder.bind(config))
+    decoders = decoder.bind(config)
+    return ingress.bind(config, encoder.bind(config, decoders), decoders)
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -110,7 +110,23 @@ class EncoderOptions(ReplicaOptions):
     # in front of it is first come, first served.
     max_ongoing_requests: int = Field(512, ge=1, description="windows one encoder replica holds at once")
     max_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
-    batch_wait_timeout_ms: float = Field(10.0, ge=0, description="how long a batch waits to fill")
+    batch_wait_timeout_ms: float = Field(
+        10.0, ge=0, description="how long a batch waits to fill while the decoders have room"
+    )
+    busy_batch_wait_ms: float = Field(
+        50.0,
+        ge=0,
+        description="how long a batch waits to fill while the decoders are busy: a window then joins a "
+        "decode batch of many, so a few milliseconds more cost it little, and a fuller encoder batch "
+        "takes less of a shared GPU per window",
+    )
+    decoder_busy_occupancy: float = Field(
+        0.75,
+        gt=0,
+        description="the decoders are busy when the emptiest replica's running and waiting windows reach "
+        "this share of engine.max_num_seqs",
+    )
+    decoder_load_poll_ms: float = Field(100.0, gt=0, description="how often the decoders' load is read")
     target_pending_windows: float = Field(
         16.0,
         gt=0,

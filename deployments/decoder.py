@@ -87,6 +87,12 @@ class DecoderDeployment:
         any window is encoded, so a bad request costs no encoder work)."""
         self.engine.make_request(options, cross_source=None)
 
+    async def occupancy(self) -> float:
+        """Running and waiting windows over ``max_num_seqs``: at or above the encoder's
+        ``decoder_busy_occupancy`` it waits for fuller batches."""
+        stats = self.engine.stats()
+        return (stats.num_running + stats.num_waiting) / self.engine.scheduler.max_num_seqs
+
     async def decode(
         self,
         handle: TransferHandle,

@@ -2,9 +2,16 @@
 stages each window's cross-attention K/V (or encoder states) with the transfer layer.
 
 Windows wait in a queue inside the replica where interactive ones go first (Serve's own
-``serve.batch`` is first come, first served). A batch holds windows of one rank only: on a
-compute-bound device a forward's time grows with its size, so batch windows riding along would
-lengthen every interactive forward.
+``serve.batch`` is first come, first served); batch windows fill the room interactive ones leave in
+a forward, since a window that waits for a later forward holds its request back and spends the GPU
+on one more small batch.
+
+How long a forward waits to fill follows the decoders: encoder and decoder replicas may share a GPU
+(two processes, so CUDA stream priorities cannot order them, and MPS is not something a replica can
+turn on), and there an encoder forward's cost per window falls steeply with its size. While the
+emptiest decoder replica is busy (``encoder.decoder_busy_occupancy``), a new window would join a
+decode batch of many and wait there anyway, so the forward waits up to ``busy_batch_wait_ms`` for
+more windows; while the decoders have room, ``batch_wait_timeout_ms`` keeps short requests fast.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import ray
 import torch
+from ray.serve.handle import DeploymentHandle
 
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
@@ -60,7 +68,7 @@ class EncoderStats:
 
 
 class EncoderDeployment:
-    def __init__(self, config: AppConfig):
+    def __init__(self, config: AppConfig, decoder: DeploymentHandle | None = None):
         if config.encoder.torch_threads:
             torch.set_num_threads(config.encoder.torch_threads)
         self.config = config
@@ -93,12 +101,17 @@ class EncoderDeployment:
         self._in_forward = 0
         self._window_arrived: asyncio.Event | None = None  # made on the replica's event loop, at first use
         self._batch_loop: asyncio.Task | None = None
+        self._decoder = decoder  # read for its load only; windows reach it through the ingress
+        self._decoder_occupancy = 0.0  # as last read; 0 (room) until read, or when the read fails
+        self._load_watch: asyncio.Task | None = None
 
     async def encode(self, job: WindowJob) -> TransferHandle:
         """Encode one window (batched with others waiting meanwhile) and stage its payload."""
         if self._batch_loop is None:
             self._window_arrived = asyncio.Event()
             self._batch_loop = asyncio.create_task(self._run_batches())
+            if self._decoder is not None:
+                self._load_watch = asyncio.create_task(self._watch_decoder_load())
         window = QueuedWindow(job, asyncio.get_running_loop().create_future(), time.monotonic())
         self._queue.append(window)
         self._window_arrived.set()
@@ -113,8 +126,7 @@ class EncoderDeployment:
         while True:
             await self._window_arrived.wait()
             self._window_arrived.clear()
-            if len(self._queue) < max_batch_size:
-                await asyncio.sleep(self.config.encoder.batch_wait_timeout_ms / 1000)  # let a batch fill
+            await self._let_batch_fill(max_batch_size)
             while self._queue:
                 batch = self._next_batch(max_batch_size)
                 self._in_forward = len(batch)
@@ -141,16 +153,40 @@ class EncoderDeployment:
                     else:
                         window.done.set_result(outcome)
 
+    @property
+    def decoders_busy(self) -> bool:
+        return self._decoder_occupancy >= self.config.encoder.decoder_busy_occupancy
+
+    async def _let_batch_fill(self, max_batch_size: int) -> None:
+        """Wait until the queue holds a full batch or the fill time (set by the decoders' load) passes."""
+        encoder = self.config.encoder
+        wait_ms = encoder.busy_batch_wait_ms if self.decoders_busy else encoder.batch_wait_timeout_ms
+        deadline = time.monotonic() + wait_ms / 1000
+        while len(self._queue) < max_batch_size and (left_s := deadline - time.monotonic()) > 0:
+            self._window_arrived.clear()
+            try:
+                await asyncio.wait_for(self._window_arrived.wait(), timeout=left_s)
+            except asyncio.TimeoutError:
+                break
+
+    async def _watch_decoder_load(self) -> None:
+        while True:
+            try:
+                self._decoder_occupancy = await self._decoder.occupancy.remote()
+            except Exception:  # a decoder replica restarting: assume room, so no window waits for it
+                logger.debug("could not read the decoders' load", exc_info=True)
+                self._decoder_occupancy = 0.0
+            await asyncio.sleep(self.config.encoder.decoder_load_poll_ms / 1000)
+
     def _next_batch(self, max_batch_size: int) -> list[QueuedWindow]:
-        """The oldest windows of the best rank waiting: interactive (or aged batch) ones first."""
+        """The oldest interactive (or aged batch) windows waiting, then the oldest batch ones."""
         now = time.monotonic()
         aging_s = self.config.engine.batch_aging_s
 
-        def promoted(window: QueuedWindow) -> bool:
-            return is_promoted(window.job.priority, now - window.arrived_s, aging_s)
+        def rank(window: QueuedWindow) -> int:
+            return 0 if is_promoted(window.job.priority, now - window.arrived_s, aging_s) else 1
 
-        rank = any(promoted(window) for window in self._queue)
-        batch = [window for window in self._queue if promoted(window) == rank][:max_batch_size]
+        batch = sorted(self._queue, key=rank)[:max_batch_size]  # a stable sort: arrival order in a rank
         for window in batch:
             self._queue.remove(window)
         return batch

@@ -51,8 +51,9 @@ class DecodeOptions:
 
 class Priority(str, enum.Enum):
     """Who waits for a request: a person (interactive) or a job (batch). Interactive work is
-    scheduled first; batch work that has waited ``batch_aging_s`` (to be admitted, or to run a
-    step) is scheduled as interactive, so a steady interactive stream cannot starve it."""
+    admitted first; batch work fills the capacity it leaves, and batch work that has waited
+    ``batch_aging_s`` to be admitted ranks as interactive, so a steady interactive stream cannot
+    starve it."""
 
     INTERACTIVE = "interactive"
     BATCH = "batch"

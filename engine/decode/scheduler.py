@@ -9,17 +9,17 @@ in order (the next one waits for room rather than being overtaken, so large prom
 starve); every step runs every admitted request, so a short request never waits for a long one
 to finish.
 
-Priorities: the next request to admit is the oldest interactive one, or the oldest batch one when
-no interactive request waits. A batch request that has waited ``batch_aging_s`` while no batch
-request runs ranks as interactive (so an interactive stream delays batch work by at most that
-long, never forever).
-While interactive requests decode, admitted batch requests sit out the steps (keeping their
-blocks) until they have waited ``batch_aging_s``, then run at every step with them: a step's time
-grows with every sequence in it, so this is what keeps an interactive request's decode as fast
-behind a batch backlog as alone, while batch work loses at most ``batch_aging_s`` to it.
-``interactive_reserved_seqs`` keeps that many sequence slots, and room in the pool for that many
-more requests of the same size, out of batch work's reach, so an interactive request arriving
-behind a batch backlog is admitted at the next step instead of waiting for batch windows to finish.
+Priorities decide admission only; every admitted request runs at every step. The next request to
+admit is the oldest interactive one, or the oldest batch one when no interactive request waits.
+Batch work fills the capacity interactive work leaves: it is admitted only while
+``interactive_reserved_seqs`` sequence slots (and room in the pool for that many more requests of
+its size) stay free, so an interactive request arriving behind a batch backlog is admitted at the
+next step instead of waiting for batch windows to finish. A batch window that cannot be admitted
+waits holding nothing (no blocks, no slot; its K/V stays staged at the encoder), and once admitted
+it is never parked: a window that holds blocks and produces nothing costs the slots and memory
+interactive work could use and only lengthens its own latency. A batch request that has waited
+``batch_aging_s`` while no batch request runs ranks as interactive (so an interactive stream
+delays batch work by at most that long, never forever).
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
@@ -112,14 +112,7 @@ class Scheduler:
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        runnable = [r for r in self.running if not r.cross_kv_loading]
-        batch = [r for r in runnable if is_promoted(r.priority, now - r.waiting_since_s, self.batch_aging_s)]
-        if not batch:
-            # Only batch work runs: all of it, and nothing of it waits now. (While interactive work
-            # runs, a batch request's wait is not reset: once aged it runs at every step until then.)
-            batch = runnable
-            for request in batch:
-                request.waiting_since_s = now
+        batch = [request for request in self.running if not request.cross_kv_loading]
         return ScheduledStep(admitted=admitted, batch=batch)
 
     def _admits_as_interactive(self, request: Request, now: float) -> bool:

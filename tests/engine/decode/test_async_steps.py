@@ -135,9 +135,9 @@ def test_an_aborted_request_ends_at_once_and_the_others_decode_as_without_async_
 
 
 @pytest.mark.slow
-def test_batch_requests_sitting_out_steps_resume_from_the_token_they_sampled_last(tiny_en, clip_kvs):
-    """A batch request that sampled in the last step and then sits out (interactive work came) has
-    a token the device knows and the host read later: it must resume from that token."""
+def test_batch_and_interactive_requests_decoding_side_by_side_end_as_with_each_step_read_first(
+    tiny_en, clip_kvs
+):
     submissions = [
         Submission(
             at_step=0,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.decode.engine import DecoderEngine
+from engine.decode.request import Request, RequestStatus
 from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool
 from engine.kv.sources import CrossKVTensor
@@ -150,10 +151,11 @@ def test_seeded_temperature_sampling_is_reproducible_and_differs_from_greedy(tin
     assert decode(hot) != decode(DecodeOptions(max_tokens=30))
 
 
-def _submit(engine: DecoderEngine, kv: torch.Tensor, request_id: str, priority: Priority) -> None:
+def _submit(engine: DecoderEngine, kv: torch.Tensor, request_id: str, priority: Priority) -> Request:
     request = engine.make_request(DecodeOptions(max_tokens=20), CrossKVTensor(kv), request_id=request_id)
     request.priority = priority
     engine.submit(request)
+    return request
 
 
 def _finish_order(engine: DecoderEngine) -> list[str]:
@@ -194,45 +196,49 @@ def test_reserved_slots_admit_an_interactive_request_at_once_behind_a_batch_back
     assert len(results) == 6 and engine.pool.num_used_blocks == 0, "the batch backlog finishes too"
 
 
-def test_while_an_interactive_request_decodes_admitted_batch_requests_sit_out_the_steps(tiny_en, cross_kvs):
-    engine = engine_with(tiny_en, max_num_seqs=3, batch_aging_s=60)
+def test_batch_requests_admitted_before_an_interactive_one_keep_decoding_beside_it(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=3)
     for i in range(2):
         _submit(engine, cross_kvs[i], f"batch{i}", Priority.BATCH)
     engine.step()
     engine.step()
     _submit(engine, cross_kvs[2], "interactive", Priority.INTERACTIVE)
     engine.step()  # admitted
-    progress = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
-    finished = []
-    while not finished:
-        finished = engine.step()
-        if not finished:
-            assert {
-                r.request_id: r.num_computed_tokens
-                for r in engine.scheduler.running
-                if r.request_id != "interactive"
-            } == {k: v for k, v in progress.items() if k != "interactive"}, "batch requests were stepped"
-    assert [r.request_id for r in finished] == ["interactive"]
-    assert len(run_to_completion(engine)) == 2, "then the batch requests finish"
+    for _ in range(3):
+        before = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
+        engine.step()
+        after = {r.request_id: r.num_computed_tokens for r in engine.scheduler.running}
+        assert all(after[k] > before[k] for k in after), "every admitted request runs at every step"
+    assert len(run_to_completion(engine)) == 3
 
 
-def test_a_batch_request_sitting_out_past_its_aging_runs_at_every_step_beside_interactive_ones(
+def test_under_continuous_interactive_load_a_batch_window_holds_no_blocks_until_admitted_then_runs_every_step(
     tiny_en, cross_kvs
 ):
-    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=1.5)
+    """Two interactive windows always wait for the engine's two slots. The batch window waits holding
+    nothing, ranks as interactive once it has waited batch_aging_s, and then decodes at every step."""
+    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=0.5)
     engine.scheduler.clock = clock = FakeClock()
-    _submit(engine, cross_kvs[0], "batch", Priority.BATCH)
-    engine.step()
-    _submit(engine, cross_kvs[1], "interactive", Priority.INTERACTIVE)
-    engine.step()
-    batch = next(r for r in engine.scheduler.running if r.request_id == "batch")
-    sat_out_at = batch.num_computed_tokens
-    engine.step()
-    assert batch.num_computed_tokens == sat_out_at, "it sits out while young"
-    clock.advance(1.6)
-    for expected_steps in (1, 2, 3):
+    step_s = 0.05
+    batch = _submit(engine, cross_kvs[0], "batch", Priority.BATCH)
+    interactive, steps_waiting, tokens_after_each_step = [], 0, []
+    while batch.finish_reason is None:
+        while sum(r.status == RequestStatus.WAITING for r in interactive) < 2:  # submitted, not admitted
+            kv = cross_kvs[1 + len(interactive) % 15]
+            interactive.append(_submit(engine, kv, f"i{len(interactive)}", Priority.INTERACTIVE))
         engine.step()
-        assert batch.num_computed_tokens == sat_out_at + expected_steps, "aged: it runs at every step"
+        clock.advance(step_s)
+        if batch.status == RequestStatus.WAITING:
+            steps_waiting += 1
+            assert batch.blocks.all_ids() == [], "a waiting batch window holds no blocks"
+        else:
+            tokens_after_each_step.append(batch.num_computed_tokens)
+        assert steps_waiting + len(tokens_after_each_step) < 400
+    # Aged after 10 steps, it takes the next slot an interactive window frees (each runs <= 20 steps).
+    assert steps_waiting <= 0.5 / step_s + 20, "admitted once aged, though interactive work never stopped"
+    running_steps = tokens_after_each_step[:-1]  # the last one is the step it finished in
+    assert all(b > a for a, b in zip(running_steps, running_steps[1:])), "once admitted it runs every step"
+    assert len(interactive) > 4 and engine.pool.num_used_blocks > 0, "interactive work went on meanwhile"
 
 
 def test_block_pool_refuses_double_frees_and_over_allocation():

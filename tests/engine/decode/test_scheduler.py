@@ -76,17 +76,42 @@ def test_batch_work_that_waited_batch_aging_s_ranks_as_interactive_without_sleep
     assert ids(scheduler.schedule().admitted) == ["batch"], "aged batch work is older, so it goes first"
 
 
-def test_admitted_batch_windows_sit_out_steps_while_interactive_work_runs_until_they_age():
+def test_admitted_batch_windows_run_at_every_step_beside_interactive_work():
     scheduler, clock = scheduler_with(num_blocks=12, batch_aging_s=5.0)
     scheduler.add(window("batch", Priority.BATCH))
-    assert ids(scheduler.schedule().batch) == ["batch"], "alone, batch work runs at every step"
+    assert ids(scheduler.schedule().batch) == ["batch"]
     scheduler.add(window("interactive"))
-    clock.now_s = 1.0
-    assert ids(scheduler.schedule().batch) == ["interactive"]
-    clock.now_s = 4.9
-    assert ids(scheduler.schedule().batch) == ["interactive"]
-    clock.now_s = 5.0  # waited 5 s since it last ran, at 0 s
-    assert ids(scheduler.schedule().batch) == ["batch", "interactive"]
+    for now_s in (1.0, 4.9, 5.0):
+        clock.now_s = now_s
+        assert ids(scheduler.schedule().batch) == ["batch", "interactive"], "nothing admitted is parked"
+
+
+def test_a_batch_window_under_steady_interactive_load_waits_holding_nothing_and_then_runs_every_step():
+    scheduler, clock = scheduler_with(num_blocks=9, max_num_seqs=2, batch_aging_s=1.0)
+    batch = window("batch", Priority.BATCH, max_tokens=5)
+    scheduler.add(batch)
+    steps_run: dict[str, int] = {}
+    sent, steps_waiting, batch_steps = 0, 0, []
+    for step in range(100):
+        while scheduler.num_waiting_of(Priority.INTERACTIVE) < 2:  # interactive work never lets up
+            scheduler.add(window(f"i{sent}"))
+            sent += 1
+        ran = ids(scheduler.schedule().batch)
+        if batch.status == RequestStatus.WAITING:
+            steps_waiting += 1
+            assert batch.blocks.all_ids() == [] and "batch" not in ran
+        elif batch.status == RequestStatus.RUNNING:
+            assert "batch" in ran, "admitted, it runs at every step"
+            batch_steps.append(step)
+        for request in list(scheduler.running):
+            steps_run[request.request_id] = steps_run.get(request.request_id, 0) + 1
+            if steps_run[request.request_id] == (5 if request is batch else 3):
+                scheduler.finish(request, FinishReason.LENGTH)
+        clock.advance(0.1)
+    # Aged after 10 steps, it takes the next slot an interactive window frees (each runs 3 steps).
+    assert steps_waiting <= 1.0 / 0.1 + 3, "no starvation: it ranks as interactive once aged"
+    assert len(batch_steps) == 5 and batch_steps == list(range(batch_steps[0], batch_steps[0] + 5))
+    assert batch.status == RequestStatus.FINISHED and sent > 40
 
 
 def test_interactive_reserved_seqs_keep_slots_and_blocks_out_of_batch_works_reach():
