@@ -198,6 +198,44 @@ class HTTPLimits(BaseModel):
         return self
 
 
+class RealtimeOptions(BaseModel):
+    """Live transcription sessions on `GET /v1/realtime?intent=transcription` (OpenAI's Realtime API)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_sessions: int = Field(
+        64,
+        ge=1,
+        description="open sessions per ingress replica; one more gets an error event and a 1013 close",
+    )
+    partial_interval_ms: float = Field(
+        500.0,
+        ge=50,
+        description="how often an open turn's audio so far is transcribed again for partial text; a "
+        "stream whose previous pass has not come back skips the pass instead of queueing it",
+    )
+    max_partial_passes_in_flight: int = Field(
+        8,
+        ge=1,
+        description="partial passes out at once across this replica's sessions (one encoder batch); "
+        "beyond it streams skip their partial passes, so a final pass never queues behind many",
+    )
+    idle_timeout_s: float = Field(
+        120.0, gt=0, description="a session with no client event for this long is closed (code 1000)"
+    )
+    max_turn_s: float = Field(
+        300.0,
+        gt=0,
+        description="a turn (speech or buffered audio) this long is committed as if speech stopped",
+    )
+    max_audio_ahead_s: float = Field(
+        10.0,
+        gt=0,
+        description="how far the audio a client appends may run ahead of the wall clock since the "
+        "session opened; beyond it the chunk is refused with an error event (clients stream live)",
+    )
+
+
 class AppConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -215,6 +253,7 @@ class AppConfig(BaseModel):
         default_factory=lambda: ReplicaOptions(num_cpus=0.5, max_ongoing_requests=1024)
     )
     http: HTTPLimits = Field(default_factory=HTTPLimits)
+    realtime: RealtimeOptions = Field(default_factory=RealtimeOptions)
 
     @field_validator("served_model_names")
     @classmethod

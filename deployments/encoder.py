@@ -140,6 +140,12 @@ class EncoderDeployment:
                 finally:
                     self._in_forward = 0
                 for window, outcome in zip(batch, outcomes):
+                    if window.done.cancelled() and isinstance(outcome, TransferHandle):
+                        # Its caller went away during the forward (a client that hung up): no
+                        # decoder will pull this; free it now rather than when the unclaimed
+                        # timeout expires.
+                        self.sender.release(outcome.request_id)
+                        continue
                     if window.done.done():
                         continue
                     if isinstance(outcome, Exception):

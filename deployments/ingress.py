@@ -12,7 +12,7 @@ import time
 from functools import partial
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -27,14 +27,19 @@ from deployments.http.errors import (
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
+from deployments.http.live_turn import PartialPassSlots
 from deployments.http.pipeline import WindowPipeline
 from deployments.http.readiness import Readiness
+from deployments.http.realtime import CLOSE_TRY_AGAIN_LATER, RealtimeSession
+from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics
 from engine.model.audio import SAMPLE_RATE, decode_audio
 from engine.transcribe.speech import detect_speech, speech_windows
 from engine.transcribe.windows import AudioWindow, long_form_cursor
 from engine.types import Priority
+
+SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper transcription on Ray Serve")
 add_exception_handlers(app)
@@ -55,6 +60,8 @@ class Ingress:
         self.readiness = Readiness(self.pipeline)
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
+        self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
+        self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -84,6 +91,53 @@ class Ingress:
                 code="model_not_found",
             )
         return JSONResponse(_model_object(model_id))
+
+    @app.websocket("/v1/realtime")
+    async def realtime(self, websocket: WebSocket) -> None:
+        offered = websocket.scope.get("subprotocols") or []
+        if not self._key_accepted(websocket.headers.get("authorization", ""), offered):
+            await websocket.close(code=1008)  # before the upgrade: the client gets HTTP 403
+            return
+        # Browsers authenticate with a subprotocol; the handshake must then echo one they offered.
+        await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+        refusal = None
+        if websocket.query_params.get("intent") != "transcription":
+            refusal = (
+                RealtimeEventError(
+                    "unsupported_intent",
+                    "This server speaks transcription sessions only: ?intent=transcription.",
+                ),
+                1008,
+            )
+        elif self.realtime_sessions >= self.config.realtime.max_sessions:
+            refusal = (
+                RealtimeEventError(
+                    "session_limit_reached",
+                    f"This server replica holds {self.config.realtime.max_sessions} sessions already; "
+                    "retry shortly.",
+                ),
+                CLOSE_TRY_AGAIN_LATER,
+            )
+        if refusal is not None:
+            await websocket.send_json(error_event(refusal[0]))
+            await websocket.close(code=refusal[1])
+            return
+        self.realtime_sessions += 1
+        self.metrics.realtime_sessions.inc()
+        try:
+            session = RealtimeSession(
+                websocket,
+                self.config.realtime,
+                self.config.accepted_model_names,
+                self.pipeline,
+                self.metrics,
+                self.partial_pass_slots,
+                self.decoder.check_options.remote,
+            )
+            await session.run()
+        finally:
+            self.realtime_sessions -= 1
+            self.metrics.realtime_sessions.dec()
 
     @app.get("/health")
     async def health(self) -> Response:
@@ -195,10 +249,19 @@ class Ingress:
         self.metrics.observe_request(route, status, time.perf_counter() - started, audio_s)
 
     def _authorize(self, request: Request) -> None:
+        if not self._key_accepted(request.headers.get("authorization", "")):
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+
+    def _key_accepted(self, authorization: str, subprotocols: list[str] = ()) -> bool:
+        """With http.api_keys set: the `Authorization: Bearer` header, or (WebSockets from a
+        browser, which cannot set headers) an `openai-insecure-api-key.<key>` subprotocol."""
         keys = self.config.http.api_keys
         if not keys:
-            return
-        header = request.headers.get("authorization", "")
-        token = header[7:].strip() if header.lower().startswith("bearer ") else ""
-        if token not in keys:
-            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+            return True
+        presented = [authorization[7:].strip()] if authorization.lower().startswith("bearer ") else []
+        presented += [
+            p.removeprefix(SUBPROTOCOL_KEY_PREFIX)
+            for p in subprotocols
+            if p.startswith(SUBPROTOCOL_KEY_PREFIX)
+        ]
+        return any(key in keys for key in presented)

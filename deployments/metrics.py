@@ -90,6 +90,34 @@ class ServingMetrics:
             registry=self.registry,
         )
 
+        # Realtime sessions (deployments/http/realtime.py), this ingress replica's own.
+        self.realtime_sessions = Gauge(
+            "whisper_realtime_sessions", "open realtime transcription sessions", registry=self.registry
+        )
+        self.partial_pass_latency = Histogram(
+            "whisper_realtime_partial_pass_seconds",
+            "a partial pass of a live turn, from its start to its text",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.final_latency = Histogram(
+            "whisper_realtime_final_latency_seconds",
+            "from the end of a turn (speech_stopped, or the client's commit) to its completed event",
+            buckets=LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.skipped_partials = Counter(
+            "whisper_realtime_partial_passes_skipped",
+            "partial passes skipped because the stream's previous pass had not come back",
+            registry=self.registry,
+        )
+
+    def observe_partial_pass(self, latency_s: float) -> None:
+        self.partial_pass_latency.observe(latency_s)
+
+    def observe_final(self, latency_s: float) -> None:
+        self.final_latency.observe(latency_s)
+
     def observe_request(self, route: str, status: int, latency_s: float, audio_s: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(latency_s)

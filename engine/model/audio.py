@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 # Decoding lives with FFmpeg in engine/model/ffmpeg.py; these names are the front end's public API.
+from engine.errors import AudioDecodeError
 from engine.model.ffmpeg import SAMPLE_RATE, decode_audio, load_audio_file, resample
 
 __all__ = ["SAMPLE_RATE", "decode_audio", "load_audio_file", "resample", "log_mel_spectrogram", "pad_or_trim"]
@@ -77,3 +78,33 @@ def log_mel_spectrogram(samples: torch.Tensor, n_mels: int) -> torch.Tensor:
     peak = log_spec.amax(dim=(-2, -1), keepdim=True)
     log_spec = torch.maximum(log_spec, peak - 8.0)
     return (log_spec + 4.0) / 4.0
+
+
+def pcm16_to_float(data: bytes) -> np.ndarray:
+    """Little-endian signed 16-bit PCM (OpenAI's realtime `pcm16`) -> float32 in [-1, 1)."""
+    if len(data) % 2:
+        raise AudioDecodeError(f"pcm16 audio needs an even number of bytes; got {len(data)}")
+    return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+
+def _g711_ulaw_table() -> np.ndarray:
+    codes = ~np.arange(256, dtype=np.int32) & 0xFF  # µ-law bytes are sent inverted
+    exponent, mantissa = (codes >> 4) & 0x07, codes & 0x0F
+    magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    return np.where(codes & 0x80, -magnitude, magnitude).astype(np.float32) / 32768.0
+
+
+def _g711_alaw_table() -> np.ndarray:
+    codes = np.arange(256, dtype=np.int32) ^ 0x55  # A-law inverts every other bit
+    exponent, mantissa = (codes >> 4) & 0x07, codes & 0x0F
+    magnitude = np.where(exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << (exponent - 1))
+    return np.where(codes & 0x80, magnitude, -magnitude).astype(np.float32) / 32768.0
+
+
+# ITU-T G.711 expansion, one table per law: 8-bit codes -> linear samples (8 kHz telephone audio).
+G711_TABLES = {"ulaw": _g711_ulaw_table(), "alaw": _g711_alaw_table()}
+
+
+def g711_to_float(data: bytes, law: str) -> np.ndarray:
+    """G.711 µ-law (`ulaw`) or A-law (`alaw`) bytes -> float32 samples at their own rate (8 kHz)."""
+    return G711_TABLES[law][np.frombuffer(data, dtype=np.uint8)]

@@ -15,9 +15,11 @@ from engine.model.audio import (
     N_SAMPLES,
     SAMPLE_RATE,
     decode_audio,
+    g711_to_float,
     load_audio_file,
     log_mel_spectrogram,
     pad_or_trim,
+    pcm16_to_float,
     resample,
 )
 from tests.support.speech import english_clips
@@ -121,3 +123,19 @@ def test_non_finite_samples_raise_audio_decode_error():
 def test_a_missing_file_raises_audio_decode_error_naming_it(tmp_path):
     with pytest.raises(AudioDecodeError, match="nowhere.wav"):
         load_audio_file(tmp_path / "nowhere.wav")
+
+
+@pytest.mark.parametrize("law, subtype", [("ulaw", "ULAW"), ("alaw", "ALAW")])
+def test_g711_bytes_decode_as_libsndfile_decodes_them(law, subtype):
+    speech = resample(load_audio_file(english_clips()[0].path), SAMPLE_RATE, 8000)
+    wav = encode(speech, 8000, "WAV", subtype)
+    raw = encode(speech, 8000, "RAW", subtype)  # the bare G.711 bytes a telephony client sends
+    reference, _ = soundfile.read(io.BytesIO(wav), dtype="float32")
+    assert np.array_equal(g711_to_float(raw, law), reference)
+
+
+def test_pcm16_bytes_decode_to_floats_and_an_odd_byte_count_is_refused():
+    samples = np.array([0, 16384, -32768, 32767], dtype="<i2")
+    assert pcm16_to_float(samples.tobytes()).tolist() == [0.0, 0.5, -1.0, 32767 / 32768]
+    with pytest.raises(AudioDecodeError, match="even number of bytes"):
+        pcm16_to_float(b"\x00\x01\x02")

@@ -1,0 +1,336 @@
+"""A realtime transcription session on `GET /v1/realtime?intent=transcription`: OpenAI's Realtime
+API events over one WebSocket (deployments/http/realtime_events.py), audio cut into turns by the
+server's VAD (engine/transcribe/turn_detection.py) or by the client's commits, and each turn's
+passes run by a ``LiveTurn`` (deployments/http/live_turn.py).
+
+The session reads client events in one loop and never waits for a pass there: passes run as tasks
+beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
+whose previous pass is still out), and final passes are chained so that turns complete in order.
+When the client goes away, passes still out run to their end and free what they hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import WebSocket, WebSocketDisconnect
+
+from deployments.config import RealtimeOptions
+from deployments.http.errors import api_error_of
+from deployments.http.live_turn import LiveTurn, PartialPassSlots
+from deployments.http.pipeline import WindowPipeline
+from deployments.http.realtime_events import (
+    RealtimeEventError,
+    SessionSettings,
+    decode_audio_chunk,
+    error_event,
+    new_id,
+    server_event,
+    session_event,
+    updated_settings,
+)
+from deployments.metrics import ServingMetrics
+from engine.model.audio import SAMPLE_RATE, resample
+from engine.model.vad import load_silero_vad
+from engine.transcribe.turn_detection import SpeechStarted, TurnDetector
+from engine.types import DecodeOptions
+
+logger = logging.getLogger("ray.serve")
+
+CLOSE_NORMAL = 1000
+CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455: the server is overloaded
+
+
+class RealtimeSession:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        options: RealtimeOptions,
+        model_names: set[str],
+        pipeline: WindowPipeline,
+        metrics: ServingMetrics,
+        slots: PartialPassSlots,
+        check_options,  # async (DecodeOptions) -> None; raises RequestRejectedError
+    ):
+        self.slots = slots
+        self.websocket = websocket
+        self.options = options
+        self.model_names = model_names
+        self.pipeline = pipeline
+        self.metrics = metrics
+        self.check_options = check_options
+        self.session_id = new_id("sess")
+        self.settings = SessionSettings()
+        self.detector: TurnDetector | None = None
+        self.turn: LiveTurn | None = None
+        self._received_samples = 0  # audio appended so far, at the client's rate
+        self._recent: list[np.ndarray] = []  # between turns: the last audio, for a turn's prefix padding
+        self._recent_start = 0  # sample index of _recent's first sample
+        self._last_item_id: str | None = None
+        self._final: asyncio.Task | None = None  # the newest turn's final pass; each awaits the one before
+        self._tasks: set[asyncio.Task] = set()
+        self._send_lock = asyncio.Lock()
+        self._opened_s = time.monotonic()
+        self._configure_turn_detection()
+
+    async def run(self) -> None:
+        """Serve the session until the client goes away or is idle too long; then free everything."""
+        await self.emit(session_event("session.created", self.session_id, self.settings))
+        ticker = asyncio.create_task(self._partial_passes())
+        try:
+            while True:
+                try:
+                    message = await asyncio.wait_for(self.websocket.receive(), self.options.idle_timeout_s)
+                except asyncio.TimeoutError:
+                    error = RealtimeEventError(
+                        "idle_timeout",
+                        f"No event for {self.options.idle_timeout_s:g} s; closing the session.",
+                    )
+                    await self.emit(error_event(error))
+                    await self.websocket.close(CLOSE_NORMAL)
+                    return
+                if message["type"] == "websocket.disconnect":
+                    return
+                await self._handle(message)
+        except WebSocketDisconnect:
+            return
+        finally:
+            ticker.cancel()
+            self._release()
+
+    async def emit(self, event: dict[str, Any]) -> None:
+        async with self._send_lock:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client is gone
+                await self.websocket.send_text(json.dumps(event))
+
+    # ---- client events ------------------------------------------------------------------------
+
+    async def _handle(self, message: dict[str, Any]) -> None:
+        event: Any = None
+        try:
+            if message.get("text") is None:
+                raise RealtimeEventError("invalid_event", "Events are JSON text frames, not binary ones.")
+            try:
+                event = json.loads(message["text"])
+            except json.JSONDecodeError as error:
+                raise RealtimeEventError("invalid_json", f"The event is not valid JSON: {error}") from None
+            if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+                raise RealtimeEventError("invalid_event", "An event is a JSON object with a `type`.", "type")
+            handler = self._handlers.get(event["type"])
+            if handler is None:
+                raise RealtimeEventError(
+                    "unknown_event_type",
+                    f"Unknown or unsupported event type '{event['type']}' in a transcription session.",
+                    "type",
+                )
+            await handler(self, event)
+        except RealtimeEventError as error:
+            client_event_id = event.get("event_id") if isinstance(event, dict) else None
+            await self.emit(error_event(error, client_event_id))
+
+    async def _update(self, event: dict[str, Any]) -> None:
+        settings = updated_settings(self.settings, event, self.model_names)
+        if self.turn is not None and settings.audio_format != self.settings.audio_format:
+            raise RealtimeEventError(
+                "invalid_value",
+                "The audio format cannot change while a turn is open; commit or clear the buffer first.",
+                "session.input_audio_format",
+            )
+        if settings.language != self.settings.language:
+            try:
+                await self.check_options(DecodeOptions(language=settings.language))
+            except Exception as error:
+                raise RealtimeEventError(
+                    "invalid_value", api_error_of(error).message, "session.input_audio_transcription.language"
+                ) from None
+        turn_detection_changed = settings.turn_detection != self.settings.turn_detection
+        self.settings = settings
+        if turn_detection_changed:
+            self._configure_turn_detection()
+        reply = (
+            "transcription_session.updated"
+            if event["type"].startswith("transcription")
+            else "session.updated"
+        )
+        await self.emit(session_event(reply, self.session_id, settings))
+
+    async def _append(self, event: dict[str, Any]) -> None:
+        samples = decode_audio_chunk(event, self.settings.audio_format)
+        rate = self.settings.sample_rate_hz
+        ahead_s = (self._received_samples + len(samples)) / rate - (time.monotonic() - self._opened_s)
+        if ahead_s > self.options.max_audio_ahead_s:
+            raise RealtimeEventError(
+                "audio_too_fast",
+                f"Audio is arriving {ahead_s:.1f} s ahead of real time (at most "
+                f"{self.options.max_audio_ahead_s:g} s); this chunk was dropped. Stream audio live.",
+                "audio",
+            )
+        self._received_samples += len(samples)
+        if self.detector is None:
+            if self.turn is None:
+                self._open_turn()
+            self.turn.append(samples)
+        else:
+            await self._detect_turns(samples)
+        if self.turn is not None and self.turn.duration_s >= self.options.max_turn_s:
+            await self._commit(speech_ended_s=time.perf_counter())
+
+    async def _commit_event(self, event: dict[str, Any]) -> None:
+        if self.turn is None or self.turn.num_samples == 0:
+            raise RealtimeEventError(
+                "input_audio_buffer_commit_empty", "Cannot commit an empty input audio buffer."
+            )
+        await self._commit(speech_ended_s=time.perf_counter())
+
+    async def _clear(self, event: dict[str, Any]) -> None:
+        if self.turn is not None:
+            self.turn.cancel()
+            self.turn = None
+        self._end_detected_turn()
+        await self.emit(server_event("input_audio_buffer.cleared"))
+
+    _handlers = {
+        "session.update": _update,
+        "transcription_session.update": _update,
+        "input_audio_buffer.append": _append,
+        "input_audio_buffer.commit": _commit_event,
+        "input_audio_buffer.clear": _clear,
+    }
+
+    # ---- turns --------------------------------------------------------------------------------
+
+    def _configure_turn_detection(self) -> None:
+        vad = self.settings.turn_detection
+        self.detector = (
+            TurnDetector(load_silero_vad(), vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms)
+            if vad
+            else None
+        )
+        self._recent, self._recent_start = [], self._received_samples
+        self._detector_origin = self._received_samples  # the detector's clock starts here
+
+    async def _detect_turns(self, samples: np.ndarray) -> None:
+        rate = self.settings.sample_rate_hz
+        if self.turn is not None:
+            self.turn.append(samples)
+        else:
+            self._recent.append(samples)
+        for turn_event in self.detector.feed(resample(samples, rate, SAMPLE_RATE)):
+            if isinstance(turn_event, SpeechStarted):
+                await self._start_detected_turn(
+                    self._detector_origin + round(turn_event.audio_start_s * rate)
+                )
+            elif self.turn is not None:
+                end_ms = round((self._detector_origin / rate + turn_event.audio_end_s) * 1000)
+                await self.emit(
+                    server_event(
+                        "input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self.turn.item_id
+                    )
+                )
+                await self._commit(speech_ended_s=time.perf_counter())
+        if self.turn is None:
+            self._trim_recent()
+
+    async def _start_detected_turn(self, start: int) -> None:
+        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
+        start = min(max(start, self._recent_start), self._recent_start + len(recent))
+        self._open_turn()
+        self.turn.append(recent[start - self._recent_start :])
+        self._recent, self._recent_start = [], self._received_samples
+        audio_start_ms = round(start / self.settings.sample_rate_hz * 1000)
+        await self.emit(
+            server_event(
+                "input_audio_buffer.speech_started", audio_start_ms=audio_start_ms, item_id=self.turn.item_id
+            )
+        )
+
+    def _trim_recent(self) -> None:
+        """Between turns keep only what a turn's prefix padding could reach back to."""
+        keep = int(self.settings.sample_rate_hz * (self.settings.turn_detection.prefix_padding_ms / 1000 + 1))
+        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
+        if len(recent) > keep:
+            self._recent_start += len(recent) - keep
+            recent = recent[-keep:]
+        self._recent = [recent]
+
+    def _end_detected_turn(self) -> None:
+        """A turn ended (speech stopped, commit, clear): the next one's audio starts after it."""
+        self._recent, self._recent_start = [], self._received_samples
+        if self.detector is not None:
+            rate = self.settings.sample_rate_hz
+            self.detector.end_turn((self._received_samples - self._detector_origin) / rate)
+
+    def _open_turn(self) -> None:
+        self.turn = LiveTurn(
+            new_id("item"), self.settings, self.pipeline, self.emit, self.metrics, self.slots
+        )
+
+    async def _commit(self, speech_ended_s: float) -> None:
+        turn, self.turn = self.turn, None
+        self._end_detected_turn()
+        await self.emit(
+            server_event(
+                "input_audio_buffer.committed", previous_item_id=self._last_item_id, item_id=turn.item_id
+            )
+        )
+        self._last_item_id = turn.item_id
+        self._final = self._spawn(self._finish(turn, self._final, speech_ended_s))
+
+    async def _finish(self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float) -> None:
+        try:
+            text = await turn.finish()
+        except Exception as error:
+            if previous is not None:
+                await asyncio.wait([previous])
+            await self.emit(
+                server_event(
+                    "conversation.item.input_audio_transcription.failed",
+                    item_id=turn.item_id,
+                    content_index=0,
+                    error=api_error_of(error).body(),
+                )
+            )
+            return
+        if previous is not None:
+            await asyncio.wait([previous])  # turns complete in the order they were spoken
+        await self.emit(
+            server_event(
+                "conversation.item.input_audio_transcription.completed",
+                item_id=turn.item_id,
+                content_index=0,
+                transcript=text,
+                usage={"type": "duration", "seconds": round(turn.duration_s, 3)},
+            )
+        )
+        self.metrics.observe_final(time.perf_counter() - speech_ended_s)
+
+    async def _partial_passes(self) -> None:
+        interval_s = self.options.partial_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            turn = self.turn
+            if turn is None or turn.new_audio_s() < interval_s / 2:
+                continue
+            if turn.pass_in_flight or not self.slots.available:
+                self.metrics.skipped_partials.inc()  # behind: skip rather than queue
+                continue
+            turn.start_partial_pass()
+
+    def _spawn(self, work) -> asyncio.Task:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _release(self) -> None:
+        """The session is over. Passes still out run to their end (cancelling one between encoder
+        and decoder would strand its staged K/V until the staging times out): each then frees its
+        blocks, and whatever it would send goes nowhere."""
+        if self.turn is not None:
+            self.turn.cancel()

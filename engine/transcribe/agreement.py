@@ -1,0 +1,95 @@
+"""Partial text that never retracts: the LocalAgreement policy of whisper_streaming (Macháček et
+al., 2023), on words.
+
+A live turn is transcribed again and again as its audio grows. Words that two consecutive passes
+agree on (the longest common prefix of their hypotheses) are committed and sent; a committed word
+is never taken back, so the deltas a client receives only ever extend its text. The final pass of
+a window commits the rest of that window's text, aligned after what was committed before.
+
+A turn longer than one 30 s window carries on in a new window: ``start_window`` marks where the new
+window's words begin, and its hypotheses are read as extending everything committed so far.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+
+def _common_prefix_length(first: list[str], second: list[str]) -> int:
+    length = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        length += 1
+    return length
+
+
+class LocalAgreement:
+    """``passes``: how many consecutive hypotheses must agree on a word (whisper_streaming's
+    LocalAgreement-n). Three, not whisper_streaming's two: with tiny.en, two passes over the first
+    second or two of a turn agree on wrong words often enough ("Very very" for "The river") that
+    the text sent would differ from the file endpoint's (measured on the speech set, see
+    tests/engine/transcribe/test_agreement.py); a third pass costs about one partial interval.
+    Words are compared as written, case and punctuation included: a pass that changes a word's
+    form is not yet sure of it ("Hiker" before "hikers")."""
+
+    def __init__(self, passes: int = 3):
+        self.passes = passes
+        self.committed: list[str] = []  # the turn's committed words, every window's
+        self._window_start = 0  # index in ``committed`` where the open window's words begin
+        self._recent: list[list[str]] = []  # the open window's last hypotheses, committed words first
+
+    @property
+    def text(self) -> str:
+        """Everything committed: the deltas sent so far, joined."""
+        return " ".join(self.committed)
+
+    def update(self, window_text: str) -> str:
+        """Take a partial pass's text of the open window; returns the delta to send ("" if none)."""
+        hypothesis = self.committed[: self._window_start] + window_text.split()
+        self._recent = [*self._recent, hypothesis][-self.passes :]
+        if len(self._recent) < self.passes:
+            return ""
+        if hypothesis[: len(self.committed)] != self.committed:
+            return ""  # this pass heard the committed words differently: it confirms nothing after them
+        agreed = min(_common_prefix_length(self._recent[0], other) for other in self._recent[1:])
+        # A word at the end of a pass may be cut off by the audio's end ("year." before "year,
+        # and ..."): commit it only once a later word in every pass confirms it.
+        if any(agreed == len(words) for words in self._recent):
+            agreed -= 1
+        return self._commit(hypothesis[len(self.committed) : max(agreed, len(self.committed))])
+
+    def finish_window(self, window_text: str) -> str:
+        """Take a window's final text: commit all of it, after the words of it already committed;
+        returns the delta. The next hypotheses belong to a new window."""
+        window_words = window_text.split()
+        already = self.committed[self._window_start :]
+        delta = self._commit(window_words[_aligned_end(already, window_words) :])
+        self._window_start = len(self.committed)
+        self._recent = []
+        return delta
+
+    def _commit(self, words: list[str]) -> str:
+        if not words:
+            return ""
+        separator = " " if self.committed else ""
+        self.committed.extend(words)
+        return separator + " ".join(words)
+
+
+def _aligned_end(committed: list[str], final: list[str]) -> int:
+    """Where, in a window's final words, the words already committed from it end.
+
+    Usually the final text starts with them. When the final pass heard the start differently, the
+    last run of words both share anchors the alignment, and the committed words after that run
+    are taken to stand for as many final words."""
+    if final[: len(committed)] == committed:
+        return len(committed)
+    blocks = [
+        block for block in difflib.SequenceMatcher(a=committed, b=final).get_matching_blocks() if block.size
+    ]
+    if not blocks:
+        return min(len(committed), len(final))
+    last = blocks[-1]
+    unmatched_tail = len(committed) - (last.a + last.size)
+    return min(len(final), last.b + last.size + unmatched_tail)

@@ -1,0 +1,313 @@
+"""Live transcription over `GET /v1/realtime?intent=transcription` on the default app
+(configs/default.yaml) on a real local Ray and Serve, spoken to by the official `openai` client's
+realtime connection: speech-set clips streamed at real-time pace as pcm16 24 kHz in 20-100 ms chunks,
+with silence between utterances, turns found by the server's Silero VAD or committed by the client.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+import websockets.sync.client
+import yaml
+
+from benchmarks.bench_load import metric_sum
+from benchmarks.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
+from engine.model.audio import load_audio_file
+from engine.transcribe.evaluation import normalize_english, word_error_rate
+from tests.support.network import free_port
+from tests.support.paths import CONFIGS_DIR
+from tests.support.speech import english_clips
+
+pytestmark = pytest.mark.ray
+
+DEFAULT_CONFIG = CONFIGS_DIR / "default.yaml"
+API_KEY = "realtime-test-key"
+MAX_SESSIONS = 10
+SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
+# Utterances of 2.9 to 4.5 s without pauses inside (a pause longer than silence_duration_ms ends a
+# turn, as it should), a recorded speaker and synthetic voices, that tiny.en transcribes without an
+# error from the file: so live and file texts can be compared word for word.
+CLIP_IDS = ["tts_01", "osr72_04", "tts_11", "tts_28"]
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    app_spec = yaml.safe_load(DEFAULT_CONFIG.read_text())["applications"][0]
+    port = free_port()
+    ray.init(include_dashboard=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    args = {
+        **app_spec["args"],
+        "http": {**app_spec["args"].get("http", {}), "api_keys": [API_KEY]},
+        "realtime": {"max_sessions": MAX_SESSIONS, "idle_timeout_s": 60},
+    }
+    serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while httpx.get(f"{url}/ready", timeout=30).status_code != 200:  # warm, so first passes are not slow
+        assert time.monotonic() < deadline, "the app never got ready"
+        time.sleep(0.5)
+    yield url
+    serve.shutdown()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(server_url) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+def _connect(client: openai.OpenAI):
+    return client.realtime.connect(extra_query={"intent": "transcription"})
+
+
+def _recv(connection) -> dict:
+    return json.loads(connection.recv_bytes())
+
+
+def _open(client: openai.OpenAI, turn_detection: dict | None):
+    connection = _connect(client).enter()
+    assert _recv(connection)["type"] == "session.created"
+    connection.session.update(session=transcription_session(turn_detection))
+    updated = _recv(connection)
+    assert updated["type"] == "session.updated", updated
+    assert updated["session"]["audio"]["input"]["turn_detection"] == (
+        {**SERVER_VAD} if turn_detection else None
+    )
+    return connection
+
+
+def _utterances(clip_ids: list[str]) -> list[bytes]:
+    clips = {clip.id: clip for clip in english_clips()}
+    return [to_pcm16_24k(load_audio_file(clips[clip_id].path)) for clip_id in clip_ids]
+
+
+def _file_text(client: openai.OpenAI, pcm16: bytes) -> str:
+    """The file endpoint's text for exactly the audio a stream sent."""
+    wav = io.BytesIO()
+    soundfile.write(wav, np.frombuffer(pcm16, dtype="<i2"), REALTIME_RATE_HZ, format="WAV", subtype="PCM_16")
+    return client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav.getvalue())).text
+
+
+def metric_sum_plain(server_url: str, name: str) -> float:
+    """A metric without labels, as this ingress replica reports it."""
+    lines = httpx.get(f"{server_url}/metrics", timeout=30).text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
+
+
+def _assert_everything_is_free(server_url: str, within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        used = metric_sum(server_url, "whisper_decoder_kv_blocks_used")
+        staged = metric_sum(server_url, "whisper_encoder_staged")
+        if used == 0 and staged == 0:
+            break
+        assert time.monotonic() < deadline, f"{used} KV blocks still used, {staged} windows still staged"
+        time.sleep(0.25)
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_free") > 0, "the decoder reported its pool"
+
+
+def test_server_vad_turns_have_started_deltas_stopped_and_the_file_endpoints_text(client, server_url):
+    utterances = _utterances(CLIP_IDS)
+    connection = _open(client, SERVER_VAD)
+    try:
+        record = stream_live(connection, utterances, silence_s=1.2, chunk_ms=40)
+    finally:
+        connection.close()
+    started = record.of_type("input_audio_buffer.speech_started")
+    stopped = record.of_type("input_audio_buffer.speech_stopped")
+    committed = record.of_type("input_audio_buffer.committed")
+    turns = record.turns()
+    assert len(started) == len(stopped) == len(committed) == len(turns) == len(CLIP_IDS), [
+        e["type"] for _, e in record.events
+    ]
+    for index, turn in enumerate(turns):
+        assert started[index]["item_id"] == stopped[index]["item_id"] == turn["item_id"]
+        assert committed[index]["previous_item_id"] == (turns[index - 1]["item_id"] if index else None)
+        # Turn times are on the stream's clock: after the lead silence, around each utterance.
+        assert started[index]["audio_start_ms"] < stopped[index]["audio_end_ms"]
+        assert abs(stopped[index]["audio_end_ms"] / 1000 - record.speech_audio_ends_s[index]) < 0.6
+        assert "".join(delta for _, delta in turn["deltas"]) == turn["text"], "deltas join to the text"
+        assert turn["deltas"], f"{CLIP_IDS[index]}: a turn over 2 s gets deltas"
+    file_texts = [_file_text(client, pcm16) for pcm16 in utterances]
+    live_texts = [turn["text"] for turn in turns]
+    references = [next(c.text for c in english_clips() if c.id == clip_id) for clip_id in CLIP_IDS]
+    gap = word_error_rate(references, live_texts) - word_error_rate(references, file_texts)
+    assert gap <= 0.01, (live_texts, file_texts)
+    assert word_error_rate(file_texts, live_texts) <= 0.05, (live_texts, file_texts)
+    _assert_everything_is_free(server_url)
+
+
+def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(client, server_url):
+    utterances = _utterances(["jfk", "osr72_02"])  # 11 s with pauses in it (one turn when committed), 2 s
+    connection = _open(client, None)
+    try:
+        record = stream_live(connection, utterances, silence_s=0.5, chunk_ms=100, commit=True)
+    finally:
+        connection.close()
+    assert not record.of_type("input_audio_buffer.speech_started"), "no VAD events with manual turns"
+    turns = record.turns()
+    assert len(turns) == 2 and len(record.of_type("input_audio_buffer.committed")) == 2
+    for turn, pcm16 in zip(turns, utterances):
+        assert "".join(delta for _, delta in turn["deltas"]) == turn["text"]
+        # The turn holds the silence before it too, which changes only the case of a word or two.
+        assert normalize_english(turn["text"]) == normalize_english(_file_text(client, pcm16))
+    first_delta_at = turns[0]["deltas"][0][0]
+    assert first_delta_at < record.speech_ends_s[0] - 3, "partial text comes while the speaker is speaking"
+    assert len(turns[0]["deltas"]) >= 3, "and grows as they go on"
+
+
+def test_eight_concurrent_streams_all_complete_and_free_every_block(client, server_url):
+    plans = [
+        ["tts_01", "osr72_06"],
+        ["tts_02", "osr72_07"],
+        ["tts_03", "osr72_09"],
+        ["tts_04", "osr72_10"],
+    ] * 2
+
+    def one_stream(clip_ids: list[str]):
+        connection = _open(client, SERVER_VAD)
+        try:
+            return stream_live(connection, _utterances(clip_ids), silence_s=1.0, chunk_ms=20, timeout_s=180)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(len(plans)) as pool:
+        records = list(pool.map(one_stream, plans))
+    for plan, record in zip(plans, records):
+        turns = record.turns()
+        assert len(turns) == len(plan) and not record.of_type(
+            "conversation.item.input_audio_transcription.failed"
+        )
+        assert all("".join(delta for _, delta in turn["deltas"]) == turn["text"] for turn in turns)
+        references = [next(c.text for c in english_clips() if c.id == clip_id) for clip_id in plan]
+        assert word_error_rate(references, [turn["text"] for turn in turns]) <= 0.35, [
+            t["text"] for t in turns
+        ]
+    _assert_everything_is_free(server_url)
+
+
+def test_a_client_that_hangs_up_mid_turn_leaves_nothing_held(client, server_url):
+    utterance = _utterances(["jfk"])[0]
+    connection = _open(client, SERVER_VAD)
+    # 0.5 s lead silence and 6 s of an 11 s utterance: partial passes are under way.
+    stream_live(connection, [utterance], chunk_ms=40, stop_after_bytes=int(6.5 * REALTIME_RATE_HZ * 2))
+    connection.close()
+    _assert_everything_is_free(server_url)
+    assert metric_sum_plain(server_url, "whisper_realtime_sessions") == 0, "the session is gone"
+
+
+def test_a_connection_without_the_api_key_is_refused_and_one_with_it_works(server_url):
+    ws_url = server_url.replace("http", "ws") + "/v1/realtime?intent=transcription"
+    for headers, subprotocols in [({}, None), ({"Authorization": "Bearer wrong"}, None), ({}, ["realtime"])]:
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            websockets.sync.client.connect(ws_url, additional_headers=headers, subprotocols=subprotocols)
+        assert refused.value.response.status_code == 403
+    with pytest.raises(websockets.exceptions.InvalidStatus):
+        openai.OpenAI(base_url=f"{server_url}/v1", api_key="wrong").realtime.connect(
+            extra_query={"intent": "transcription"}
+        ).enter()
+    # The key as a browser sends it: a subprotocol, echoed back with `realtime`.
+    with websockets.sync.client.connect(
+        ws_url, subprotocols=["realtime", f"openai-insecure-api-key.{API_KEY}"]
+    ) as browser:
+        assert browser.subprotocol == "realtime"
+        assert json.loads(browser.recv(timeout=30))["type"] == "session.created"
+    with _connect(openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)) as connection:
+        assert _recv(connection)["type"] == "session.created"
+
+
+def test_each_bad_event_gets_an_error_event_and_the_session_survives(client):
+    connection = _open(client, None)
+    bad_events = [
+        ({"type": "response.create"}, "unknown_event_type"),
+        ({"type": "input_audio_buffer.append", "audio": "not base64!!"}, "invalid_base64"),
+        (
+            {"type": "input_audio_buffer.append", "audio": base64.b64encode(b"odd").decode()},
+            "invalid_audio_format",
+        ),
+        ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+        (
+            {
+                "type": "session.update",
+                "session": {"type": "transcription", "audio": {"input": {"format": {"type": "audio/flac"}}}},
+            },
+            "invalid_value",
+        ),
+        (
+            {
+                "type": "transcription_session.update",
+                "session": {"input_audio_transcription": {"model": "gpt-9"}},
+            },
+            "model_not_found",
+        ),
+        (
+            {
+                "type": "transcription_session.update",
+                "session": {"input_audio_transcription": {"language": "xx"}},
+            },
+            "invalid_value",
+        ),
+        # 30 s of audio at once, 20 s more than the 10 s the stream may run ahead of the clock.
+        (
+            {
+                "type": "input_audio_buffer.append",
+                "audio": base64.b64encode(bytes(30 * 2 * REALTIME_RATE_HZ)).decode(),
+            },
+            "audio_too_fast",
+        ),
+    ]
+    try:
+        for index, (event, code) in enumerate(bad_events):
+            connection.send_raw(json.dumps({**event, "event_id": f"client-{index}"}))
+            answer = _recv(connection)
+            assert answer["type"] == "error", (event, answer)
+            assert answer["error"]["code"] == code and answer["error"]["event_id"] == f"client-{index}"
+            assert answer["error"]["type"] == "invalid_request_error" and answer["error"]["message"]
+        connection.send_raw("{not json")
+        assert _recv(connection)["error"]["code"] == "invalid_json"
+        # Still serving: audio appends and a commit transcribes it.
+        connection.input_audio_buffer.append(audio=base64.b64encode(_utterances(["osr72_05"])[0]).decode())
+        connection.input_audio_buffer.commit()
+        assert _recv(connection)["type"] == "input_audio_buffer.committed"
+        while (event := _recv(connection))["type"].endswith(".delta"):
+            pass
+        assert event["type"] == "conversation.item.input_audio_transcription.completed"
+        assert event["transcript"] == "Small children came to see him."
+    finally:
+        connection.close()
+
+
+def test_beyond_max_sessions_a_connection_gets_an_error_event_and_a_1013_close(client, server_url):
+    deadline = time.monotonic() + 10
+    while metric_sum_plain(server_url, "whisper_realtime_sessions") > 0:  # earlier tests' sessions
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    connections = [_connect(client).enter() for _ in range(MAX_SESSIONS)]
+    try:
+        for connection in connections:
+            assert _recv(connection)["type"] == "session.created"
+        with _connect(client) as extra:
+            refusal = _recv(extra)
+            assert refusal["type"] == "error" and refusal["error"]["code"] == "session_limit_reached"
+            with pytest.raises(websockets.exceptions.ConnectionClosed) as closed:
+                extra.recv_bytes()
+            assert closed.value.rcvd.code == 1013
+    finally:
+        for connection in connections:
+            connection.close()

@@ -1,0 +1,105 @@
+"""LocalAgreement: partial text is what two consecutive passes agree on, and it is never retracted."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.model.audio import SAMPLE_RATE, load_audio_file
+from engine.transcribe.agreement import LocalAgreement
+from engine.transcribe.offline import Transcriber
+from engine.types import DecodeOptions, FallbackOptions
+from tests.support.speech import english_clips
+
+
+def _run(passes: list[str], final: str) -> tuple[list[str], str]:
+    agreement = LocalAgreement(passes=2)
+    deltas = [agreement.update(text) for text in passes]
+    deltas.append(agreement.finish_window(final))
+    return [delta for delta in deltas if delta], agreement.text
+
+
+def test_words_two_passes_agree_on_are_sent_once_and_a_word_at_either_end_waits():
+    agreement = LocalAgreement(passes=2)
+    assert agreement.update("And so my") == "", "one pass alone confirms nothing"
+    assert agreement.update("And so my fellow") == " ".join(["And", "so"]), "'my' ends a pass: held back"
+    assert agreement.update("And so my fellow Americans,") == " my"
+    assert agreement.update("And so my fellow Americans, ask") == " fellow"
+    assert agreement.update("And so my fellow Americans, ask not") == " Americans,"
+    assert agreement.text == "And so my fellow Americans,"
+
+
+def test_a_pass_that_hears_committed_words_differently_confirms_nothing_and_retracts_nothing():
+    agreement = LocalAgreement(passes=2)
+    agreement.update("The long journey home")
+    assert agreement.update("The long journey home took") == "The long journey"
+    assert agreement.update("The wrong journey home took a") == ""
+    assert agreement.update("The long journey home took a year.") == ""  # previous pass disagreed
+    assert agreement.update("The long journey home took a year. She") == " home took a"
+    assert agreement.text == "The long journey home took a"
+
+
+def test_the_final_pass_sends_the_rest_and_the_deltas_join_to_the_completed_text():
+    deltas, text = _run(
+        ["A gold", "A gold ring will", "A gold ring will please most"],
+        "A gold ring will please most any girl.",
+    )
+    assert text == "A gold ring will please most any girl."
+    assert "".join(deltas) == text
+
+
+def test_a_final_pass_that_disagrees_keeps_what_was_sent_and_aligns_the_rest_after_it():
+    deltas, text = _run(
+        ["She saw a cat in", "She saw a cat in the neighbor"],
+        "She saw the cat in the neighbor's house.",
+    )
+    assert deltas[0] == "She saw a cat", "sent before the final pass"
+    assert text == "She saw a cat in the neighbor's house.", "sent words stay; the rest follows them"
+    assert "".join(deltas) == text
+
+
+def test_a_turn_carried_into_a_second_window_extends_the_first_windows_text():
+    agreement = LocalAgreement(passes=2)
+    first = agreement.finish_window("When you hear the bell,")
+    agreement.update("come")
+    second = agreement.update("come quickly. Then")
+    third = agreement.finish_window("come quickly.")
+    assert (first, second, third) == ("When you hear the bell,", "", " come quickly.")
+    assert agreement.text == "When you hear the bell, come quickly."
+
+
+def test_a_final_pass_with_no_words_adds_nothing():
+    assert _run([], "") == ([], "")
+    assert _run(["Hello there", "Hello there friend"], "") == (["Hello"], "Hello")
+
+
+def test_three_passes_must_agree_before_a_word_is_sent():
+    agreement = LocalAgreement(passes=3)
+    assert agreement.update("Very very run.") == ""
+    assert agreement.update("Very very fast") == "", "two passes agree, the third has not spoken"
+    assert agreement.update("The river runs fast after the spring") == ""
+    assert agreement.update("The river runs fast after the spring rains") == ""
+    assert (
+        agreement.update("The river runs fast after the spring rains in the hills.")
+        == "The river runs fast after the"
+    )
+
+
+def test_on_live_speech_the_words_sent_early_are_the_final_passes_words(tiny_en):
+    """Partial passes of tiny.en every 0.5 s over a turn as the server sees it (0.3 s of padding
+    before the speech, 0.5 s of silence after): the deltas join to the final pass's text."""
+    transcriber = Transcriber(loaded=tiny_en)
+    clips = {clip.id: clip for clip in english_clips()}
+    for clip_id in ["tts_01"]:  # tiny.en hears "Very very" in its first second
+        speech = load_audio_file(clips[clip_id].path)
+        turn = np.concatenate([np.zeros(SAMPLE_RATE * 3 // 10), speech, np.zeros(SAMPLE_RATE // 2)]).astype(
+            np.float32
+        )
+        agreement, deltas = LocalAgreement(), []
+        for end_s in np.arange(0.5, len(turn) / SAMPLE_RATE, 0.5):
+            audio = turn[: int(end_s * SAMPLE_RATE)]
+            partial = transcriber.transcribe([audio], DecodeOptions(max_tokens=int(10 + 6 * end_s)))[0]
+            deltas.append(agreement.update(partial.text))
+        final = transcriber.transcribe([turn], DecodeOptions(fallback=FallbackOptions()))[0].text
+        deltas.append(agreement.finish_window(final))
+        assert any(deltas[:-1]), f"{clip_id}: some text is sent before the final pass"
+        assert "".join(deltas) == agreement.text == final.strip(), clip_id
