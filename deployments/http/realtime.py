@@ -36,7 +36,8 @@ from deployments.http.realtime_events import (
     updated_settings,
 )
 from deployments.metrics import ServingMetrics
-from engine.model.audio import SAMPLE_RATE, resample
+from engine.model.audio import SAMPLE_RATE
+from engine.model.ffmpeg import StreamResampler
 from engine.model.vad import load_silero_vad
 from engine.transcribe.turn_detection import SpeechStarted, TurnDetector
 from engine.types import DecodeOptions
@@ -149,9 +150,13 @@ class RealtimeSession:
                 raise RealtimeEventError(
                     "invalid_value", api_error_of(error).message, "session.input_audio_transcription.language"
                 ) from None
-        turn_detection_changed = settings.turn_detection != self.settings.turn_detection
+        # The detector's resampler follows the audio format's rate.
+        detection_changed = (settings.turn_detection, settings.audio_format) != (
+            self.settings.turn_detection,
+            self.settings.audio_format,
+        )
         self.settings = settings
-        if turn_detection_changed:
+        if detection_changed:
             self._configure_turn_detection()
         reply = (
             "transcription_session.updated"
@@ -212,6 +217,7 @@ class RealtimeSession:
             if vad
             else None
         )
+        self._detector_audio = StreamResampler(self.settings.sample_rate_hz, SAMPLE_RATE)
         self._recent, self._recent_start = [], self._received_samples
         self._detector_origin = self._received_samples  # the detector's clock starts here
 
@@ -221,7 +227,7 @@ class RealtimeSession:
             self.turn.append(samples)
         else:
             self._recent.append(samples)
-        for turn_event in self.detector.feed(resample(samples, rate, SAMPLE_RATE)):
+        for turn_event in self.detector.feed(self._detector_audio.feed(samples)):
             if isinstance(turn_event, SpeechStarted):
                 await self._start_detected_turn(
                     self._detector_origin + round(turn_event.audio_start_s * rate)

@@ -154,10 +154,43 @@ def resample(samples: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     band-limited windowed-sinc filter)."""
     if orig_rate == new_rate or samples.size == 0:
         return samples.astype(np.float32, copy=False)
-    frame = av.AudioFrame.from_ndarray(
-        np.ascontiguousarray(samples, dtype=np.float32)[None], format="flt", layout="mono"
-    )
-    frame.sample_rate = orig_rate
-    resampler = av.AudioResampler(format="flt", layout="mono", rate=new_rate)
-    out = [*resampler.resample(frame), *resampler.resample(None)]
-    return np.concatenate([piece.to_ndarray().reshape(-1) for piece in out])
+    stream = StreamResampler(orig_rate, new_rate)
+    return np.concatenate([stream.feed(samples), stream.flush()])
+
+
+class StreamResampler:
+    """One stream of mono float32 chunks (of any length, a live client's) -> at ``new_rate``, through
+    one FFmpeg resampler that keeps its filter state across chunks: resampling each chunk on its own
+    would put an edge at every chunk boundary, and swr gives nothing back for a chunk shorter than
+    its filter until it is flushed."""
+
+    def __init__(self, orig_rate: int, new_rate: int):
+        self.orig_rate, self.new_rate = orig_rate, new_rate
+        self._resampler = av.AudioResampler(format="flt", layout="mono", rate=new_rate)
+        self._samples_in = 0  # the next chunk's first sample, as its frame's presentation time
+
+    def feed(self, samples: np.ndarray) -> np.ndarray:
+        """The resampled samples ready after ``samples``; the filter holds back a few until later."""
+        if self.orig_rate == self.new_rate:
+            return samples.astype(np.float32, copy=False)
+        if samples.size == 0:
+            return np.zeros(0, np.float32)
+        frame = av.AudioFrame.from_ndarray(
+            np.ascontiguousarray(samples, dtype=np.float32)[None], format="flt", layout="mono"
+        )
+        frame.sample_rate = self.orig_rate
+        frame.pts = self._samples_in
+        self._samples_in += samples.size
+        return _joined(self._resampler.resample(frame))
+
+    def flush(self) -> np.ndarray:
+        """What the filter still holds, at the end of the stream."""
+        if self.orig_rate == self.new_rate:
+            return np.zeros(0, np.float32)
+        return _joined(self._resampler.resample(None))
+
+
+def _joined(frames: list[av.AudioFrame]) -> np.ndarray:
+    if not frames:
+        return np.zeros(0, np.float32)
+    return np.concatenate([frame.to_ndarray().reshape(-1) for frame in frames])

@@ -9,7 +9,15 @@ import torch
 from transformers import WhisperFeatureExtractor
 
 from engine.errors import AudioDecodeError, AudioTooLongError
-from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import (
+    SAMPLE_RATE,
+    decode_audio,
+    load_audio_file,
+    log_mel_spectrogram,
+    pad_or_trim,
+    resample,
+)
+from engine.model.ffmpeg import StreamResampler
 from tests.support.encoding import (
     UPLOAD_FORMATS,
     UploadFormat,
@@ -94,3 +102,19 @@ def test_audio_past_the_limit_is_refused_while_decoding_when_the_header_does_not
         decode_audio(flac_claiming(0, jfk), max_duration_s=5)
     assert not refused.value.claimed
     assert len(decode_audio(flac_claiming(0, jfk), max_duration_s=60)) == len(jfk)
+
+
+def test_a_stream_fed_in_chunks_of_any_length_resamples_as_the_whole_array():
+    """A live client's chunks may be shorter than the resampler's filter (swr alone gives nothing
+    back for those); one resampler per stream keeps its state, so no sample is lost or doubled."""
+    samples = (np.sin(np.arange(48_000) * 0.013) * 0.3).astype(np.float32)
+    stream = StreamResampler(24_000, SAMPLE_RATE)
+    chunk_sizes = [1, 7, 33, 960, 2]
+    pieces, start, index = [], 0, 0
+    while start < samples.size:
+        size = chunk_sizes[index % len(chunk_sizes)]
+        pieces.append(stream.feed(samples[start : start + size]))
+        start, index = start + size, index + 1
+    streamed = np.concatenate([*pieces, stream.flush()])
+    np.testing.assert_array_equal(streamed, resample(samples, 24_000, SAMPLE_RATE))
+    assert streamed.size == 32_000
