@@ -11,7 +11,6 @@ import httpx
 import numpy as np
 import openai
 import pytest
-import yaml
 
 from engine.model.audio import SAMPLE_RATE, load_audio_file
 from engine.transcribe.evaluation import word_error_rate
@@ -23,9 +22,8 @@ from tests.support.encoding import (
     video_only_mp4,
     zip_archive,
 )
-from tests.support.network import free_port
 from tests.support.noise import NoiseClip, noise_set
-from tests.support.paths import CONFIGS_DIR
+from tests.support.serving import default_app_args, running_app
 from tests.support.speech import SPEECH_DIR, english_clips
 
 pytestmark = pytest.mark.ray
@@ -37,20 +35,9 @@ WAV = UploadFormat("wav-16bit", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE)
 
 @pytest.fixture(scope="module")
 def server_url():
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    app_spec = yaml.safe_load((CONFIGS_DIR / "default.yaml").read_text())["applications"][0]
-    port = free_port()
-    ray.init(include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = {**app_spec["args"], "http": {**app_spec["args"]["http"], "max_audio_duration_s": MAX_AUDIO_S}}
-    serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+    args = default_app_args()
+    with running_app({**args, "http": {**args["http"], "max_audio_duration_s": MAX_AUDIO_S}}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from benchmarks.bench_autoscaling import dense_speech_file
-from tests.support.network import free_port
+from tests.support.serving import running_app
 from tests.support.speech import short_english_clips
 
 pytestmark = pytest.mark.ray
@@ -29,11 +29,6 @@ BATCH_CLIENTS = 4
 
 @pytest.fixture(scope="module")
 def server_url():
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
     args = {
         "engine": {
             "model": "tiny.en",
@@ -46,13 +41,8 @@ def server_url():
         "decoder": {"num_cpus": 0.5, "torch_threads": 1},
         "ingress": {"num_cpus": 0.25, "max_ongoing_requests": 1024},
     }
-    ray.init(include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(args), name="whisper", route_prefix="/")
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+    with running_app(args) as url:
+        yield url
 
 
 def _post(http: httpx.Client, url: str, data: bytes, priority: str | None = None) -> httpx.Response:

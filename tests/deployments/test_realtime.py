@@ -18,19 +18,16 @@ import openai
 import pytest
 import soundfile
 import websockets.sync.client
-import yaml
 
 from benchmarks.bench_load import metric_sum
 from benchmarks.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from engine.model.audio import load_audio_file
 from engine.transcribe.evaluation import normalize_english, word_error_rate
-from tests.support.network import free_port
-from tests.support.paths import CONFIGS_DIR
+from tests.support.serving import default_app_args, running_app
 from tests.support.speech import english_clips
 
 pytestmark = pytest.mark.ray
 
-DEFAULT_CONFIG = CONFIGS_DIR / "default.yaml"
 API_KEY = "realtime-test-key"
 MAX_SESSIONS = 10
 SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
@@ -42,29 +39,17 @@ CLIP_IDS = ["tts_01", "osr72_04", "tts_11", "tts_28"]
 
 @pytest.fixture(scope="module")
 def server_url():
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    app_spec = yaml.safe_load(DEFAULT_CONFIG.read_text())["applications"][0]
-    port = free_port()
-    ray.init(include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = {
-        **app_spec["args"],
-        "http": {**app_spec["args"].get("http", {}), "api_keys": [API_KEY]},
+    args = default_app_args()
+    args |= {
+        "http": {**args.get("http", {}), "api_keys": [API_KEY]},
         "realtime": {"max_sessions": MAX_SESSIONS, "idle_timeout_s": 60},
     }
-    serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while httpx.get(f"{url}/ready", timeout=30).status_code != 200:  # warm, so first passes are not slow
-        assert time.monotonic() < deadline, "the app never got ready"
-        time.sleep(0.5)
-    yield url
-    serve.shutdown()
-    ray.shutdown()
+    with running_app(args) as url:
+        deadline = time.monotonic() + 120
+        while httpx.get(f"{url}/ready", timeout=30).status_code != 200:  # warm: first passes not slow
+            assert time.monotonic() < deadline, "the app never got ready"
+            time.sleep(0.5)
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -17,39 +17,27 @@ import pytest
 import soundfile
 import srt
 import webvtt
-import yaml
 
 from benchmarks.bench_load import metric_sum, run_load
 from engine.model.audio import load_audio_file
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
-from tests.support.network import free_port
-from tests.support.paths import CONFIGS_DIR
+from tests.support.serving import default_app_args, running_app
 from tests.support.speech import SPEECH_DIR, english_clips
 
 pytestmark = pytest.mark.ray
 
-DEFAULT_CONFIG = CONFIGS_DIR / "default.yaml"
 API_KEY = "test-key-123"  # the default app, with API keys switched on to test them too
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
 
 @pytest.fixture(scope="module")
 def server_url():
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    app_spec = yaml.safe_load(DEFAULT_CONFIG.read_text())["applications"][0]
-    port = free_port()
-    # As `serve run` does: Ray sees this machine's cores, and the default app must fit in them.
-    ray.init(include_dashboard=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    args = default_app_args()
     # API keys on, a 60 s duration limit, 40 requests in flight and a 3 s upload timeout, to test them;
     # one window of a file in flight at a time, so the two-window files run the sliding window.
     http_limits = {
-        **app_spec["args"].get("http", {}),
+        **args.get("http", {}),
         "api_keys": [API_KEY],
         "max_audio_duration_s": 60,
         "max_in_flight_requests": 40,
@@ -57,12 +45,9 @@ def server_url():
         "max_windows_in_flight": 1,
     }
     # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
-    transfer = {**app_spec["args"]["transfer"], "unclaimed_timeout_s": 10}
-    args = {**app_spec["args"], "http": http_limits, "transfer": transfer}
-    serve.run(build_app(args), name=app_spec["name"], route_prefix=app_spec["route_prefix"])
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+    transfer = {**args["transfer"], "unclaimed_timeout_s": 10}
+    with running_app({**args, "http": http_limits, "transfer": transfer}) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
