@@ -1,5 +1,5 @@
 """GPU speed, ours vs transformers in one run, on random weights of the real shapes
-(large-v3, large-v3-turbo; bf16; 100 output tokens per request, end of text ignored).
+(large-v3, large-v3-turbo; the engine's dtype, --dtype; 100 output tokens per request, end of text ignored).
 
 (a) encoder windows/s at batch 1, 8, 32, 64 (ours: log-mel + encoder from raw samples;
     transformers: encoder from the same log-mel, so its CPU feature extractor does not count);
@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_models import engine_model, random_hf_whisper  # noqa: E402
+from benchmarks.gpu_models import add_dtype_argument, engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
 from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
 from engine.config import EngineConfig, GPUSwitches  # noqa: E402
 from engine.decode.engine import DecoderEngine  # noqa: E402
@@ -512,6 +512,7 @@ def main() -> None:
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    add_dtype_argument(parser)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     device = args.device
@@ -523,7 +524,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         prefix = "" if shape == "large-v3" else shape.replace("large-v3-", "") + "_"
         prefix += "fp8kv_" if args.kv_cache_dtype == "fp8_e4m3" else ""
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        dtype = resolved_dtype(device, args.dtype)
         hf = random_hf_whisper(shape, device, dtype)
         config = EngineConfig(
             model=shape,
@@ -723,7 +724,8 @@ def main() -> None:
         record(
             "GPU: ours vs transformers on random weights of the large shapes (bench_gpu.py)",
             body,
-            "bf16, SDPA in transformers; ours: Triton paged attention, decode steps from CUDA graphs. "
+            f"dtype {args.dtype} for both, SDPA in transformers; ours: Triton paged attention, decode "
+            "steps from CUDA graphs. "
             "Bandwidth bound: decoder weights + every request's cross- and self-attention K/V, over the "
             "GPU's peak bandwidth.",
             json_path=args.json,

@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import bench_gpu  # noqa: E402
-from benchmarks.gpu_models import engine_model, random_hf_whisper  # noqa: E402
+from benchmarks.gpu_models import engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
 from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
 from engine.attention.base import PagedAttentionBatch  # noqa: E402
 from engine.attention.triton_paged import TritonPagedBackend  # noqa: E402
@@ -154,7 +154,7 @@ def main() -> None:
         )
 
     if "step" in sections:
-        dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+        dtype = resolved_dtype(args.device)
         hf = random_hf_whisper(args.shape, args.device, dtype)
         tokenizer = args.tokenizer or resolve_model_folder("base") / "tokenizer.json"
         cache_dtypes = ["auto", "fp8_e4m3"] if args.device.startswith("cuda") else ["auto"]

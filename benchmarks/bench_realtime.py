@@ -243,6 +243,7 @@ def main() -> None:
     parser.add_argument("--api-key", default="bench-realtime")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--baseline-streams", type=int, nargs="*", default=[1, 2, 4])
+    parser.add_argument("--model-label", default="tiny.en", help="what the app serves, for the report")
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "realtime.json")
     args = parser.parse_args()
 
@@ -273,7 +274,7 @@ def main() -> None:
         for system in {r["system"] for r in rows}
     }
     report = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, tiny.en",
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {args.model_label}",
         "rows": rows,
         "largest_streams_with_p95_final_under_1s": best,
     }

@@ -84,4 +84,19 @@ def profile_arguments(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
+    add_dtype_argument(parser)
     return parser
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="the engine's dtype ('auto': the engine's default on the device)",
+    )
+
+
+def resolved_dtype(device: str, dtype: str = "auto") -> torch.dtype:
+    """The dtype the engine runs ``dtype`` in on ``device`` ("auto" resolved as EngineConfig does)."""
+    return EngineConfig(device=device, dtype=dtype).torch_dtype

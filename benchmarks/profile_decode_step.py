@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_gpu import engine_at_batch, peak_bandwidth, step_bytes  # noqa: E402
-from benchmarks.gpu_models import engine_model, profile_arguments, random_hf_whisper  # noqa: E402
+from benchmarks.gpu_models import engine_model, profile_arguments, random_hf_whisper, resolved_dtype  # noqa: E402
 from benchmarks.recording import markdown_table  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
@@ -49,7 +49,7 @@ def main() -> None:
     parser = profile_arguments(__doc__.splitlines()[0])
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     args = parser.parse_args()
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    dtype = resolved_dtype(args.device, args.dtype)
     hf = random_hf_whisper(args.shape, args.device, dtype)
     config = EngineConfig(
         model=args.shape,

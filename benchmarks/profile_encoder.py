@@ -20,7 +20,7 @@ from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_models import SHAPES, engine_model, profile_arguments, random_hf_whisper  # noqa: E402
+from benchmarks.gpu_models import SHAPES, engine_model, profile_arguments, random_hf_whisper, resolved_dtype  # noqa: E402
 from benchmarks.recording import markdown_table  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.encode.runner import EncoderRunner  # noqa: E402
@@ -73,7 +73,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
+    dtype = resolved_dtype(args.device, args.dtype)
     hf = random_hf_whisper(args.shape, args.device, dtype)
     config = EngineConfig(
         model=args.shape,

@@ -6,13 +6,17 @@
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
+#   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
+#     bash benchmarks/run_app_on_gpu.sh
 #
 # Prints the time from `serve run` to /ready (a warm-up window through encoder, NIXL and decoder)
 # and the first request's latency after it, then bench_load's table for each client count in
 # CLIENTS (priorities by audio length: the 35.5 s clip is batch work), one more run with every
 # request sent as interactive at INTERACTIVE_CLIENTS (empty: none), the decoders' K/V pull times
 # from /metrics, and, with the app stopped, the engine alone on the same weights at the same
-# concurrencies (benchmarks/engine_alone.py).
+# concurrencies (benchmarks/engine_alone.py). With REALTIME_STREAMS set, instead: live streams at
+# real-time pace on /v1/realtime (benchmarks/bench_realtime.py), every pass decoding REALTIME_TOKENS
+# tokens (random weights never stop on their own; realtime.fixed_output_tokens).
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
@@ -28,7 +32,7 @@ STARTUP_S=${STARTUP_S:-300}
 WORK=${WORK:-/tmp/whisper-app}
 mkdir -p "$WORK"
 
-python3 - "$WORK" "$TOKENIZER" "$MODEL" <<'EOF'
+python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" <<'EOF'
 import shutil, sys
 from pathlib import Path
 
@@ -43,6 +47,8 @@ random_hf_whisper(model, "cpu", torch.bfloat16).save_pretrained(work / model)
 shutil.copy(tokenizer, work / model / "tokenizer.json")
 config = yaml.safe_load(Path(f"configs/{model}-one-gpu.yaml").read_text())
 config["applications"][0]["args"]["engine"]["model"] = str(work / model)
+if sys.argv[4]:  # live streams: every pass decodes a fixed number of tokens
+    config["applications"][0]["args"]["realtime"] = {"fixed_output_tokens": int(sys.argv[4])}
 (work / "app.yaml").write_text(yaml.safe_dump(config))
 EOF
 
@@ -72,6 +78,15 @@ metrics() {
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
     | grep -E '^whisper_(decoder_(kv_load|tokens|kv_loads|busy)|encoder_)' || true
 }
+if [[ -n "${REALTIME_STREAMS:-}" ]]; then
+  echo "== live streams at real-time pace, ${REALTIME_TOKENS:-32} tokens a pass"
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_realtime.py --url http://localhost:8000 --streams $REALTIME_STREAMS \
+    --baseline-streams --model-label "$MODEL shape, random weights" --out "$WORK/realtime.json"
+  python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
+    | grep -E '^whisper_realtime' || true
+  exit 0
+fi
 for clients in $CLIENTS; do
   echo "== $clients clients, priorities by audio length"
   # shellcheck disable=SC2086

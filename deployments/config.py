@@ -234,6 +234,13 @@ class RealtimeOptions(BaseModel):
         description="how far the audio a client appends may run ahead of the wall clock since the "
         "session opened; beyond it the chunk is refused with an error event (clients stream live)",
     )
+    fixed_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="benchmarks only: every pass (partial and final) decodes exactly this many tokens, "
+        "end of text or not, with no fallback, so that random weights (which never stop on their own) "
+        "cost what real speech does; the text is not a transcript",
+    )
 
 
 class AppConfig(BaseModel):

@@ -101,7 +101,10 @@ class EngineConfig(BaseModel):
     )
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto", description="'auto': float32 on CPU (no fast half matmuls there), bfloat16 on CUDA"
+        "auto",
+        description="'auto': float32 on CPU (no fast half matmuls there), float16 on CUDA (Whisper was "
+        "trained in fp16; bf16's 8-bit mantissa costs about a WER point on real weights, see "
+        "benchmarks/RESULTS.md). A window whose activations overflow fp16 fails with a clear error",
     )
     block_size: int = Field(
         128,
@@ -165,7 +168,7 @@ class EngineConfig(BaseModel):
     @model_validator(mode="after")
     def _resolve_dtype(self) -> "EngineConfig":
         if self.dtype == "auto":
-            self.dtype = "bfloat16" if torch.device(self.device).type == "cuda" else "float32"
+            self.dtype = "float16" if torch.device(self.device).type == "cuda" else "float32"
         return self
 
     @model_validator(mode="after")  # after _resolve_dtype: "auto" needs the resolved dtype

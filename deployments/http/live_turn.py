@@ -65,8 +65,11 @@ class LiveTurn:
         emit: Emit,
         metrics: ServingMetrics,
         slots: PartialPassSlots,
+        fixed_output_tokens: int | None = None,
     ):
+        """``fixed_output_tokens``: realtime.fixed_output_tokens (benchmarks only)."""
         self.item_id = item_id
+        self.fixed_output_tokens = fixed_output_tokens
         self.slots = slots
         self.settings = settings
         self.sample_rate_hz = settings.sample_rate_hz  # the client's rate; resampled per pass
@@ -167,6 +170,7 @@ class LiveTurn:
     async def _decode(self, kind: str, samples: np.ndarray, final: bool):
         self._passes += 1
         duration_s = len(samples) / SAMPLE_RATE
+        fixed = self.fixed_output_tokens
         options = DecodeOptions(
             language=self.settings.language,
             prompt=self._window_prompt or None,
@@ -174,10 +178,10 @@ class LiveTurn:
             # turn's text is the file's text; partial passes are one greedy decode each, capped
             # near the most words the audio can hold: on a second of audio tiny.en can fall into a
             # repetition loop that would run to 224 tokens (8 s of CPU) for text no one keeps.
-            fallback=FallbackOptions() if final else None,
-            max_tokens=None
-            if final
-            else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s)),
+            fallback=FallbackOptions() if final and fixed is None else None,
+            max_tokens=fixed
+            or (None if final else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s))),
+            ignore_eot=fixed is not None,
         )
         window_id = f"{self.item_id}-{kind}{self._passes}"
         # A final pass is what the speaker waits for: interactive, ahead of every partial pass

@@ -274,7 +274,13 @@ class RealtimeSession:
 
     def _open_turn(self) -> None:
         self.turn = LiveTurn(
-            new_id("item"), self.settings, self.pipeline, self.emit, self.metrics, self.slots
+            new_id("item"),
+            self.settings,
+            self.pipeline,
+            self.emit,
+            self.metrics,
+            self.slots,
+            self.options.fixed_output_tokens,
         )
 
     async def _commit(self, speech_ended_s: float) -> None:

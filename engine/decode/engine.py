@@ -194,7 +194,10 @@ class DecoderEngine:
             output = self.pipeline.read(to_read)
             self.scheduler.step_read(output.step_id)
             for request, reason in self.scheduler.update_from_output(output):
-                if not restart_hotter(request, self.tokenizer, self.pipeline.undo_draw(request)):
+                retried = reason != FinishReason.ERROR and restart_hotter(
+                    request, self.tokenizer, self.pipeline.undo_draw(request)
+                )
+                if not retried:
                     finished.append(self._finish(request, reason))
         self._stats = self._take_stats()
         return finished

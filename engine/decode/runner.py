@@ -134,7 +134,7 @@ class ModelRunner:
         hidden = self.model.decoder(token_ids, meta, self.storage, self.backend)
         if logits_index is not None:
             hidden = hidden[logits_index]
-        return self.model.decoder.logits(hidden).float()
+        return self.model.decoder.logits(hidden)
 
     def execute(self, step: StepInput) -> StepLogits:
         slots = step.slots

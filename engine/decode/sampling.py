@@ -55,7 +55,9 @@ def sample(
     tokens = logits.argmax(dim=-1)
     for row, (temperature, generator) in enumerate(zip(temperatures, generators)):
         if temperature > 0:
-            probs = torch.softmax(logits[row] / temperature, dim=-1)
+            # NaN logits (an overflow, failed when read) must not reach multinomial: on a GPU it
+            # asserts on the device, which ends the process.
+            probs = torch.softmax(torch.nan_to_num(logits[row] / temperature, nan=0.0), dim=-1)
             tokens[row] = torch.multinomial(probs, 1, generator=generator)[0]
     logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
     return tokens, logprobs

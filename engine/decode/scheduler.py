@@ -25,9 +25,10 @@ An admitted request whose cross-attention K/V is still loading (a pull beside th
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
 
 After a step is read, ``update_from_output`` appends each row's token to its request and says
-which requests reached a stop (end of text, or their length); the engine decides whether such a
-request restarts (fallback) or finishes. A request finished while a step launched with it is
-still on the device keeps its blocks until that step has been read (``step_read``).
+which requests reached a stop (end of text, their length, or an error: logits that are not finite
+numbers); the engine decides whether such a request restarts (fallback) or finishes. A request
+finished while a step launched with it is still on the device keeps its blocks until that step has
+been read (``step_read``).
 
 Time comes from an injected clock (``time.monotonic`` by default), so the policy is testable
 without sleeping.
@@ -35,6 +36,7 @@ without sleeping.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,11 @@ from engine.decode.step_output import StepOutput
 from engine.errors import CacheFullError
 from engine.kv.block_pool import BlockPool, blocks_needed
 from engine.types import FinishReason, Priority, is_promoted
+
+NON_FINITE_LOGITS = (
+    "the model's activations overflowed in this precision (the logits are not finite numbers); "
+    "serve this model with engine.dtype bfloat16 or float32"
+)
 
 
 @dataclass
@@ -157,6 +164,12 @@ class Scheduler:
             if row not in output.sampled_rows:
                 continue
             request.unread_tokens -= 1
+            if not math.isfinite(output.logprobs[row]):
+                # NaN or infinite logits: the activations overflowed (fp16's range ends at 65504).
+                # The token would be garbage; fail the window in words instead.
+                request.error = NON_FINITE_LOGITS
+                stopped.append((request, FinishReason.ERROR))
+                continue
             request.sum_logprob += output.logprobs[row]
             if token == self.eot and not request.options.ignore_eot:
                 stopped.append((request, FinishReason.STOP))

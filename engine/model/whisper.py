@@ -199,7 +199,16 @@ class TextDecoder(nn.Module):
         return self.add_norm(x, pending, *norm_params(self.norm))[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.embed_tokens.weight.T  # output projection tied to the embedding
+        """Float32 logits of the final hidden states, through the output projection tied to the
+        embedding. In half precision the product still accumulates in fp32 but comes out in fp32:
+        rounded to bf16 (or fp16), logits near 20 move in steps of 0.125, enough to swap the top
+        two tokens of an unsure step."""
+        weight = self.embed_tokens.weight
+        if hidden.dtype == torch.float32:
+            return hidden @ weight.T
+        if hidden.is_cuda:
+            return torch.mm(hidden, weight.T, out_dtype=torch.float32)
+        return hidden.float() @ weight.float().T  # CPUs have no mixed-dtype product
 
     def keep_only_cross_kv(self) -> None:
         """Free every decoder weight but the cross-K/V projection: all an encoder replica uses of

@@ -1,0 +1,185 @@
+"""Accuracy of each precision path on real weights: greedy tokens against the CPU's fp32 run of the
+same weights, and WER, over the speech set (tests/data/speech).
+
+Every 30 s window is decoded through ``Transcriber.run_windows`` (continuous batching, the GPU
+switches as configured), greedy, no timestamps, no fallback, so a difference is the arithmetic's
+and nothing else's. English clips decode with language "en"; on a multilingual model the
+multilingual clip's two windows (English, then German) detect their language.
+
+    python -m benchmarks.gpu_accuracy --model tiny.en=/tmp/tiny --model base=/tmp/base [--record]
+
+The test that holds the default precision to its bounds is tests/engine/test_gpu_real_weights.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from engine.config import EngineConfig
+from engine.model.audio import SAMPLE_RATE
+from engine.transcribe.evaluation import load_manifest, word_error_rate
+from engine.transcribe.offline import Transcriber
+from engine.types import DecodeOptions
+
+SPEECH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "speech"
+WINDOW_SAMPLES = 30 * SAMPLE_RATE
+
+# The precision paths the engine offers on a GPU: EngineConfig fields over device="cuda".
+GPU_PATHS: dict[str, dict] = {
+    "fp32": dict(dtype="float32"),
+    "fp16 (default)": dict(dtype="auto"),
+    "bf16": dict(dtype="bfloat16"),
+    "fp16 + fp8 KV": dict(dtype="float16", kv_cache_dtype="fp8_e4m3"),
+    "bf16 + fp8 KV": dict(dtype="bfloat16", kv_cache_dtype="fp8_e4m3"),
+}
+# One switch at a time, to see what a path's error comes from (not held to bounds).
+DIAGNOSTIC_PATHS: dict[str, dict] = {
+    "bf16, encoder not compiled": dict(dtype="bfloat16", gpu={"compile_encoder": False}),
+    "bf16, exact GELU (not fused)": dict(dtype="bfloat16", gpu={"fused_encoder_gelu": False}),
+    "bf16, decoder norms not fused": dict(dtype="bfloat16", gpu={"fused_decoder_norms": False}),
+    "fp16, encoder not compiled": dict(dtype="float16", gpu={"compile_encoder": False}),
+    "fp32, CUDA graphs off": dict(dtype="float32", gpu={"cuda_graphs": False}),
+}
+
+
+@dataclass(frozen=True)
+class SpeechWindow:
+    clip_id: str
+    samples: np.ndarray
+    language: str | None  # None: detected
+
+
+@dataclass(frozen=True)
+class PathResult:
+    path: str
+    windows: int
+    tokens_equal: int  # windows whose tokens equal the reference run's
+    wer: float  # over the English clips, a long clip's windows joined
+    languages: tuple[str, ...]  # of the detected windows
+
+
+@lru_cache(maxsize=1)
+def _clip_samples() -> dict[str, np.ndarray]:
+    """The speech set's samples. soundfile reads them (16 kHz mono FLAC, decoded to the same samples
+    as the server's FFmpeg path), so this runs where PyAV is not installed."""
+    import soundfile
+
+    samples = {}
+    for clip in load_manifest(SPEECH_DIR):
+        audio, rate = soundfile.read(clip.path, dtype="float32")
+        assert rate == SAMPLE_RATE and audio.ndim == 1, clip.id
+        samples[clip.id] = audio
+    return samples
+
+
+def speech_set_windows(multilingual: bool) -> list[SpeechWindow]:
+    """30 s windows of every English clip with a reference, and of the multilingual clip on a
+    multilingual model; a clip longer than 30 s is cut at 30 s boundaries."""
+    windows = []
+    for clip in load_manifest(SPEECH_DIR):
+        if not clip.text and not (multilingual and clip.id == "multilingual"):
+            continue
+        audio = _clip_samples()[clip.id]
+        for start in range(0, len(audio), WINDOW_SAMPLES):
+            language = "en" if clip.text else None
+            windows.append(SpeechWindow(clip.id, audio[start : start + WINDOW_SAMPLES], language))
+    return windows
+
+
+def decode_speech_set(config: EngineConfig) -> tuple[list[list[int]], list[SpeechWindow], list]:
+    """Greedy tokens of every window of the speech set under ``config``, with the windows and results."""
+    with Transcriber(config, encoder_batch_size=16) as transcriber:
+        windows = speech_set_windows(transcriber.loaded.weights.dims.is_multilingual)
+        results = transcriber.run_windows(
+            deque(
+                (key, window.samples, DecodeOptions(language=window.language))
+                for key, window in enumerate(windows)
+            )
+        )
+    ordered = [results[key][0] for key in range(len(windows))]
+    return [result.tokens for result in ordered], windows, ordered
+
+
+def english_wer(windows: list[SpeechWindow], results: list) -> float:
+    references = {clip.id: clip.text for clip in load_manifest(SPEECH_DIR) if clip.text}
+    texts: dict[str, list[str]] = {}
+    for window, result in zip(windows, results):
+        if window.clip_id in references:
+            texts.setdefault(window.clip_id, []).append(result.text)
+    ids = list(texts)
+    return word_error_rate([references[i] for i in ids], [" ".join(texts[i]) for i in ids])
+
+
+def measure(
+    path: str, config: EngineConfig, reference: list[list[int]] | None
+) -> tuple[PathResult, list[list[int]]]:
+    """The path's result against ``reference`` tokens (None: it is the reference), and its tokens."""
+    tokens, windows, results = decode_speech_set(config)
+    equal = len(tokens) if reference is None else sum(a == b for a, b in zip(tokens, reference, strict=True))
+    languages = tuple(r.language for w, r in zip(windows, results) if w.language is None)
+    return PathResult(path, len(windows), equal, english_wer(windows, results), languages), tokens
+
+
+def cpu_reference(model: str) -> tuple[list[list[int]], PathResult]:
+    """The tokens every GPU path is compared with, and their WER."""
+    config = EngineConfig(
+        model=model, device="cpu", dtype="float32", max_num_seqs=64, kv_cache_memory_mb=2048
+    )
+    result, tokens = measure("CPU fp32 (reference)", config, reference=None)
+    return tokens, result
+
+
+def gpu_config(model: str, fields: dict) -> EngineConfig:
+    return EngineConfig(model=model, device="cuda", max_num_seqs=64, kv_cache_memory_mb=4096, **fields)
+
+
+def main() -> None:
+    from benchmarks.recording import markdown_table, record
+
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", action="append", required=True, help="name=folder, e.g. tiny.en=/tmp/tiny")
+    parser.add_argument(
+        "--paths",
+        choices=["all", "offered", "diagnostics"],
+        default="all",
+        help="the paths the engine offers (what the test bounds), the one-switch diagnostics, or both",
+    )
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    paths = {"all": GPU_PATHS | DIAGNOSTIC_PATHS, "offered": GPU_PATHS, "diagnostics": DIAGNOSTIC_PATHS}[
+        args.paths
+    ]
+    rows = []
+    for name, folder in (entry.split("=", 1) for entry in args.model):
+        reference, cpu = cpu_reference(folder)
+        for result in [cpu] + [measure(p, gpu_config(folder, f), reference)[0] for p, f in paths.items()]:
+            rows.append(
+                [
+                    name,
+                    result.path,
+                    f"{result.tokens_equal}/{result.windows}",
+                    f"{100 * result.wer:.2f}%",
+                    f"{100 * (result.wer - cpu.wer):+.2f}",
+                    ",".join(result.languages) or "-",
+                ]
+            )
+            print(" | ".join(rows[-1]), flush=True)
+    table = markdown_table(
+        ["model", "path", "windows with tokens equal to CPU fp32", "WER", "vs CPU fp32 (points)", "detected"],
+        rows,
+    )
+    print(table)
+    if args.record:
+        record("Precision paths on real weights (GPU against CPU fp32)", table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""Half precision in the decoder: logits come out in float32, and an overflow fails the window in
+words (never garbage tokens, never a crash), with its blocks freed.
+
+CPUs run fp16 slowly but exactly as the dtype rounds, so these run everywhere; the same paths on a
+GPU, on real weights over the speech set, are in tests/engine/test_gpu_real_weights.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.decode.engine import DecoderEngine
+from engine.kv.sources import CrossKVTensor
+from engine.model.loading import LoadedModel, load_model
+from engine.types import DecodeOptions, FallbackOptions, FinishReason
+from tests.support.engines import cross_kv_of, decode_one
+from tests.support.speech import SPEECH_DIR
+
+JFK = SPEECH_DIR / "jfk.flac"
+FP16_MAX = torch.finfo(torch.float16).max
+
+
+def tiny_en_fp16() -> LoadedModel:
+    return load_model(EngineConfig(model="tiny.en", dtype="float16"))
+
+
+def test_cuda_runs_float16_unless_told_otherwise():
+    assert EngineConfig(device="cuda").dtype == "float16"
+    assert EngineConfig(device="cuda", dtype="bfloat16").dtype == "bfloat16"
+    assert EngineConfig().dtype == "float32"
+
+
+def test_half_precision_logits_are_float32_products_not_rounded_ones():
+    loaded = tiny_en_fp16()
+    hidden = torch.randn(4, loaded.weights.dims.d_model).half()
+    logits = loaded.model.decoder.logits(hidden)
+    weight = loaded.model.decoder.embed_tokens.weight.float()
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, hidden.float() @ weight.T, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(logits, logits.half().float()), "the logits were rounded to fp16"
+
+
+def test_fp16_decodes_a_clip_to_the_tokens_fp32_does(tiny_en):
+    _, fp32 = decode_one(DecoderEngine(tiny_en), CrossKVTensor(cross_kv_of(tiny_en, JFK)), DecodeOptions())
+    fp16_model = tiny_en_fp16()
+    engine = DecoderEngine(fp16_model)
+    _, fp16 = decode_one(engine, CrossKVTensor(cross_kv_of(fp16_model, JFK)), DecodeOptions())
+    assert fp16.finish_reason == FinishReason.STOP and fp16.tokens == fp32.tokens
+    assert engine.pool.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("where", ["decoder", "encoder"])
+@pytest.mark.parametrize("temperature", [0.0, 0.4])
+def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(where, temperature):
+    loaded = tiny_en_fp16()
+    # A final layer norm scaled to fp16's largest value sends every activation above ~1 to inf:
+    # the overflow a model with large activations meets, in the encoder's output or the decoder's.
+    norm = loaded.model.encoder.norm if where == "encoder" else loaded.model.decoder.norm
+    norm.weight.data.fill_(FP16_MAX)
+    engine = DecoderEngine(loaded)
+    options = DecodeOptions(temperature=temperature, fallback=FallbackOptions(), seed=1)
+    request, result = decode_one(engine, CrossKVTensor(cross_kv_of(loaded, JFK)), options)
+    assert result.finish_reason == FinishReason.ERROR
+    assert "overflowed" in result.error and "engine.dtype" in result.error
+    assert request.attempt == 0, "an overflow is not retried hotter: every temperature would overflow"
+    assert result.tokens == []
+    assert engine.pool.num_used_blocks == 0 and not engine.has_work
