@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from engine.config import EngineConfig
 from engine.model.audio import SAMPLE_RATE
@@ -94,6 +95,9 @@ def speech_set_windows(multilingual: bool) -> list[SpeechWindow]:
 
 def decode_speech_set(config: EngineConfig) -> tuple[list[list[int]], list[SpeechWindow], list]:
     """Greedy tokens of every window of the speech set under ``config``, with the windows and results."""
+    # Each config compiles its own encoder: without a reset, torch.compile stops recompiling
+    # after a few dtypes in one process and runs the rest eagerly.
+    torch._dynamo.reset()
     with Transcriber(config, encoder_batch_size=16) as transcriber:
         windows = speech_set_windows(transcriber.loaded.weights.dims.is_multilingual)
         results = transcriber.run_windows(

@@ -7,7 +7,9 @@ streaming.py) and which status each error gets (deployments/http/errors.py) live
 # No `from __future__ import annotations` here: FastAPI reads the route signatures at run time.
 
 import asyncio
+import contextlib
 import dataclasses
+import logging
 import time
 from functools import partial
 
@@ -30,7 +32,7 @@ from deployments.http.forms import TranscriptionForm, parse_transcription_form
 from deployments.http.live_turn import PartialPassSlots
 from deployments.http.pipeline import WindowPipeline
 from deployments.http.readiness import Readiness
-from deployments.http.realtime import CLOSE_TRY_AGAIN_LATER, RealtimeSession
+from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics
@@ -43,6 +45,8 @@ SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper transcription on Ray Serve")
 add_exception_handlers(app)
+
+logger = logging.getLogger("ray.serve")
 
 
 def _model_object(name: str) -> dict:
@@ -135,6 +139,14 @@ class Ingress:
                 self.decoder.check_options.remote,
             )
             await session.run()
+        except Exception:
+            # A fault of the server's (not of the client's events, which get error events): say so
+            # in OpenAI's shape and close with 1011 rather than drop the connection without a word.
+            logger.exception("realtime session failed")
+            error = RealtimeEventError("server_error", "The server failed this session; open a new one.")
+            with contextlib.suppress(Exception):  # the client may be gone already
+                await websocket.send_json(error_event(error))
+                await websocket.close(code=CLOSE_INTERNAL_ERROR)
         finally:
             self.realtime_sessions -= 1
             self.metrics.realtime_sessions.dec()

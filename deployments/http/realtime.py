@@ -46,6 +46,7 @@ logger = logging.getLogger("ray.serve")
 
 CLOSE_NORMAL = 1000
 CLOSE_TRY_AGAIN_LATER = 1013  # RFC 6455: the server is overloaded
+CLOSE_INTERNAL_ERROR = 1011  # RFC 6455: the server met a condition it did not expect
 
 
 class RealtimeSession:
