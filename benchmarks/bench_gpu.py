@@ -512,6 +512,7 @@ def main() -> None:
     parser.add_argument("--attention-backend", default="auto")
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     parser.add_argument("--no-cuda-graphs", action="store_true")
+    parser.add_argument("--fp8-encoder", action="store_true", help="engine.gpu.fp8_encoder (ours only)")
     add_dtype_argument(parser)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
@@ -524,6 +525,7 @@ def main() -> None:
     for shape in args.shapes.split(","):
         prefix = "" if shape == "large-v3" else shape.replace("large-v3-", "") + "_"
         prefix += "fp8kv_" if args.kv_cache_dtype == "fp8_e4m3" else ""
+        prefix += "fp8enc_" if args.fp8_encoder else ""
         dtype = resolved_dtype(device, args.dtype)
         hf = random_hf_whisper(shape, device, dtype)
         config = EngineConfig(
@@ -532,7 +534,7 @@ def main() -> None:
             dtype=str(dtype).removeprefix("torch."),
             attention_backend=args.attention_backend,
             kv_cache_dtype=args.kv_cache_dtype,
-            gpu={"cuda_graphs": not args.no_cuda_graphs},
+            gpu={"cuda_graphs": not args.no_cuda_graphs, "fp8_encoder": args.fp8_encoder},
         )
         loaded = engine_model(hf, tokenizer_file, config)
         _TOKENIZER = loaded.tokenizer

@@ -38,6 +38,7 @@ GPU_PATHS: dict[str, dict] = {
     "bf16": dict(dtype="bfloat16"),
     "fp16 + fp8 KV": dict(dtype="float16", kv_cache_dtype="fp8_e4m3"),
     "bf16 + fp8 KV": dict(dtype="bfloat16", kv_cache_dtype="fp8_e4m3"),
+    "fp16 + FP8 encoder": dict(dtype="float16", gpu={"fp8_encoder": True}),
 }
 # One switch at a time, to see what a path's error comes from (not held to bounds).
 DIAGNOSTIC_PATHS: dict[str, dict] = {

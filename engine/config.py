@@ -28,6 +28,7 @@ class ResolvedGPUSwitches:
     compile_encoder: bool
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
+    fp8_encoder: bool
 
 
 class GPUSwitches(BaseModel):
@@ -69,6 +70,12 @@ class GPUSwitches(BaseModel):
         True,
         description="run each residual add in the decoder and the layer norm after it as one Triton kernel",
     )
+    fp8_encoder: bool = Field(
+        False,
+        description="run the encoder's matrix products (and the cross-K/V projection) in FP8 e4m3 with "
+        "per-channel weight and per-token activation scales (engine/model/fp8.py); needs FP8 tensor "
+        "cores (compute capability 8.9+: Ada, Hopper). Accuracy and speed: benchmarks/RESULTS.md",
+    )
 
     def resolve(
         self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True
@@ -90,6 +97,7 @@ class GPUSwitches(BaseModel):
             and self.fused_encoder_gelu
             and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
+            fp8_encoder=on_cuda and self.fp8_encoder,
         )
 
 

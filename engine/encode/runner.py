@@ -7,7 +7,26 @@ import torch
 
 from engine.kv.storage import to_cache_dtype
 from engine.model.audio import N_SAMPLES, log_mel_spectrogram
+from engine.model.fp8 import fp8_supported, quantize_linears
 from engine.model.loading import LoadedModel
+
+
+def quantize_encoder_fp8(loaded: LoadedModel) -> None:
+    """The encoder's products and the cross-K/V projection in FP8 (engine.gpu.fp8_encoder), once
+    per model: a decoder engine sharing the model in one process sees the same projection."""
+    model, device = loaded.model, loaded.config.torch_device
+    if not fp8_supported(device):
+        capability = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        raise ValueError(
+            f"engine.gpu.fp8_encoder needs FP8 tensor cores (compute capability 8.9 or up); this GPU "
+            f"is {capability}: set it to false"
+        )
+    if getattr(model.encoder, "fp8", False):
+        return
+    model.encoder.quantize_fp8()
+    if model.decoder.cross_kv is not None:
+        quantize_linears(model.decoder, ["cross_kv"])
+    model.encoder.fp8 = True
 
 
 class EncoderRunner:
@@ -20,7 +39,9 @@ class EncoderRunner:
         self.dtype = loaded.config.torch_dtype
         self.kv_cache_dtype = loaded.config.kv_cache_torch_dtype
         switches = loaded.config.gpu_switches()
-        if switches.fused_encoder_gelu:
+        if switches.fp8_encoder:
+            quantize_encoder_fp8(loaded)
+        elif switches.fused_encoder_gelu:
             self.model.encoder.fuse_gelu()  # before compiling: the compiled graph takes the fused product
         if switches.compile_encoder:
             # The whole encoder, not each layer alone: fusions across layers count (RESULTS.md).

@@ -15,6 +15,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
+from engine.model.fp8 import quantize_linears
 from engine.model.weights import ModelDims
 
 
@@ -104,6 +105,14 @@ class AudioEncoder(nn.Module):
         unfused (measured: benchmarks/RESULTS.md). Not for fp32, where it would not be."""
         for layer in self.layers:
             layer.mlp.fused_gelu = True
+
+    def quantize_fp8(self) -> None:
+        """Every layer's four products (QKV, attention output, the MLP's two) in FP8
+        (engine/model/fp8.py); the convolutions, norms and attention stay in 16 bits. The MLP's
+        GELU then runs on its own: there is no FP8 product with a GELU epilogue to fold it into."""
+        for layer in self.layers:
+            quantize_linears(layer, ["qkv", "attn_out", "mlp.fc1", "mlp.fc2"])
+            layer.mlp.fused_gelu = False
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
         """mels [N, n_mels, 3000] -> states [N, 1500, d_model]."""

@@ -1,0 +1,66 @@
+"""FP8 encoder products (engine/model/fp8.py). CPUs run torch's ``_scaled_mm`` with the same
+e4m3 rounding and scales as a GPU (slowly), so the arithmetic is checked here; speed and accuracy
+on real weights on a GPU are benchmarks/bench_gpu.py --fp8-encoder and
+tests/engine/test_gpu_real_weights.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from engine.config import EngineConfig
+from engine.decode.engine import DecoderEngine
+from engine.kv.sources import CrossKVTensor
+from engine.model.fp8 import E4M3, Fp8Linear, quantize_linears, quantize_rows
+from engine.model.loading import load_model
+from engine.types import DecodeOptions
+from tests.support.engines import cross_kv_of, decode_one
+from tests.support.speech import SPEECH_DIR
+
+
+def test_rows_quantize_to_e4m3_with_their_largest_value_at_448_and_round_trip_within_its_spacing():
+    torch.manual_seed(0)
+    x = torch.randn(64, 256) * torch.logspace(-3, 3, 64)[:, None]  # rows six decades apart
+    values, scale = quantize_rows(x)
+    assert values.dtype == E4M3 and scale.shape == (64, 1)
+    assert torch.equal(values.float().abs().amax(dim=1), torch.full((64,), 448.0))
+    # e4m3 keeps 3 mantissa bits: a value is off by at most 1/16 of itself (or of the row's
+    # smallest normal step, for values far below the row's largest).
+    error = (values.float() * scale - x).abs()
+    assert bool((error <= x.abs() / 16 + scale * 2**-6).all())
+    zeros, zero_scale = quantize_rows(torch.zeros(2, 8))
+    assert torch.equal(zeros.float() * zero_scale, torch.zeros(2, 8)), "a row of zeros stays zeros"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_an_fp8_linear_is_the_linear_within_fp8s_error_and_keeps_the_dtype(dtype):
+    torch.manual_seed(1)
+    linear = nn.Linear(384, 1536).to(dtype)
+    fp8 = Fp8Linear(linear)
+    x = torch.randn(3, 100, 384).to(dtype)
+    out, expected = fp8(x), linear(x)
+    assert out.dtype == dtype and out.shape == expected.shape
+    relative = ((out.float() - expected.float()).norm() / expected.float().norm()).item()
+    assert 0.005 < relative < 0.06, relative  # quantized, and by no more than e4m3's rounding
+
+
+def test_a_tiny_en_encoder_in_fp8_transcribes_a_clip_as_the_float_encoder_does(tiny_en):
+    clip = SPEECH_DIR / "jfk.flac"
+    _, float_result = decode_one(
+        DecoderEngine(tiny_en), CrossKVTensor(cross_kv_of(tiny_en, clip)), DecodeOptions()
+    )
+    loaded = load_model(EngineConfig(model="tiny.en"))
+    loaded.model.encoder.quantize_fp8()
+    quantize_linears(loaded.model.decoder, ["cross_kv"])
+    assert isinstance(loaded.model.encoder.layers[0].mlp.fc2, Fp8Linear)
+    _, fp8_result = decode_one(
+        DecoderEngine(loaded), CrossKVTensor(cross_kv_of(loaded, clip)), DecodeOptions()
+    )
+    assert fp8_result.text == float_result.text
+
+
+def test_fp8_encoder_is_a_cuda_switch_and_off_on_a_cpu():
+    assert EngineConfig(device="cuda", gpu={"fp8_encoder": True}).gpu_switches().fp8_encoder
+    assert not EngineConfig(device="cuda").gpu_switches().fp8_encoder, "off unless asked for"
+    assert not EngineConfig(device="cpu", gpu={"fp8_encoder": True}).gpu_switches().fp8_encoder
