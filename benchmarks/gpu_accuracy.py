@@ -157,11 +157,14 @@ def main() -> None:
         default="all",
         help="the paths the engine offers (what the test bounds), the one-switch diagnostics, or both",
     )
+    parser.add_argument("--path", action="append", help="only this path (by its name; repeatable)")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     paths = {"all": GPU_PATHS | DIAGNOSTIC_PATHS, "offered": GPU_PATHS, "diagnostics": DIAGNOSTIC_PATHS}[
         args.paths
     ]
+    if args.path:
+        paths = {name: (GPU_PATHS | DIAGNOSTIC_PATHS)[name] for name in args.path}
     rows = []
     for name, folder in (entry.split("=", 1) for entry in args.model):
         reference, cpu = cpu_reference(folder)

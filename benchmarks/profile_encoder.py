@@ -71,6 +71,7 @@ def main() -> None:
         default=798.0,
         help="the device's bf16 matrix-product rate (798 measured on the lent H100)",
     )
+    parser.add_argument("--fp8-encoder", action="store_true", help="engine.gpu.fp8_encoder")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     dtype = resolved_dtype(args.device, args.dtype)
@@ -79,7 +80,7 @@ def main() -> None:
         model=args.shape,
         device=args.device,
         dtype=str(dtype).removeprefix("torch."),
-        gpu={"compile_encoder": False},
+        gpu={"compile_encoder": False, "fp8_encoder": args.fp8_encoder},
     )
     loaded = engine_model(hf, args.tokenizer or resolve_model_folder("base") / "tokenizer.json", config)
     del hf

@@ -34,7 +34,7 @@ BOUNDS = {
     "bf16": (0.70, 2.0),
     "fp16 + fp8 KV": (0.70, 2.0),
     "bf16 + fp8 KV": (0.60, 3.0),
-    "fp16 + FP8 encoder": (0.60, 1.5),
+    "fp16 + FP8 encoder": (0.65, 1.5),  # measured 33/43 and 35/45 equal, WER -0.97 and +0.00
 }
 
 
