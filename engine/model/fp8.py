@@ -79,8 +79,12 @@ class Fp8Linear(nn.Module):
         self.register_buffer("bias", bias.to(weight.device, self.product_dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        values, scale = quantize_rows(rows)
+        values, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
+        return self.product(values, scale).view(*x.shape[:-1], self.out_features)
+
+    def product(self, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        """The product of rows already quantized (e4m3 values [rows, in], fp32 scales [rows, 1])
+        -> [rows, out] in the model's dtype."""
         out = torch._scaled_mm(
             values,
             self.weight_values.t(),
@@ -89,7 +93,7 @@ class Fp8Linear(nn.Module):
             bias=self.bias,
             out_dtype=self.product_dtype,
         )
-        return out.to(self.dtype).view(*x.shape[:-1], self.out_features)
+        return out.to(self.dtype)
 
 
 def quantize_linears(module: nn.Module, names: list[str]) -> int:

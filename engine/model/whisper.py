@@ -14,6 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
+from engine.kernels import triton_available
+from engine.kernels.gelu_quantize import gelu_quantize_rows_op
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
 from engine.model.fp8 import quantize_linears
 from engine.model.weights import ModelDims
@@ -54,8 +56,15 @@ class MLP(nn.Module):
         # The tanh form of GELU, on a GPU in fc1's cuBLASLt epilogue rather than a pass of its own
         # (see AudioEncoder.fuse_gelu); elsewhere the same function, unfused.
         self.fused_gelu = False
+        # FP8 products on a GPU: the GELU and fc2's input quantization in one Triton kernel
+        # (engine/kernels/gelu_quantize.py; see AudioEncoder.quantize_fp8).
+        self.gelu_quantize_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gelu_quantize_kernel:
+            hidden = self.fc1(x)
+            values, scale = gelu_quantize_rows_op(hidden.reshape(-1, hidden.shape[-1]))
+            return self.fc2.product(values, scale).view(*x.shape[:-1], -1)
         if not self.fused_gelu:
             return self.fc2(F.gelu(self.fc1(x)))
         if x.is_cuda:  # cuBLASLt's GELU epilogue is the tanh form (torch's CPU kernel is exact)
@@ -108,11 +117,14 @@ class AudioEncoder(nn.Module):
 
     def quantize_fp8(self) -> None:
         """Every layer's four products (QKV, attention output, the MLP's two) in FP8
-        (engine/model/fp8.py); the convolutions, norms and attention stay in 16 bits. The MLP's
-        GELU then runs on its own: there is no FP8 product with a GELU epilogue to fold it into."""
+        (engine/model/fp8.py); the convolutions, norms and attention stay in 16 bits. There is no
+        FP8 product with a GELU epilogue: on a GPU the GELU runs in the kernel that quantizes
+        fc2's input, elsewhere as an operation of its own."""
+        on_gpu = self.norm.weight.is_cuda and triton_available()
         for layer in self.layers:
             quantize_linears(layer, ["qkv", "attn_out", "mlp.fc1", "mlp.fc2"])
             layer.mlp.fused_gelu = False
+            layer.mlp.gelu_quantize_kernel = on_gpu
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
         """mels [N, n_mels, 3000] -> states [N, 1500, d_model]."""

@@ -64,3 +64,18 @@ def test_fp8_encoder_is_a_cuda_switch_and_off_on_a_cpu():
     assert EngineConfig(device="cuda", gpu={"fp8_encoder": True}).gpu_switches().fp8_encoder
     assert not EngineConfig(device="cuda").gpu_switches().fp8_encoder, "off unless asked for"
     assert not EngineConfig(device="cpu", gpu={"fp8_encoder": True}).gpu_switches().fp8_encoder
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_gelu_quantize_kernel_gives_the_values_and_scales_of_the_operations_it_fuses():
+    """(Triton's CPU interpreter does not round to e4m3 as the GPU does, so this runs on a GPU.)"""
+    from engine.kernels.gelu_quantize import gelu_quantize_rows_op
+
+    torch.manual_seed(2)
+    x = (torch.randn(3000, 5120, device="cuda") * 3).half()
+    values, scale = gelu_quantize_rows_op(x)
+    expected_values, expected_scale = quantize_rows(torch.nn.functional.gelu(x.float()))
+    torch.testing.assert_close(scale, expected_scale, rtol=1e-6, atol=0)
+    # erf may differ by an ulp between Triton and torch, moving a value across a rounding boundary.
+    assert (values.float() == expected_values.float()).float().mean().item() > 0.999
