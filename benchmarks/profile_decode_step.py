@@ -74,11 +74,13 @@ def main() -> None:
             torch.cuda.synchronize()
 
     by_kind: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    by_kernel: dict[str, list[tuple[float, int, str]]] = defaultdict(list)
     for event in profiler.key_averages():
         micros = event.device_time_total if args.device.startswith("cuda") else event.self_cpu_time_total
         if micros > 0:
             by_kind[kind_of(event.key)][0] += micros
             by_kind[kind_of(event.key)][1] += event.count
+            by_kernel[kind_of(event.key)].append((micros, event.count, event.key))
     total = sum(micros for micros, _ in by_kind.values())
     peak, peak_source = peak_bandwidth(args.device)
     bound_ms = step_bytes(loaded, args.batch, 50) / peak * 1000
@@ -92,6 +94,9 @@ def main() -> None:
         f"decode step; bandwidth bound {bound_ms:.2f} ms ({peak_source} {peak / 1e12:.2f} TB/s)"
     )
     print(markdown_table(["part of the step", "ms", "kernels", "share"], rows))
+    for kind in ("matrix products", "other"):  # the parts to look into first
+        for micros, count, name in sorted(by_kernel[kind], reverse=True)[:8]:
+            print(f"  {kind}: {micros / 1000:7.3f} ms in {count:3d}  {name[:110]}")
 
 
 if __name__ == "__main__":
