@@ -42,6 +42,12 @@ class DecodeOptions:
     fallback: FallbackOptions | None = None
     word_timestamps: bool = False  # needs timestamps; aligns words with the cross-attention heads
     token_logprobs: bool = False  # return each text token's log-probability (OpenAI's include[]=logprobs)
+    # Beam search at temperature 0 (openai-whisper's beam_size, patience, length_penalty): 1 is
+    # greedy. patience: finish once beam_size * patience hypotheses have ended (None: 1.0);
+    # length_penalty: None ranks by log-probability per token, alpha in [0, 1] by Google NMT's penalty.
+    beam_size: int = 1
+    patience: float | None = None
+    length_penalty: float | None = None
 
     def temperatures(self) -> tuple[float, ...]:
         """The temperatures a window may be decoded at, in the order they are tried."""

@@ -23,7 +23,7 @@ from engine.decode.fallback import restart_hotter
 from engine.decode.inbox import Inbox
 from engine.decode.kv_loader import CrossKVLoader
 from engine.decode.logit_rules import LogitRules
-from engine.decode.pipeline import StepPipeline
+from engine.decode.pipeline import LaunchedStep, StepPipeline
 from engine.decode.prompt import build_request
 from engine.decode.request import Request, RequestStatus
 from engine.decode.results import ResultBuilder
@@ -188,19 +188,34 @@ class DecoderEngine:
         finished += self._take_landed()
         scheduled = self.scheduler.schedule()
         finished += self._load_cross_kv(scheduled.admitted)
+        self.storage.copy_blocks(scheduled.block_copies)
         launched = self.pipeline.launch(scheduled.batch)
-        to_read = self.pipeline.step_to_read(launched)
-        if to_read is not None:
-            output = self.pipeline.read(to_read)
-            self.scheduler.step_read(output.step_id)
-            for request, reason in self.scheduler.update_from_output(output):
-                retried = reason != FinishReason.ERROR and restart_hotter(
-                    request, self.tokenizer, self.pipeline.undo_draw(request)
-                )
-                if not retried:
-                    finished.append(self._finish(request, reason))
+        # Beams choose their next tokens on the host: while they run, no step runs ahead of reading.
+        for to_read in self.pipeline.steps_to_read(launched, overlap=not self.scheduler.has_beams):
+            finished += self._read(to_read)
         self._stats = self._take_stats()
         return finished
+
+    def _read(self, launched: LaunchedStep) -> list[DecodeResult]:
+        """Read a launched step's tokens; return the requests that finished (fallback restarts do not)."""
+        output = self.pipeline.read(launched)
+        self.scheduler.step_read(output.step_id)
+        finished = []
+        for request, reason in self.scheduler.update_from_output(output):
+            retried = reason != FinishReason.ERROR and restart_hotter(
+                request, self.tokenizer, self.pipeline.undo_draw(request)
+            )
+            if not retried:
+                finished.append(self._finish(request, reason))
+            elif request.beam_search is not None:
+                # Hotter attempts sample one sequence (openai-whisper's transcribe), on the prompt's blocks.
+                self._end_beam_search(request, keep_prompt=True)
+        return finished
+
+    def _end_beam_search(self, request: Request, keep_prompt: bool) -> None:
+        for hypothesis in request.beam_search.hypotheses:
+            self.runner.release(hypothesis.request_id)
+        request.beam_search.end(keep_prompt)
 
     def _take_submitted(self) -> list[DecodeResult]:
         rejected: list[DecodeResult] = []
@@ -261,6 +276,8 @@ class DecoderEngine:
         still holds its blocks (word alignment reads its K/V); one that ends before admission gives
         its source's K/V up unloaded (an encoder's staging would otherwise wait for its timeout)."""
         decoded = reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if request.beam_search is not None:
+            self._end_beam_search(request, keep_prompt=False)
         result = self.results.build(request, reason) if decoded else None
         if request.status == RequestStatus.WAITING and request.cross_source is not None:
             request.cross_source.discard()
@@ -275,7 +292,7 @@ class DecoderEngine:
             num_total_blocks=pool.num_blocks,
             num_free_blocks=pool.num_free_blocks,
             num_used_blocks=pool.num_used_blocks,
-            num_running=len(scheduler.running),
+            num_running=scheduler.num_sequences,
             num_waiting=len(scheduler.waiting),
             num_waiting_interactive=scheduler.num_waiting_of(Priority.INTERACTIVE),
             waiting_blocks=sum(scheduler.blocks_for(request) for request in scheduler.waiting),

@@ -118,6 +118,23 @@ class LogitRules:
             [is_stamp.long(), before_was_stamp.long(), torch.where(is_stamp, sampled, kept_stamp)]
         )
 
+    def restore_histories(self, slots: list[int], texts: list[list[int]]) -> None:
+        """Set each slot's history to what ``record`` would have left after sampling the tokens of
+        its text: a beam hypothesis that continues another's text takes that text's history."""
+        begin = self.special.timestamp_begin
+        histories = []
+        for tokens in texts:
+            stamps = [token for token in tokens if token >= begin]
+            histories.append(
+                [
+                    int(tokens[-1] >= begin),
+                    int(len(tokens) < 2 or tokens[-2] >= begin),
+                    stamps[-1] if stamps else -1,
+                ]
+            )
+        values = upload(histories, torch.long, self.device).T
+        self._history[:, upload(slots, torch.long, self.device)] = values
+
     def _timestamp_rules(self, logits: torch.Tensor, stamp_rows: torch.Tensor) -> None:
         """The timestamp rules for the rows ``stamp_rows`` names, in place, for all rows at once.
 

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.decode.beam_search import BeamCandidates
 from engine.decode.host_device import PendingDownload, upload
 from engine.decode.language import detect_language, no_speech_probability
 from engine.decode.logit_rules import LogitRules
 from engine.decode.prompt import next_prompt_tokens
 from engine.decode.request import FROM_LAST_STEP, Request
 from engine.decode.runner import ModelRunner, StepInput, StepRow
-from engine.decode.sampling import sample_rows
+from engine.decode.sampling import SampledRows, sample_rows
 from engine.decode.step_output import StepOutput
 from engine.model.tokenizer import WhisperTokenizer
 
@@ -44,6 +45,9 @@ class LaunchedStep:
     detect_rows: list[int]  # of those, rows whose language is detected there
     computed_after: list[int]  # each row's tokens in the cache once this step has run
     readback: PendingDownload  # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH
+    beam_rows: list[int] = field(default_factory=list)  # rows of beam hypotheses that sampled
+    # [2, len(beam_rows), width] float32: each beam row's likeliest tokens and their log-probabilities.
+    candidates: PendingDownload | None = None
     # Per request that sampled with its own generator: the generator's state before this step's draw.
     generator_states: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -71,12 +75,14 @@ class StepPipeline:
     def next_prompt_tokens_of(self, request: Request) -> list[int]:
         return next_prompt_tokens(request, self.stepped_prompt_tokens)
 
-    def step_to_read(self, launched: LaunchedStep | None) -> LaunchedStep | None:
-        """The step whose tokens to read now: the one just launched, or with async steps the one before."""
+    def steps_to_read(self, launched: LaunchedStep | None, overlap: bool = True) -> list[LaunchedStep]:
+        """The steps whose tokens to read now, in launch order: the one just launched, or with async
+        steps the one before. ``overlap=False`` reads both: beams choose their next tokens on the host."""
         if not self.async_steps:
-            return launched
-        previous, self.in_flight = self.in_flight, launched
-        return previous
+            return [launched] if launched is not None else []
+        previous, self.in_flight = self.in_flight, (launched if overlap else None)
+        steps = [previous] + ([] if overlap else [launched])
+        return [step for step in steps if step is not None]
 
     def undo_draw(self, request: Request) -> torch.Tensor | None:
         """The request's generator state before the draw of the step in flight, if that step drew for it."""
@@ -103,7 +109,7 @@ class StepPipeline:
         batch = [
             r
             for r in scheduled
-            if r.finish_reason is None and not r.cross_kv_loading and not self._ends_with_unread_token(r)
+            if r.finish_reason is None and not r.waits_for_cross_kv and not self._ends_with_unread_token(r)
         ]
         if not batch:
             return None
@@ -130,8 +136,8 @@ class StepPipeline:
             else:
                 sampling_rows.append(row)
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
-        generator_states = (
-            self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else {}
+        sampled = (
+            self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else None
         )
         if sot_rows:
             self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
@@ -145,17 +151,24 @@ class StepPipeline:
             detect_rows=detect_rows,
             computed_after=computed_after,
             readback=PendingDownload(readback),
-            generator_states=generator_states,
+            generator_states=sampled.generator_states if sampled else {},
+            beam_rows=sampled.beam_rows if sampled else [],
+            candidates=PendingDownload(sampled.candidates) if sampled and sampled.beam_rows else None,
         )
 
     def step_input(self, batch: list[Request]) -> StepInput:
         """What the runner needs of ``batch`` this step: slots, fed tokens, positions."""
         rows = []
+        tables = self.runner.tables
         for request in batch:
             start, fed = request.num_computed_tokens, request.pending_tokens
+            slot = tables.slot_of(request.request_id, request.blocks)
+            if request.tables_changed:  # a beam hypothesis forked, or copied a block it writes
+                tables.rewrite_self(slot, request.blocks.self_block_ids)
+                request.tables_changed = False
             rows.append(
                 StepRow(
-                    slot=self.runner.tables.slot_of(request.request_id, request.blocks),
+                    slot=slot,
                     tokens=fed,
                     source_row=request.fed_from_row,
                     start=start,
@@ -173,9 +186,9 @@ class StepPipeline:
         batch: list[Request],
         rows: list[int],
         readback: torch.Tensor,
-    ) -> dict[str, torch.Tensor]:
-        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; returns
-        the generators' states before their draws."""
+    ) -> SampledRows:
+        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; a beam
+        hypothesis's row offers its likeliest tokens instead, which the host chooses from."""
         sampled = sample_rows(self.rules, logits, slots, batch, rows)
         if sampled.row_index is None:
             readback[_TOKEN] = sampled.tokens
@@ -185,9 +198,11 @@ class StepPipeline:
             readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
         for row in rows:
             request = batch[row]
-            request.pending_tokens, request.pending_source_row = [FROM_LAST_STEP], row
+            # A hypothesis's next token is the beams' choice, made on the host once this step is read.
+            next_tokens = [FROM_LAST_STEP] if request.hypothesis_of is None else []
+            request.pending_tokens, request.pending_source_row = next_tokens, row
             request.unread_tokens += 1
-        return sampled.generator_states
+        return sampled
 
     def _read_sot_logits(
         self,
@@ -211,6 +226,14 @@ class StepPipeline:
         """Wait for a launched step's tokens."""
         values = step.readback.wait()
         tokens = [int(token) for token in values[_TOKEN].tolist()]
+        candidates = {}
+        if step.candidates is not None:
+            offered = step.candidates.wait()
+            for index, row in enumerate(step.beam_rows):
+                width = step.batch[row].options.beam_size + 1
+                candidates[row] = BeamCandidates(
+                    [int(token) for token in offered[0, index, :width]], offered[1, index, :width].tolist()
+                )
         return StepOutput(
             step_id=step.step_id,
             batch=step.batch,
@@ -221,4 +244,5 @@ class StepPipeline:
             no_speech_probs={row: float(values[_NO_SPEECH, row]) for row in step.sot_rows},
             languages={row: self._language_of_token[tokens[row]] for row in step.detect_rows},
             computed_after=step.computed_after,
+            candidates=candidates,
         )

@@ -64,6 +64,7 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
         raise RequestRejectedError(
             "word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]"
         )
+    _check_beam_options(options)
     if not options.timestamps:
         tokens.append(special.no_timestamps)
     room = dims.n_text_ctx - len(tokens)
@@ -73,6 +74,20 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
     return Prompt(
         tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect
     )
+
+
+def _check_beam_options(options: DecodeOptions) -> None:
+    """openai-whisper's rules for beam search's options."""
+    if options.beam_size < 1:
+        raise RequestRejectedError(
+            f"beam_size must be at least 1, got {options.beam_size}", param="beam_size"
+        )
+    if options.patience is not None and (options.beam_size == 1 or options.patience <= 0):
+        raise RequestRejectedError("patience needs beam_size > 1 and must be above 0", param="patience")
+    if options.length_penalty is not None and not 0 <= options.length_penalty <= 1:
+        raise RequestRejectedError(
+            f"length_penalty must be between 0 and 1, got {options.length_penalty}", param="length_penalty"
+        )
 
 
 def next_prompt_tokens(request: Request, stepped_prompt_tokens: int) -> list[int]:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.kv.block_pool import RequestBlocks
 from engine.kv.sources import CrossKVSource
 from engine.types import DecodeOptions, FinishReason, Priority
+
+if TYPE_CHECKING:
+    from engine.decode.beam_search import BeamSearch
 
 # A pending token the host does not know yet: the device reads it from the last launched step.
 FROM_LAST_STEP = -1
@@ -59,11 +63,28 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     error_retriable: bool = False
+    # A window decoded with beams: its search while it runs (the hypotheses are what steps).
+    beam_search: BeamSearch | None = field(default=None, repr=False, compare=False)
+    # A beam hypothesis: the search it belongs to; its self-attention blocks change as beams fork.
+    hypothesis_of: BeamSearch | None = field(default=None, repr=False, compare=False)
+    tables_changed: bool = False  # its blocks changed since its block-table row was written
 
     @property
     def fed_from_row(self) -> int:
         """The row of the last launched step whose token the first pending token is, or -1 (known here)."""
         return self.pending_source_row if self.pending_tokens[:1] == [FROM_LAST_STEP] else -1
+
+    @property
+    def num_hypotheses(self) -> int:
+        """Sequences it steps at once: its beams (beam search runs at temperature 0 only, as in
+        openai-whisper's transcribe), else one."""
+        return self.options.beam_size if self.temperature == 0 else 1
+
+    @property
+    def waits_for_cross_kv(self) -> bool:
+        """Its window's cross-attention K/V is still on its way into the blocks."""
+        window = self.hypothesis_of.window if self.hypothesis_of is not None else self
+        return window.cross_kv_loading
 
     @property
     def max_total_tokens(self) -> int:

@@ -1,8 +1,9 @@
-"""Choosing each row's next token: the logit rules, then greedy or temperature sampling, on the device."""
+"""Choosing each row's next token: the logit rules, then greedy or temperature sampling, on the device;
+a beam hypothesis's row offers its likeliest tokens for the beams to choose from."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +22,9 @@ class SampledRows:
     # Per request that drew from its own generator: the generator's state before this draw, so a
     # fallback restart can undo a draw made by a step launched ahead of the host's reading.
     generator_states: dict[str, torch.Tensor]
+    beam_rows: list[int] = field(default_factory=list)  # the step's rows of beam hypotheses
+    # [2, len(beam_rows), beam width] float32: their likeliest tokens (as floats) and log-probabilities.
+    candidates: torch.Tensor | None = None
 
 
 def sample_rows(
@@ -34,6 +38,13 @@ def sample_rows(
     first = [not r.output_tokens and not r.unread_tokens for r in requests]
     timestamps = [r.options.timestamps for r in requests]
     row_slots = slots if every_row else [slots[row] for row in rows]
+    hypotheses = [index for index, r in enumerate(requests) if r.hypothesis_of is not None]
+    # A hypothesis takes over a forked parent's text: its slot's timestamp history follows that text.
+    stamped = [index for index in hypotheses if timestamps[index] and not first[index]]
+    if stamped:
+        rules.restore_histories(
+            [row_slots[index] for index in stamped], [requests[index].output_tokens for index in stamped]
+        )
     stamp_rows = rules.timestamp_rows(first, timestamps, row_slots)
     rules.apply(row_logits, first, stamp_rows)
     generator_states = {
@@ -43,7 +54,14 @@ def sample_rows(
     }
     tokens, logprobs = sample(row_logits, [r.temperature for r in requests], [r.generator for r in requests])
     rules.record(tokens, stamp_rows)
-    return SampledRows(tokens, logprobs, row_index, generator_states)
+    sampled = SampledRows(tokens, logprobs, row_index, generator_states)
+    if hypotheses:
+        width = max(requests[index].options.beam_size for index in hypotheses) + 1
+        local = upload(hypotheses, torch.long, logits.device)
+        top = torch.log_softmax(row_logits[local], dim=-1).topk(width, dim=-1)
+        sampled.beam_rows = [rows[index] for index in hypotheses]
+        sampled.candidates = torch.stack([top.indices.float(), top.values])
+    return sampled
 
 
 def sample(

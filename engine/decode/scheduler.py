@@ -21,6 +21,10 @@ interactive work could use and only lengthens its own latency. A batch request t
 ``batch_aging_s`` while no batch request runs ranks as interactive (so an interactive stream
 delays batch work by at most that long, never forever).
 
+A window decoded with beams (engine/decode/beam_search.py) reserves one copy of its cross-attention
+blocks and ``beam_size`` hypotheses' worth of self-attention blocks, counts as ``beam_size``
+sequences against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
+
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
 
@@ -41,10 +45,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from engine.decode.beam_search import BeamCandidates, BeamSearch
 from engine.decode.request import Request, RequestStatus
 from engine.decode.step_output import StepOutput
-from engine.errors import CacheFullError
+from engine.errors import CacheFullError, RequestRejectedError
 from engine.kv.block_pool import BlockPool, blocks_needed
+from engine.kv.shared_blocks import BlockCopy
 from engine.types import FinishReason, Priority, is_promoted
 
 NON_FINITE_LOGITS = (
@@ -56,7 +62,10 @@ NON_FINITE_LOGITS = (
 @dataclass
 class ScheduledStep:
     admitted: list[Request]  # joined this step: their cross-attention K/V must be loaded first
-    batch: list[Request]  # every request that runs this step, admitted ones included
+    batch: list[
+        Request
+    ]  # every sequence that runs this step (a beam window's hypotheses), admitted ones included
+    block_copies: list[BlockCopy]  # to make before the step: beams about to write into a shared block
 
 
 class Scheduler:
@@ -87,9 +96,25 @@ class Scheduler:
         self._held: list[Request] = []  # finished, their blocks held until their last step is read
 
     def blocks_for(self, request: Request) -> int:
-        return self.cross_blocks_per_request + blocks_needed(request.max_total_tokens, self.pool.block_size)
+        self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
+        return self.cross_blocks_per_request + self_blocks * request.num_hypotheses
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences running: a window with beams counts each of them."""
+        return sum(request.num_hypotheses for request in self.running)
+
+    @property
+    def has_beams(self) -> bool:
+        return any(request.beam_search is not None for request in self.running)
 
     def add(self, request: Request) -> None:
+        if request.num_hypotheses > self.max_num_seqs:
+            raise RequestRejectedError(
+                f"beam_size {request.num_hypotheses} is more than this decoder runs at once "
+                f"(max_num_seqs {self.max_num_seqs})",
+                param="beam_size",
+            )
         if self.blocks_for(request) > self.pool.num_blocks:
             raise CacheFullError(
                 f"request {request.request_id} needs {self.blocks_for(request)} KV blocks, the whole "
@@ -113,14 +138,31 @@ class Scheduler:
             if not self._fits(request, needed, now) or len(request.pending_tokens) > budget:
                 break
             self.waiting.remove(request)
-            request.blocks.cross_block_ids = self.pool.allocate(self.cross_blocks_per_request)
-            request.blocks.self_block_ids = self.pool.allocate(needed - self.cross_blocks_per_request)
+            self._allocate(request, needed)
             request.status = RequestStatus.RUNNING
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        batch = [request for request in self.running if not request.cross_kv_loading]
-        return ScheduledStep(admitted=admitted, batch=batch)
+        batch: list[Request] = []
+        copies: list[BlockCopy] = []
+        for request in self.running:
+            if request.cross_kv_loading:
+                continue
+            if request.beam_search is None:
+                batch.append(request)
+            else:
+                batch += request.beam_search.hypotheses
+                copies += request.beam_search.prepare_step()
+        return ScheduledStep(admitted=admitted, batch=batch, block_copies=copies)
+
+    def _allocate(self, request: Request, needed_blocks: int) -> None:
+        request.blocks.cross_block_ids = self.pool.allocate(self.cross_blocks_per_request)
+        self_block_ids = self.pool.allocate(needed_blocks - self.cross_blocks_per_request)
+        if request.num_hypotheses == 1:
+            request.blocks.self_block_ids = self_block_ids
+            return
+        request.blocks.spare_block_ids = self_block_ids  # the hypotheses share them as they go
+        request.beam_search = BeamSearch(request, self.pool.block_size, self.eot, self.n_text_ctx)
 
     def _admits_as_interactive(self, request: Request, now: float) -> bool:
         # Aging is against starvation: while batch requests are running, batch work makes progress
@@ -137,10 +179,11 @@ class Scheduler:
         return self.waiting[0]
 
     def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
+        sequences = self.num_sequences + request.num_hypotheses
         if self._admits_as_interactive(request, now):
-            return len(self.running) < self.max_num_seqs and self.pool.can_allocate(needed_blocks)
+            return sequences <= self.max_num_seqs and self.pool.can_allocate(needed_blocks)
         reserved = self.interactive_reserved_seqs
-        return len(self.running) < self.max_num_seqs - reserved and self.pool.can_allocate(
+        return sequences <= self.max_num_seqs - reserved and self.pool.can_allocate(
             needed_blocks * (1 + reserved)
         )
 
@@ -150,6 +193,7 @@ class Scheduler:
     def update_from_output(self, output: StepOutput) -> list[tuple[Request, FinishReason]]:
         """Append a read step's tokens to their requests; return the requests that reached a stop."""
         stopped: list[tuple[Request, FinishReason]] = []
+        offered: dict[BeamSearch, list[tuple[Request, BeamCandidates]]] = {}
         for row, request in enumerate(output.batch):
             if request.status == RequestStatus.FINISHED or request.epoch != output.epochs[row]:
                 continue  # ended, or started again, since: the row is stale
@@ -164,11 +208,16 @@ class Scheduler:
             if row not in output.sampled_rows:
                 continue
             request.unread_tokens -= 1
+            window = request.hypothesis_of.window if request.hypothesis_of is not None else request
             if not math.isfinite(output.logprobs[row]):
                 # NaN or infinite logits: the activations overflowed (fp16's range ends at 65504).
                 # The token would be garbage; fail the window in words instead.
-                request.error = NON_FINITE_LOGITS
-                stopped.append((request, FinishReason.ERROR))
+                if window.error is None:
+                    window.error = NON_FINITE_LOGITS
+                    stopped.append((window, FinishReason.ERROR))
+                continue
+            if request.hypothesis_of is not None:
+                offered.setdefault(request.hypothesis_of, []).append((request, output.candidates[row]))
                 continue
             request.sum_logprob += output.logprobs[row]
             if token == self.eot and not request.options.ignore_eot:
@@ -179,6 +228,9 @@ class Scheduler:
             full = output.computed_after[row] + 1 >= self.n_text_ctx
             if len(request.output_tokens) >= request.max_tokens or full:
                 stopped.append((request, FinishReason.LENGTH))
+        for search, candidates in offered.items():
+            if search.window.error is None and search.update(candidates):
+                stopped.append((search.window, search.finish()))
         return stopped
 
     @property

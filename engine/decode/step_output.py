@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from engine.decode.beam_search import BeamCandidates
 from engine.decode.request import Request
 
 
@@ -20,3 +21,4 @@ class StepOutput:
     no_speech_probs: dict[int, float]  # rows that fed <|startoftranscript|>
     languages: dict[int, str]  # rows whose language was detected
     computed_after: list[int]
+    candidates: dict[int, BeamCandidates] = field(default_factory=dict)  # beam hypotheses' rows

@@ -20,13 +20,15 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 
 @dataclass
 class RequestBlocks:
-    """A request's block tables: self-attention blocks in token order, then its cross blocks."""
+    """A request's block tables: self-attention blocks in token order, then its cross blocks; and
+    the self-attention blocks it holds for its beam hypotheses (engine/kv/shared_blocks.py)."""
 
     self_block_ids: list[int] = field(default_factory=list)
     cross_block_ids: list[int] = field(default_factory=list)
+    spare_block_ids: list[int] = field(default_factory=list)
 
     def all_ids(self) -> list[int]:
-        return self.self_block_ids + self.cross_block_ids
+        return self.self_block_ids + self.cross_block_ids + self.spare_block_ids
 
 
 class BlockPool:

@@ -3,7 +3,9 @@ to finish, so a decoder step gathers rows by slot instead of re-uploading every 
 block ids each step, and a captured CUDA graph can read them from a fixed address.
 
 A request's block ids never change while it runs (the scheduler reserves its worst case at
-admission), so a row is written exactly once. Empty entries and the padding slot name the
+admission), so its row is written exactly once. A beam hypothesis's self-attention blocks do
+change (a fork takes its parent's blocks, a write into a shared block takes a copy): its row is
+rewritten when they have (``rewrite_self``). Empty entries and the padding slot name the
 storage's null block, a block the pool never hands out: padded rows of a captured batch write
 their K/V there and read nothing else.
 """
@@ -42,6 +44,10 @@ class DeviceBlockTables:
             self._write_row(self.cross_tables, slot, blocks.cross_block_ids)
             self._slot_by_request[request_id] = slot
         return slot
+
+    def rewrite_self(self, slot: int, self_block_ids: list[int]) -> None:
+        """A running sequence's self-attention blocks changed (a beam hypothesis): rewrite its row."""
+        self._write_row(self.self_tables, slot, self_block_ids)
 
     def release(self, request_id: str) -> None:
         slot = self._slot_by_request.pop(request_id, None)

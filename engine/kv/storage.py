@@ -18,6 +18,7 @@ import torch
 from engine.arith import ceil_div
 from engine.kernels import triton_available
 from engine.kernels.block_write import triton_write_sequence
+from engine.kv.shared_blocks import BlockCopy
 
 
 def to_cache_dtype(kv: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -107,6 +108,16 @@ class PagedKVStorage:
         """Write whole blocks [len(block_ids), layers, 2, block_size, H, D] (already block-major)."""
         index = torch.tensor(block_ids, device=self.cache.device)
         self.cache[index] = to_cache_dtype(blocks.to(self.cache.device), self.cache.dtype)
+
+    def copy_blocks(self, copies: list[BlockCopy]) -> None:
+        """Copy whole blocks (every layer's K and V) source -> target, all in one indexed copy: a
+        beam that forks inside a block gets its own copy before it writes there."""
+        if not copies:
+            return
+        index = torch.tensor(
+            [[copy.source for copy in copies], [copy.target for copy in copies]], device=self.cache.device
+        )
+        self.cache[index[1]] = self.cache[index[0]]
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy of the given blocks, [len(block_ids), layers, 2, block_size, H, D]."""
