@@ -185,6 +185,14 @@ class HTTPLimits(BaseModel):
         "bench_ingest.py); off keeps OpenAI's behaviour for whisper-1, which cuts every request's audio "
         "without speech detection",
     )
+    default_beam_size: int = Field(
+        1,
+        ge=1,
+        description="beam_size for requests that send none: 1 decodes greedily (OpenAI's whisper-1 "
+        "behaviour); 5 is openai-whisper's CLI and faster-whisper's default. Beams apply at temperature "
+        "0; each beam counts as a sequence against engine.max_num_seqs",
+    )
+    max_beam_size: int = Field(8, ge=1, description="the largest beam_size a request may ask for")
     api_keys: list[str] = Field(
         default_factory=list,
         description="when non-empty, requests need `Authorization: Bearer <key>`; also read from "
@@ -276,6 +284,21 @@ class AppConfig(BaseModel):
                 f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}) must exceed "
                 f"http.max_in_flight_requests ({self.http.max_in_flight_requests}), so that overload is "
                 "answered by the ingress (OpenAI error JSON) rather than by Serve's proxy"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _beams_fit_the_decoder(self) -> "AppConfig":
+        largest = max(self.http.default_beam_size, self.http.max_beam_size)
+        if largest > self.engine.max_num_seqs:
+            raise ValueError(
+                f"http.max_beam_size / http.default_beam_size ({largest}) must not exceed "
+                f"engine.max_num_seqs ({self.engine.max_num_seqs}): each beam runs as a sequence"
+            )
+        if self.http.default_beam_size > self.http.max_beam_size:
+            raise ValueError(
+                f"http.default_beam_size ({self.http.default_beam_size}) exceeds http.max_beam_size "
+                f"({self.http.max_beam_size})"
             )
         return self
 

@@ -90,6 +90,34 @@ def _parse_fixed_output_tokens(raw) -> int | None:
     return value
 
 
+def _parse_number(raw, name: str, kind: type, low: float, high: float, default):
+    """A numeric vendor field within [low, high]; absent: ``default``."""
+    if raw in (None, ""):
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        expected = "a whole number" if kind is int else "a number"
+        raise APIError(
+            400, f"Invalid {name} '{raw}'; expected {expected} from {low:g} to {high:g}.", param=name
+        )
+    return value
+
+
+def _parse_beam_options(form: FormData, config: AppConfig) -> dict:
+    """The vendor fields `beam_size`, `patience` and `length_penalty` (openai-whisper's meaning)."""
+    beam_size = _parse_number(
+        form.get("beam_size"), "beam_size", int, 1, config.http.max_beam_size, config.http.default_beam_size
+    )
+    patience = _parse_number(form.get("patience"), "patience", float, 0.1, 10.0, None)
+    if patience is not None and beam_size == 1:
+        raise APIError(400, "patience needs beam_size greater than 1.", param="patience")
+    length_penalty = _parse_number(form.get("length_penalty"), "length_penalty", float, 0.0, 1.0, None)
+    return dict(beam_size=beam_size, patience=patience, length_penalty=length_penalty)
+
+
 def _parse_priority(raw) -> Priority | None:
     """The vendor field `priority` (interactive | batch); absent: chosen by the audio's length."""
     if raw in (None, ""):
@@ -290,13 +318,6 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
             "it instead. Send one of the two.",
             param=_CHUNKING,
         )
-    beam_size = form.get("beam_size")  # vendor field
-    if beam_size not in (None, "", "1"):
-        raise APIError(
-            400,
-            "beam_size > 1 is not supported yet (greedy or sampled decoding only; see the README).",
-            param="beam_size",
-        )
     # As OpenAI's API: temperature 0 falls back to higher temperatures when a window's text
     # fails openai-whisper's thresholds; the vendor fields tune or switch that off.
     fallback = None
@@ -326,6 +347,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         max_tokens=fixed_tokens,
         ignore_eot=fixed_tokens is not None,
         token_logprobs=_parse_include(form, response_format),
+        **_parse_beam_options(form, config),
     )
     return TranscriptionForm(
         data,

@@ -21,9 +21,10 @@ interactive work could use and only lengthens its own latency. A batch request t
 ``batch_aging_s`` while no batch request runs ranks as interactive (so an interactive stream
 delays batch work by at most that long, never forever).
 
-A window decoded with beams (engine/decode/beam_search.py) reserves one copy of its cross-attention
-blocks and ``beam_size`` hypotheses' worth of self-attention blocks, counts as ``beam_size``
-sequences against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
+A window decoded with beams (engine/decode/beam_search.py) reserves one copy of its
+cross-attention blocks, ``beam_size`` hypotheses' worth of self-attention blocks and its prompt's
+blocks, counts as ``beam_size`` sequences against ``max_num_seqs``, and steps its hypotheses,
+each a row of the batch.
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
@@ -97,7 +98,11 @@ class Scheduler:
 
     def blocks_for(self, request: Request) -> int:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
-        return self.cross_blocks_per_request + self_blocks * request.num_hypotheses
+        if request.num_hypotheses > 1:
+            # Each hypothesis's worst case, and the prompt's blocks, held for a fallback restart.
+            prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
+            self_blocks = self_blocks * request.num_hypotheses + prompt_blocks
+        return self.cross_blocks_per_request + self_blocks
 
     @property
     def num_sequences(self) -> int:

@@ -27,6 +27,18 @@ def main(argv: list[str] | None = None) -> int:
     transcribe.add_argument(
         "--no-fallback", action="store_true", help="decode each window once (no temperature fallback)"
     )
+    transcribe.add_argument(
+        "--beam-size", type=int, default=1, help="beams at temperature 0 (openai-whisper's CLI uses 5)"
+    )
+    transcribe.add_argument(
+        "--patience", type=float, default=None, help="with beams: beam_size * patience must end"
+    )
+    transcribe.add_argument(
+        "--length-penalty",
+        type=float,
+        default=None,
+        help="alpha in [0, 1]; default: rank by log-probability per token",
+    )
     transcribe.add_argument("--long-form", choices=("parallel", "sequential"), default="parallel")
     transcribe.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
     args = parser.parse_args(argv)
@@ -40,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             task=args.task,
             temperature=args.temperature,
             fallback=None if args.no_fallback else FallbackOptions(),
+            beam_size=args.beam_size,
+            patience=args.patience,
+            length_penalty=args.length_penalty,
         )
         with Transcriber(EngineConfig(model=args.model, device=args.device)) as transcriber:
             results = transcriber.transcribe(args.files, options, long_form=args.long_form)

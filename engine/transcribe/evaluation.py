@@ -109,10 +109,11 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
 
 
 def faster_whisper_transcripts(
-    model_folder: Path, clips: list[SpeechClip], compute_type: str, threads: int
+    model_folder: Path, clips: list[SpeechClip], compute_type: str, threads: int, beam_size: int = 1
 ) -> list[str]:
-    """faster-whisper (CTranslate2) on the same weights, greedy, no fallback, no timestamps: the
-    decoding our engine does, so a WER gap measures the engine, not the decoding options."""
+    """faster-whisper (CTranslate2) on the same weights, greedy (or ``beam_size`` beams), no
+    fallback, no timestamps: the decoding our engine does, so a WER gap measures the engine, not
+    the decoding options."""
     from faster_whisper import WhisperModel
 
     model = WhisperModel(str(model_folder), device="cpu", compute_type=compute_type, cpu_threads=threads)
@@ -121,7 +122,7 @@ def faster_whisper_transcripts(
         segments, _ = model.transcribe(
             str(clip.path),
             language="en",
-            beam_size=1,
+            beam_size=beam_size,
             temperature=0.0,
             without_timestamps=True,
             condition_on_previous_text=False,
@@ -131,8 +132,11 @@ def faster_whisper_transcripts(
     return texts
 
 
-def ctranslate2_greedy_transcripts(model_folder: Path, clip_windows: list[list], threads: int) -> list[str]:
-    """CTranslate2 (faster-whisper's decoder) greedy on log-mel windows we computed, one list of
+def ctranslate2_transcripts(
+    model_folder: Path, clip_windows: list[list], threads: int, beam_size: int = 1
+) -> list[str]:
+    """CTranslate2 (faster-whisper's decoder), greedy or with ``beam_size`` beams, on log-mel
+    windows we computed, one list of
     [n_mels, 3000] arrays per clip: the same decoder as faster_whisper_transcripts, our front end.
 
     faster-whisper (like openai-whisper's transcribe) pads a short clip's log-mel with zeros, while
@@ -154,7 +158,7 @@ def ctranslate2_greedy_transcripts(model_folder: Path, clip_windows: list[list],
         results = model.model.generate(
             features,
             [prompt] * len(windows),
-            beam_size=1,
+            beam_size=beam_size,
             max_length=448,
             suppress_blank=True,
             suppress_tokens=[-1],

@@ -77,6 +77,15 @@ def test_the_openai_client_gets_the_offline_apis_text_for_speech_set_clips(clien
         assert _transcribe(client, clip.path).text == offline_texts[clip_id], clip_id
 
 
+def test_beam_size_gives_the_offline_apis_beam_search_text_over_http(client, tiny_en):
+    clips = [clip for clip in english_clips() if clip.id in ("jfk", "tts_05", "osr_list72")]
+    options = DecodeOptions(fallback=FallbackOptions(), beam_size=5, patience=1.5)
+    expected = Transcriber(loaded=tiny_en).transcribe([clip.path for clip in clips], options)
+    for clip, offline in zip(clips, expected):
+        served = _transcribe(client, clip.path, extra_body={"beam_size": 5, "patience": 1.5})
+        assert served.text == offline.text, clip.id
+
+
 def test_thirty_two_concurrent_requests_each_match_their_single_request_text_and_free_all_blocks(
     client, server_url, offline_texts
 ):
@@ -253,7 +262,16 @@ BAD_REQUESTS = [
     ),
     ("bad-language", ("jfk.flac", JFK), {"language": "klingon"}, 400, "language"),
     ("bad-long-form", ("jfk.flac", JFK), {"long_form": "sideways"}, 400, "long_form"),
-    ("beam-search", ("jfk.flac", JFK), {"beam_size": "5"}, 400, "beam_size"),
+    ("beam-size-zero", ("jfk.flac", JFK), {"beam_size": "0"}, 400, "beam_size"),
+    ("beam-size-too-wide", ("jfk.flac", JFK), {"beam_size": "64"}, 400, "beam_size"),
+    ("patience-without-beams", ("jfk.flac", JFK), {"patience": "2"}, 400, "patience"),
+    (
+        "bad-length-penalty",
+        ("jfk.flac", JFK),
+        {"beam_size": "5", "length_penalty": "3"},
+        400,
+        "length_penalty",
+    ),
     ("streamed-srt", ("jfk.flac", JFK), {"stream": "true", "response_format": "srt"}, 400, "stream"),
     ("bad-threshold", ("jfk.flac", JFK), {"logprob_threshold": "low"}, 400, "logprob_threshold"),
     ("over-duration-limit", ("long.wav", LONG_WAV), {}, 413, "file"),

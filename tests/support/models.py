@@ -36,10 +36,11 @@ def bundled_tokenizer(model: str) -> Path:
 
 def save_random_whisper(folder: Path, seed: int, tokenizer: str, **config) -> Path:
     """A random Whisper of RANDOM_WHISPER_SHAPE saved into ``folder`` by transformers, with the
-    bundled ``tokenizer`` model's tokenizer; ``config``: its other WhisperConfig fields."""
+    bundled ``tokenizer`` model's tokenizer; ``config``: its other WhisperConfig fields (or shape
+    fields to change)."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     torch.manual_seed(seed)
-    WhisperForConditionalGeneration(WhisperConfig(**RANDOM_WHISPER_SHAPE, **config)).save_pretrained(folder)
+    WhisperForConditionalGeneration(WhisperConfig(**(RANDOM_WHISPER_SHAPE | config))).save_pretrained(folder)
     shutil.copy(bundled_tokenizer(tokenizer), folder / "tokenizer.json")
     return folder

@@ -72,6 +72,7 @@ def openai_whisper_beam_search(
     patience: float | None = None,
     length_penalty: float | None = None,
     timestamps: bool = False,
+    max_tokens: int | None = None,
 ) -> list[int]:
     """The tokens openai-whisper's beam search decodes from one window's log-mel [n_mels, 3000]
     (English, transcribe, end of text excluded)."""
@@ -82,6 +83,7 @@ def openai_whisper_beam_search(
         length_penalty=length_penalty,
         without_timestamps=not timestamps,
         suppress_tokens=suppress_tokens,
+        sample_len=max_tokens,
         fp16=False,
     )
     return list(whisper.decode(model, mel, options).tokens)

@@ -1,0 +1,245 @@
+"""Beam search in the decode loop: openai-whisper's beam search token for token, one copy of a
+window's cross-attention K/V however many beams, every block back after finish, abort and failure,
+and beams batched with greedy windows in the same steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.kv.block_pool import blocks_needed
+from engine.kv.sources import CrossKVTensor
+from engine.model.audio import log_mel_spectrogram
+from engine.model.loading import load_model
+from engine.types import DecodeOptions, FallbackOptions, FinishReason
+from tests.support.engines import cross_kvs_of, decode_one, engine_with, run_to_completion_by_id
+from tests.support.models import save_random_whisper
+from tests.support.openai_whisper_reference import openai_whisper_beam_search, openai_whisper_model
+from tests.support.speech import short_english_clips, windows_of
+
+CLIPS = short_english_clips()[:4]
+
+
+@pytest.fixture(scope="module")
+def cross_kvs(tiny_en) -> list[torch.Tensor]:
+    return cross_kvs_of(tiny_en, [clip.path for clip in CLIPS])
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_en):
+    from engine.model.weights import load_weights
+
+    return openai_whisper_model(load_weights("tiny.en"))
+
+
+def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOptions]]):
+    for request_id, (index, options) in options_by_id.items():
+        engine.submit(engine.make_request(options, CrossKVTensor(cross_kvs[index]), request_id))
+    return run_to_completion_by_id(engine)
+
+
+@pytest.mark.parametrize(
+    "beam_options",
+    [
+        dict(beam_size=2),
+        dict(beam_size=5),
+        dict(beam_size=5, timestamps=True),
+        dict(beam_size=3, patience=2.0, length_penalty=0.6),
+    ],
+    ids=["beam2", "beam5", "beam5-timestamps", "beam3-patience-length-penalty"],
+)
+def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
+    tiny_en, cross_kvs, reference, beam_options
+):
+    engine = engine_with(tiny_en)
+    options = DecodeOptions(**beam_options)
+    results = decode_all(engine, cross_kvs, {f"clip{i}": (i, options) for i in range(len(CLIPS))})
+    mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS]), tiny_en.weights.dims.n_mels)
+    for index in range(len(CLIPS)):
+        theirs = openai_whisper_beam_search(
+            reference,
+            mels[index],
+            beam_options["beam_size"],
+            tiny_en.weights.suppress_tokens,
+            patience=beam_options.get("patience"),
+            length_penalty=beam_options.get("length_penalty"),
+            timestamps=beam_options.get("timestamps", False),
+        )
+        assert results[f"clip{index}"].tokens == theirs, CLIPS[index].id
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("beam_size", [2, 5])
+def test_beam_search_is_token_exact_with_openai_whisper_on_the_speech_set(tiny_en, reference, beam_size):
+    clips = short_english_clips()
+    cross_kvs = cross_kvs_of(tiny_en, [clip.path for clip in clips])
+    options = DecodeOptions(beam_size=beam_size)
+    results = decode_all(
+        engine_with(tiny_en), cross_kvs, {clip.id: (i, options) for i, clip in enumerate(clips)}
+    )
+    mels = log_mel_spectrogram(windows_of([clip.path for clip in clips]), tiny_en.weights.dims.n_mels)
+    differing = [
+        clip.id
+        for index, clip in enumerate(clips)
+        if results[clip.id].tokens
+        != openai_whisper_beam_search(reference, mels[index], beam_size, tiny_en.weights.suppress_tokens)
+    ]
+    print(f"beam {beam_size}: {len(clips) - len(differing)}/{len(clips)} token-exact; differ: {differing}")
+    # Float noise between two fp32 implementations may flip a near-tie between candidates.
+    assert len(differing) <= 0.05 * len(clips), differing
+
+
+@pytest.mark.parametrize("beam_size", [2, 5])
+def test_beam_search_is_token_exact_with_openai_whisper_on_a_random_model(tmp_path, beam_size):
+    from engine.model.weights import load_weights
+
+    # openai-whisper's MLPs are 4x the model's width.
+    folder = save_random_whisper(
+        tmp_path, seed=3, tokenizer="tiny.en", vocab_size=51864, encoder_ffn_dim=256, decoder_ffn_dim=256
+    )
+    loaded = load_model(EngineConfig(model=str(folder)))
+    reference = openai_whisper_model(load_weights(str(folder)))
+    cross_kvs = cross_kvs_of(loaded, [clip.path for clip in CLIPS[:2]])
+    options = DecodeOptions(beam_size=beam_size, max_tokens=40)
+    results = decode_all(engine_with(loaded), cross_kvs, {f"clip{i}": (i, options) for i in range(2)})
+    mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS[:2]]), loaded.weights.dims.n_mels)
+    for index in range(2):
+        theirs = openai_whisper_beam_search(
+            reference, mels[index], beam_size, loaded.weights.suppress_tokens, max_tokens=40
+        )
+        assert results[f"clip{index}"].tokens == theirs
+
+
+def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while_it_runs(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, block_size=16)  # small blocks: beams soon share full ones
+    copies_by_step: list[list] = []
+    copy_blocks = engine.storage.copy_blocks
+
+    def recorded_copy_blocks(copies):
+        copies_by_step.append(list(copies))
+        copy_blocks(copies)
+
+    engine.storage.copy_blocks = recorded_copy_blocks
+    window = engine.make_request(DecodeOptions(beam_size=5), CrossKVTensor(cross_kvs[0]), "beams")
+    engine.submit(window)
+    block_size = engine.pool.block_size
+    reserved = (
+        engine.scheduler.cross_blocks_per_request
+        + 5 * blocks_needed(window.max_total_tokens, block_size)
+        + blocks_needed(len(window.prompt_tokens), block_size)
+    )
+    shared_full_blocks = False
+    while engine.has_work:
+        engine.step()
+        search = window.beam_search
+        if search is None:
+            continue
+        # Cross-attention blocks once; the worst case of five hypotheses and the prompt's blocks.
+        assert engine.pool.num_used_blocks == reserved
+        hypotheses = search.hypotheses
+        assert all(h.blocks.cross_block_ids == window.blocks.cross_block_ids for h in hypotheses)
+        tables = [h.blocks.self_block_ids for h in hypotheses]
+        assert set().union(*tables) <= set(window.blocks.spare_block_ids)
+        # Full blocks a fork inherits stay shared: fewer distinct blocks than table entries.
+        shared_full_blocks |= len(set().union(*tables)) < sum(len(table) for table in tables)
+    assert shared_full_blocks
+    # A write into a shared block copies that one block, at most one per hypothesis and step, and
+    # only when the hypothesis writes into it (the block its next token's position falls in).
+    assert any(copies_by_step) and all(len(copies) <= 5 for copies in copies_by_step)
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en)
+    window = engine.make_request(DecodeOptions(beam_size=4), CrossKVTensor(cross_kvs[1]), "beams")
+    engine.submit(window)
+    for _ in range(6):
+        engine.step()
+    assert window.beam_search is not None and len(window.beam_search.hypotheses) == 4
+    engine.abort("beams")
+    results = run_to_completion_by_id(engine)
+    assert results["beams"].finish_reason == FinishReason.ABORTED
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert not engine.runner.tables._slot_by_request  # every hypothesis's slot returned
+
+
+def test_a_beam_window_whose_kv_fails_to_load_fails_alone_and_frees_its_blocks(tiny_en, cross_kvs):
+    class FailingSource:
+        travels = False
+
+        def load_into(self, storage, block_ids, project_states):
+            raise OSError("the encoder went away")
+
+        def discard(self):
+            pass
+
+    engine = engine_with(tiny_en)
+    engine.submit(engine.make_request(DecodeOptions(beam_size=5), FailingSource(), "broken"))
+    engine.submit(engine.make_request(DecodeOptions(beam_size=5), CrossKVTensor(cross_kvs[0]), "fine"))
+    results = run_to_completion_by_id(engine)
+    assert results["broken"].finish_reason == FinishReason.ERROR and "went away" in results["broken"].error
+    assert results["fine"].finish_reason == FinishReason.STOP and results["fine"].text
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+@pytest.mark.parametrize("async_steps", [False, True])
+def test_beam_and_greedy_windows_share_steps_and_each_decodes_as_it_would_alone(
+    tiny_en, cross_kvs, async_steps
+):
+    greedy, beams = DecodeOptions(), DecodeOptions(beam_size=4, timestamps=True)
+    mixed = {"g0": (0, greedy), "b1": (1, beams), "g2": (2, greedy), "b3": (3, beams), "b0": (0, beams)}
+    together = decode_all(engine_with(tiny_en, async_steps=async_steps), cross_kvs, mixed)
+    for request_id, submission in mixed.items():
+        alone = decode_all(engine_with(tiny_en), cross_kvs, {request_id: submission})
+        assert together[request_id].tokens == alone[request_id].tokens, request_id
+    assert together["b1"].segments and together["b1"].segments[0].end_s > 0
+
+
+def test_beams_count_against_max_num_seqs_and_a_beam_larger_than_it_is_refused(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=8)
+    for index in range(3):
+        engine.submit(
+            engine.make_request(DecodeOptions(beam_size=4), CrossKVTensor(cross_kvs[index]), f"b{index}")
+        )
+    engine.submit(engine.make_request(DecodeOptions(beam_size=9), CrossKVTensor(cross_kvs[3]), "too-wide"))
+    most_sequences = 0
+    results = {}
+    for _ in range(2_000):
+        if not engine.has_work:
+            break
+        results |= {result.request_id: result for result in engine.step()}
+        most_sequences = max(most_sequences, engine.scheduler.num_sequences)
+    assert most_sequences == 8  # two groups of four at a time, never three
+    assert (
+        results["too-wide"].finish_reason == FinishReason.ERROR
+        and "max_num_seqs" in results["too-wide"].error
+    )
+    assert all(results[f"b{index}"].finish_reason == FinishReason.STOP for index in range(3))
+
+
+def test_a_beam_window_that_fails_the_thresholds_restarts_hotter_on_its_own_blocks(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en)
+    # A log-probability threshold no text meets: every attempt fails, up to the last temperature.
+    fallback = FallbackOptions(logprob_threshold=0.0, no_speech_threshold=None)
+    request, result = decode_one(
+        engine, CrossKVTensor(cross_kvs[0]), DecodeOptions(beam_size=5, fallback=fallback)
+    )
+    assert result.temperature == 1.0 and result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
+    assert request.attempt == len(fallback.temperatures) - 1
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_word_timestamps_and_language_detection_work_with_beams(random_multilingual_whisper_folder):
+    loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder)))
+    engine = engine_with(loaded)
+    cross_kv = cross_kvs_of(loaded, [CLIPS[0].path])[0]
+    options = DecodeOptions(beam_size=3, timestamps=True, word_timestamps=True, max_tokens=24)
+    request, result = decode_one(engine, CrossKVTensor(cross_kv), options)
+    assert result.language is not None and request.prompt_tokens[request.sot_index + 1] in (
+        engine.tokenizer.language_tokens.values()
+    )
+    for segment in result.segments or []:
+        assert "".join(word.word for word in segment.words) == segment.text
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
