@@ -28,7 +28,8 @@ if triton_available():
         valid = cols < n_cols
         x = tl.load(X + row * stride_x + cols, mask=valid, other=0.0).to(tl.float32)
         gelu = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
-        scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), 1e-12) / 448.0  # literals: a jitted kernel reads no plain globals
+        # Literals, not _SMALLEST_SCALE and E4M3_MAX: a jitted kernel may read only constexpr globals.
+        scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), 1e-12) / 448.0
         tl.store(VALUES + row * stride_values + cols, (gelu / scale).to(VALUES.dtype.element_ty), mask=valid)
         tl.store(SCALES + row, scale)
 
