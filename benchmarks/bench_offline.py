@@ -2,9 +2,10 @@
 and int8) vs transformers' generate, one request at a time and with 16 in flight.
 
 RTFx = audio seconds / wall seconds. All engines get the same CPU threads and the same clips
-(the single-window English clips of tests/data/speech), greedy decoding without timestamps.
+(the single-window English clips of tests/data/speech), greedy decoding (or ``--beam-size`` beams)
+without timestamps.
 
-    .venv/bin/python benchmarks/bench_offline.py [--threads 2] [--record]
+    .venv/bin/python benchmarks/bench_offline.py [--threads 2] [--beam-size 5] [--no-transformers] [--record]
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from engine.model.loading import load_model  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.transcribe.evaluation import load_manifest, word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
+from engine.types import DecodeOptions  # noqa: E402
 
 SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 
@@ -37,17 +39,19 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
-def run_ours(clips, in_flight: int):
-    loaded = load_model(EngineConfig(max_num_seqs=max(in_flight, 1)))
+def run_ours(clips, in_flight: int, beam_size: int):
+    # Each beam is a sequence of the decode loop: room for every window in flight and its beams.
+    loaded = load_model(EngineConfig(max_num_seqs=max(in_flight, 1) * beam_size))
     transcriber = Transcriber(loaded=loaded, encoder_batch_size=min(in_flight, 8))
     audio = [load_audio_file(c.path) for c in clips]
-    transcriber.transcribe(audio[:1])  # warm-up
+    options = DecodeOptions(beam_size=beam_size)
+    transcriber.transcribe(audio[:1], options)  # warm-up
     if in_flight == 1:
-        return timed(lambda: [transcriber.transcribe([a])[0].text for a in audio])
-    return timed(lambda: [t.text for t in transcriber.transcribe(audio)])
+        return timed(lambda: [transcriber.transcribe([a], options)[0].text for a in audio])
+    return timed(lambda: [t.text for t in transcriber.transcribe(audio, options)])
 
 
-def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int):
+def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int, beam_size: int):
     from faster_whisper import WhisperModel
 
     workers = 1 if in_flight == 1 else threads  # one CTranslate2 worker per core, fed by 16 client threads
@@ -64,7 +68,7 @@ def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int):
         segments, _ = model.transcribe(
             samples,
             language="en",
-            beam_size=1,
+            beam_size=beam_size,
             temperature=0.0,
             without_timestamps=True,
             condition_on_previous_text=False,
@@ -78,7 +82,7 @@ def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int):
         return timed(lambda: list(pool.map(one, audio)))
 
 
-def run_transformers(clips, in_flight: int):
+def run_transformers(clips, in_flight: int, beam_size: int):
     from transformers import GenerationMixin, WhisperFeatureExtractor
 
     from tests.support.hf_reference import hf_model
@@ -107,7 +111,7 @@ def run_transformers(clips, in_flight: int):
             decoder_input_ids=torch.tensor([prompt] * len(samples_list)),
             max_new_tokens=224,
             do_sample=False,
-            num_beams=1,
+            num_beams=beam_size,
             suppress_tokens=rules.suppress_token_ids,
             begin_suppress_tokens=rules.begin_suppress_token_ids,
             eos_token_id=special.eot,
@@ -124,18 +128,22 @@ def run_transformers(clips, in_flight: int):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--no-transformers", action="store_true", help="leave transformers' generate out")
     parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clips = [c for c in load_manifest(SPEECH_DIR) if c.text and c.duration_s <= 30]
     audio_s = sum(c.duration_s for c in clips)
     references = [c.text for c in clips]
+    beams = args.beam_size
     systems = {
-        "ours (fp32)": lambda n: run_ours(clips, n),
-        "faster-whisper fp32": lambda n: run_faster_whisper(clips, n, "float32", args.threads),
-        "faster-whisper int8": lambda n: run_faster_whisper(clips, n, "int8", args.threads),
-        "transformers generate (fp32)": lambda n: run_transformers(clips, n),
+        "ours (fp32)": lambda n: run_ours(clips, n, beams),
+        "faster-whisper fp32": lambda n: run_faster_whisper(clips, n, "float32", args.threads, beams),
+        "faster-whisper int8": lambda n: run_faster_whisper(clips, n, "int8", args.threads, beams),
     }
+    if not args.no_transformers:
+        systems["transformers generate (fp32)"] = lambda n: run_transformers(clips, n, beams)
     rows, rtfx = [], {}
     for in_flight in (1, 16):
         for name, run in systems.items():
@@ -155,14 +163,15 @@ def main() -> None:
         row.append(round(rtfx[("ours (fp32)", row[1])] / rtfx[(row[0], row[1])], 2))
     table = markdown_table(["system", "in flight", "wall s", "RTFx", "WER", "ours / this (RTFx ratio)"], rows)
     notes = (
-        f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.threads} threads for every system; greedy, no "
-        "timestamps, no fallback. 16 in flight: ours = continuous batching (encoder batches of 8); "
-        "faster-whisper = 16 client threads over one CTranslate2 worker per core; transformers = static "
-        "batches of 16."
+        f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.threads} threads for every system; "
+        f"{'greedy' if beams == 1 else f'beam {beams}'}, no timestamps, no fallback. 16 in flight: "
+        "ours = continuous batching (encoder batches of 8); faster-whisper = 16 client threads over one "
+        "CTranslate2 worker per core; transformers = static batches of 16."
     )
     print(table)
     if args.record:
-        record("Offline throughput, tiny.en on CPU (bench_offline.py)", table, notes)
+        title = "Offline throughput, tiny.en on CPU (bench_offline.py)"
+        record(title if beams == 1 else f"{title}, beam {beams}", table, notes)
 
 
 if __name__ == "__main__":

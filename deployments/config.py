@@ -192,7 +192,9 @@ class HTTPLimits(BaseModel):
         "behaviour); 5 is openai-whisper's CLI and faster-whisper's default. Beams apply at temperature "
         "0; each beam counts as a sequence against engine.max_num_seqs",
     )
-    max_beam_size: int = Field(8, ge=1, description="the largest beam_size a request may ask for")
+    max_beam_size: int = Field(
+        8, ge=1, description="the largest beam_size (or best_of) a request may ask for"
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="when non-empty, requests need `Authorization: Bearer <key>`; also read from "

@@ -48,6 +48,13 @@ class DecodeOptions:
     beam_size: int = 1
     patience: float | None = None
     length_penalty: float | None = None
+    best_of: int = (
+        1  # above temperature 0: decode this many samples and keep the best (openai-whisper's best_of)
+    )
+
+    def hypotheses_at(self, temperature: float) -> int:
+        """Sequences an attempt at ``temperature`` decodes at once: beams at 0, best-of samples above."""
+        return self.beam_size if temperature == 0 else self.best_of
 
     def temperatures(self) -> tuple[float, ...]:
         """The temperatures a window may be decoded at, in the order they are tried."""

@@ -190,8 +190,9 @@ class DecoderEngine:
         finished += self._load_cross_kv(scheduled.admitted)
         self.storage.copy_blocks(scheduled.block_copies)
         launched = self.pipeline.launch(scheduled.batch)
-        # Beams choose their next tokens on the host: while they run, no step runs ahead of reading.
-        for to_read in self.pipeline.steps_to_read(launched, overlap=not self.scheduler.has_beams):
+        # A search chooses its hypotheses' next tokens on the host: while one runs, no step runs
+        # ahead of reading.
+        for to_read in self.pipeline.steps_to_read(launched, overlap=not self.scheduler.has_searches):
             finished += self._read(to_read)
         self._stats = self._take_stats()
         return finished
@@ -207,15 +208,22 @@ class DecoderEngine:
             )
             if not retried:
                 finished.append(self._finish(request, reason))
-            elif request.beam_search is not None:
-                # Hotter attempts sample one sequence (openai-whisper's transcribe), on the prompt's blocks.
-                self._end_beam_search(request, keep_prompt=True)
+            else:
+                self._restart_on_prompt_blocks(request)
         return finished
 
-    def _end_beam_search(self, request: Request, keep_prompt: bool) -> None:
-        for hypothesis in request.beam_search.hypotheses:
+    def _restart_on_prompt_blocks(self, request: Request) -> None:
+        """A restarted window decodes its next attempt on the prompt's K/V it already holds: as one
+        sequence, or as the hypotheses of a new search (best-of samples above temperature 0)."""
+        if request.search is not None:
+            self._end_search(request, keep_prompt=True)
+        if request.num_hypotheses > 1:
+            self.runner.release(request.request_id)  # its hypotheses take slots of their own
+            self.scheduler.start_search(request)
+
+    def _end_search(self, request: Request, keep_prompt: bool) -> None:
+        for hypothesis in request.search.end(keep_prompt):
             self.runner.release(hypothesis.request_id)
-        request.beam_search.end(keep_prompt)
 
     def _take_submitted(self) -> list[DecodeResult]:
         rejected: list[DecodeResult] = []
@@ -276,8 +284,8 @@ class DecoderEngine:
         still holds its blocks (word alignment reads its K/V); one that ends before admission gives
         its source's K/V up unloaded (an encoder's staging would otherwise wait for its timeout)."""
         decoded = reason in (FinishReason.STOP, FinishReason.LENGTH)
-        if request.beam_search is not None:
-            self._end_beam_search(request, keep_prompt=False)
+        if request.search is not None:
+            self._end_search(request, keep_prompt=False)
         result = self.results.build(request, reason) if decoded else None
         if request.status == RequestStatus.WAITING and request.cross_source is not None:
             request.cross_source.discard()

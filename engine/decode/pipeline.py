@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.decode.beam_search import BeamCandidates
 from engine.decode.host_device import PendingDownload, upload
 from engine.decode.language import detect_language, no_speech_probability
 from engine.decode.logit_rules import LogitRules
@@ -25,6 +24,7 @@ from engine.decode.prompt import next_prompt_tokens
 from engine.decode.request import FROM_LAST_STEP, Request
 from engine.decode.runner import ModelRunner, StepInput, StepRow
 from engine.decode.sampling import SampledRows, sample_rows
+from engine.decode.search import Candidates
 from engine.decode.step_output import StepOutput
 from engine.model.tokenizer import WhisperTokenizer
 
@@ -45,8 +45,9 @@ class LaunchedStep:
     detect_rows: list[int]  # of those, rows whose language is detected there
     computed_after: list[int]  # each row's tokens in the cache once this step has run
     readback: PendingDownload  # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH
-    beam_rows: list[int] = field(default_factory=list)  # rows of beam hypotheses that sampled
-    # [2, len(beam_rows), width] float32: each beam row's likeliest tokens and their log-probabilities.
+    hypothesis_rows: list[int] = field(default_factory=list)  # rows of a search's hypotheses that sampled
+    candidates_wanted: list[int] = field(default_factory=list)  # how many candidates each of them offers
+    # [2, len(hypothesis_rows), width] float32: their candidate tokens and log-probabilities.
     candidates: PendingDownload | None = None
     # Per request that sampled with its own generator: the generator's state before this step's draw.
     generator_states: dict[str, torch.Tensor] = field(default_factory=dict)
@@ -152,8 +153,9 @@ class StepPipeline:
             computed_after=computed_after,
             readback=PendingDownload(readback),
             generator_states=sampled.generator_states if sampled else {},
-            beam_rows=sampled.beam_rows if sampled else [],
-            candidates=PendingDownload(sampled.candidates) if sampled and sampled.beam_rows else None,
+            hypothesis_rows=sampled.hypothesis_rows if sampled else [],
+            candidates_wanted=sampled.candidates_wanted if sampled else [],
+            candidates=PendingDownload(sampled.candidates) if sampled and sampled.hypothesis_rows else None,
         )
 
     def step_input(self, batch: list[Request]) -> StepInput:
@@ -187,8 +189,9 @@ class StepPipeline:
         rows: list[int],
         readback: torch.Tensor,
     ) -> SampledRows:
-        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; a beam
-        hypothesis's row offers its likeliest tokens instead, which the host chooses from."""
+        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; a
+        search's hypothesis offers candidates instead (its likeliest tokens, or its draws), which the
+        host chooses from."""
         sampled = sample_rows(self.rules, logits, slots, batch, rows)
         if sampled.row_index is None:
             readback[_TOKEN] = sampled.tokens
@@ -198,7 +201,7 @@ class StepPipeline:
             readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
         for row in rows:
             request = batch[row]
-            # A hypothesis's next token is the beams' choice, made on the host once this step is read.
+            # A hypothesis's next token is its search's choice, made on the host once this step is read.
             next_tokens = [FROM_LAST_STEP] if request.hypothesis_of is None else []
             request.pending_tokens, request.pending_source_row = next_tokens, row
             request.unread_tokens += 1
@@ -229,10 +232,9 @@ class StepPipeline:
         candidates = {}
         if step.candidates is not None:
             offered = step.candidates.wait()
-            for index, row in enumerate(step.beam_rows):
-                width = step.batch[row].options.beam_size + 1
-                candidates[row] = BeamCandidates(
-                    [int(token) for token in offered[0, index, :width]], offered[1, index, :width].tolist()
+            for index, (row, wanted) in enumerate(zip(step.hypothesis_rows, step.candidates_wanted)):
+                candidates[row] = Candidates(
+                    [int(token) for token in offered[0, index, :wanted]], offered[1, index, :wanted].tolist()
                 )
         return StepOutput(
             step_id=step.step_id,

@@ -77,7 +77,7 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
 
 
 def _check_beam_options(options: DecodeOptions) -> None:
-    """openai-whisper's rules for beam search's options."""
+    """openai-whisper's rules for the options of beam search and best-of sampling."""
     if options.beam_size < 1:
         raise RequestRejectedError(
             f"beam_size must be at least 1, got {options.beam_size}", param="beam_size"

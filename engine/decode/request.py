@@ -14,7 +14,7 @@ from engine.kv.sources import CrossKVSource
 from engine.types import DecodeOptions, FinishReason, Priority
 
 if TYPE_CHECKING:
-    from engine.decode.beam_search import BeamSearch
+    from engine.decode.search import Search
 
 # A pending token the host does not know yet: the device reads it from the last launched step.
 FROM_LAST_STEP = -1
@@ -63,10 +63,11 @@ class Request:
     finish_reason: FinishReason | None = None
     error: str | None = None
     error_retriable: bool = False
-    # A window decoded with beams: its search while it runs (the hypotheses are what steps).
-    beam_search: BeamSearch | None = field(default=None, repr=False, compare=False)
-    # A beam hypothesis: the search it belongs to; its self-attention blocks change as beams fork.
-    hypothesis_of: BeamSearch | None = field(default=None, repr=False, compare=False)
+    # A window decoded as several hypotheses (beams, or best-of samples): its search while it runs
+    # (the hypotheses are what steps).
+    search: Search | None = field(default=None, repr=False, compare=False)
+    # A hypothesis: the search it belongs to; its self-attention blocks change as hypotheses fork.
+    hypothesis_of: Search | None = field(default=None, repr=False, compare=False)
     tables_changed: bool = False  # its blocks changed since its block-table row was written
 
     @property
@@ -76,9 +77,14 @@ class Request:
 
     @property
     def num_hypotheses(self) -> int:
-        """Sequences it steps at once: its beams (beam search runs at temperature 0 only, as in
-        openai-whisper's transcribe), else one."""
-        return self.options.beam_size if self.temperature == 0 else 1
+        """Sequences its current attempt steps at once: beams at temperature 0, best-of samples
+        above it (as openai-whisper's transcribe uses beam_size and best_of)."""
+        return self.options.hypotheses_at(self.temperature)
+
+    @property
+    def max_hypotheses(self) -> int:
+        """The most sequences any of its attempts steps: what admission reserves and counts."""
+        return max(self.options.hypotheses_at(temperature) for temperature in self.options.temperatures())
 
     @property
     def waits_for_cross_kv(self) -> bool:

@@ -1,5 +1,5 @@
 """Choosing each row's next token: the logit rules, then greedy or temperature sampling, on the device;
-a beam hypothesis's row offers its likeliest tokens for the beams to choose from."""
+a search's hypothesis offers candidates for its search to choose from (engine/decode/search.py)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ class SampledRows:
     # Per request that drew from its own generator: the generator's state before this draw, so a
     # fallback restart can undo a draw made by a step launched ahead of the host's reading.
     generator_states: dict[str, torch.Tensor]
-    beam_rows: list[int] = field(default_factory=list)  # the step's rows of beam hypotheses
-    # [2, len(beam_rows), beam width] float32: their likeliest tokens (as floats) and log-probabilities.
+    hypothesis_rows: list[int] = field(default_factory=list)  # the step's rows of hypotheses
+    candidates_wanted: list[int] = field(default_factory=list)  # how many candidates each offers
+    # [2, len(hypothesis_rows), width] float32: their candidate tokens (as floats) and log-probabilities.
     candidates: torch.Tensor | None = None
 
 
@@ -47,21 +48,47 @@ def sample_rows(
         )
     stamp_rows = rules.timestamp_rows(first, timestamps, row_slots)
     rules.apply(row_logits, first, stamp_rows)
+    # A hypothesis draws its candidates below, not here.
+    drawing = [r.temperature > 0 and r.hypothesis_of is None for r in requests]
     generator_states = {
-        r.request_id: r.generator.get_state()
-        for r in requests
-        if r.generator is not None and r.temperature > 0
+        r.request_id: r.generator.get_state() for r, draws in zip(requests, drawing) if draws and r.generator
     }
-    tokens, logprobs = sample(row_logits, [r.temperature for r in requests], [r.generator for r in requests])
+    tokens, logprobs = sample(
+        row_logits,
+        [r.temperature if draws else 0.0 for r, draws in zip(requests, drawing)],
+        [r.generator for r in requests],
+    )
     rules.record(tokens, stamp_rows)
     sampled = SampledRows(tokens, logprobs, row_index, generator_states)
     if hypotheses:
-        width = max(requests[index].options.beam_size for index in hypotheses) + 1
-        local = upload(hypotheses, torch.long, logits.device)
-        top = torch.log_softmax(row_logits[local], dim=-1).topk(width, dim=-1)
-        sampled.beam_rows = [rows[index] for index in hypotheses]
-        sampled.candidates = torch.stack([top.indices.float(), top.values])
+        sampled.hypothesis_rows = [rows[index] for index in hypotheses]
+        sampled.candidates_wanted = [
+            requests[index].hypothesis_of.candidates_wanted(requests[index]) for index in hypotheses
+        ]
+        sampled.candidates = _candidates(
+            row_logits, [requests[index] for index in hypotheses], hypotheses, sampled.candidates_wanted
+        )
     return sampled
+
+
+def _candidates(
+    logits: torch.Tensor, hypotheses: list[Request], rows: list[int], wanted: list[int]
+) -> torch.Tensor:
+    """Each hypothesis's candidates [2, H, width]: at temperature 0 its likeliest tokens, best first;
+    above it its draws from softmax(logits / T), with its own generator. Log-probabilities are of
+    the rule-filtered logits, as openai-whisper scores both."""
+    local = upload(rows, torch.long, logits.device)
+    logprobs = torch.log_softmax(logits[local], dim=-1)
+    tokens = logprobs.topk(max(wanted), dim=-1).indices
+    for index, (hypothesis, count) in enumerate(zip(hypotheses, wanted)):
+        if hypothesis.temperature > 0:
+            probs = torch.softmax(
+                torch.nan_to_num(logits[rows[index]] / hypothesis.temperature, nan=0.0), dim=-1
+            )
+            tokens[index, :count] = torch.multinomial(
+                probs, count, replacement=True, generator=hypothesis.generator
+            )
+    return torch.stack([tokens.float(), logprobs.gather(1, tokens)])
 
 
 def sample(

@@ -21,10 +21,10 @@ interactive work could use and only lengthens its own latency. A batch request t
 ``batch_aging_s`` while no batch request runs ranks as interactive (so an interactive stream
 delays batch work by at most that long, never forever).
 
-A window decoded with beams (engine/decode/beam_search.py) reserves one copy of its
-cross-attention blocks, ``beam_size`` hypotheses' worth of self-attention blocks and its prompt's
-blocks, counts as ``beam_size`` sequences against ``max_num_seqs``, and steps its hypotheses,
-each a row of the batch.
+A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search.py)
+reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
+worth of self-attention blocks, and its prompt's blocks; it counts as that many sequences against
+``max_num_seqs``, and steps its hypotheses, each a row of the batch.
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
@@ -46,8 +46,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.decode.beam_search import BeamCandidates, BeamSearch
+from engine.decode.beam_search import BeamSearch
+from engine.decode.best_of import BestOfSamples
 from engine.decode.request import Request, RequestStatus
+from engine.decode.search import Candidates, Search
 from engine.decode.step_output import StepOutput
 from engine.errors import CacheFullError, RequestRejectedError
 from engine.kv.block_pool import BlockPool, blocks_needed
@@ -98,25 +100,25 @@ class Scheduler:
 
     def blocks_for(self, request: Request) -> int:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
-        if request.num_hypotheses > 1:
+        if request.max_hypotheses > 1:
             # Each hypothesis's worst case, and the prompt's blocks, held for a fallback restart.
             prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
-            self_blocks = self_blocks * request.num_hypotheses + prompt_blocks
+            self_blocks = self_blocks * request.max_hypotheses + prompt_blocks
         return self.cross_blocks_per_request + self_blocks
 
     @property
     def num_sequences(self) -> int:
         """Sequences running: a window with beams counts each of them."""
-        return sum(request.num_hypotheses for request in self.running)
+        return sum(request.max_hypotheses for request in self.running)
 
     @property
-    def has_beams(self) -> bool:
-        return any(request.beam_search is not None for request in self.running)
+    def has_searches(self) -> bool:
+        return any(request.search is not None for request in self.running)
 
     def add(self, request: Request) -> None:
-        if request.num_hypotheses > self.max_num_seqs:
+        if request.max_hypotheses > self.max_num_seqs:
             raise RequestRejectedError(
-                f"beam_size {request.num_hypotheses} is more than this decoder runs at once "
+                f"beam_size or best_of {request.max_hypotheses} is more than this decoder runs at once "
                 f"(max_num_seqs {self.max_num_seqs})",
                 param="beam_size",
             )
@@ -153,21 +155,32 @@ class Scheduler:
         for request in self.running:
             if request.cross_kv_loading:
                 continue
-            if request.beam_search is None:
+            if request.search is None:
                 batch.append(request)
             else:
-                batch += request.beam_search.hypotheses
-                copies += request.beam_search.prepare_step()
+                batch += request.search.hypotheses
+                copies += request.search.prepare_step()
         return ScheduledStep(admitted=admitted, batch=batch, block_copies=copies)
 
     def _allocate(self, request: Request, needed_blocks: int) -> None:
         request.blocks.cross_block_ids = self.pool.allocate(self.cross_blocks_per_request)
         self_block_ids = self.pool.allocate(needed_blocks - self.cross_blocks_per_request)
-        if request.num_hypotheses == 1:
-            request.blocks.self_block_ids = self_block_ids
-            return
-        request.blocks.spare_block_ids = self_block_ids  # the hypotheses share them as they go
-        request.beam_search = BeamSearch(request, self.pool.block_size, self.eot, self.n_text_ctx)
+        # One table's worth as the request's own; the rest held for the hypotheses of a search.
+        table_size = blocks_needed(request.max_total_tokens, self.pool.block_size)
+        request.blocks.self_block_ids = self_block_ids[:table_size]
+        request.blocks.spare_block_ids = self_block_ids[table_size:]
+        if request.num_hypotheses > 1:
+            self.start_search(request)
+
+    def start_search(self, request: Request) -> None:
+        """Decode the request's current attempt as several hypotheses, on its blocks: the ones
+        holding the prompt's K/V so far go on holding it, the others become the search's spares."""
+        table = request.blocks.self_block_ids
+        prompt_block_ids = table[: blocks_needed(request.num_computed_tokens, self.pool.block_size)]
+        request.blocks.spare_block_ids = table + request.blocks.spare_block_ids  # all held for the search
+        request.blocks.self_block_ids = []
+        kind = BeamSearch if request.temperature == 0 else BestOfSamples
+        request.search = kind(request, prompt_block_ids, self.pool.block_size, self.eot, self.n_text_ctx)
 
     def _admits_as_interactive(self, request: Request, now: float) -> bool:
         # Aging is against starvation: while batch requests are running, batch work makes progress
@@ -184,7 +197,7 @@ class Scheduler:
         return self.waiting[0]
 
     def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
-        sequences = self.num_sequences + request.num_hypotheses
+        sequences = self.num_sequences + request.max_hypotheses
         if self._admits_as_interactive(request, now):
             return sequences <= self.max_num_seqs and self.pool.can_allocate(needed_blocks)
         reserved = self.interactive_reserved_seqs
@@ -198,7 +211,7 @@ class Scheduler:
     def update_from_output(self, output: StepOutput) -> list[tuple[Request, FinishReason]]:
         """Append a read step's tokens to their requests; return the requests that reached a stop."""
         stopped: list[tuple[Request, FinishReason]] = []
-        offered: dict[BeamSearch, list[tuple[Request, BeamCandidates]]] = {}
+        offered: dict[Search, list[tuple[Request, Candidates]]] = {}
         for row, request in enumerate(output.batch):
             if request.status == RequestStatus.FINISHED or request.epoch != output.epochs[row]:
                 continue  # ended, or started again, since: the row is stale

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.decode.beam_search import BeamCandidates
 from engine.decode.request import Request
+from engine.decode.search import Candidates
 
 
 @dataclass(frozen=True)
@@ -21,4 +21,4 @@ class StepOutput:
     no_speech_probs: dict[int, float]  # rows that fed <|startoftranscript|>
     languages: dict[int, str]  # rows whose language was detected
     computed_after: list[int]
-    candidates: dict[int, BeamCandidates] = field(default_factory=dict)  # beam hypotheses' rows
+    candidates: dict[int, Candidates] = field(default_factory=dict)  # hypotheses' rows

@@ -27,10 +27,11 @@ class BlockCopy:
 
 
 class SharedBlocks:
-    def __init__(self, reserved_block_ids: list[int], block_size: int):
+    def __init__(self, reserved_block_ids: list[int], block_size: int, in_use: list[int] = ()):
+        """``in_use``: blocks of the reservation already written (a prompt), held by one table."""
         self.block_size = block_size
-        self._spare = list(reversed(reserved_block_ids))  # popped from the end: reserved order
-        self._refs: dict[int, int] = {}
+        self._spare = [block_id for block_id in reversed(reserved_block_ids) if block_id not in in_use]
+        self._refs: dict[int, int] = {block_id: 1 for block_id in in_use}
 
     @property
     def num_spare(self) -> int:

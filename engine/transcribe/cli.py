@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="alpha in [0, 1]; default: rank by log-probability per token",
     )
+    transcribe.add_argument(
+        "--best-of",
+        type=int,
+        default=1,
+        help="samples per fallback attempt above temperature 0; the best is kept",
+    )
     transcribe.add_argument("--long-form", choices=("parallel", "sequential"), default="parallel")
     transcribe.add_argument("--json", action="store_true", help="one JSON object per file, one per line")
     args = parser.parse_args(argv)
@@ -55,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             beam_size=args.beam_size,
             patience=args.patience,
             length_penalty=args.length_penalty,
+            best_of=args.best_of,
         )
         with Transcriber(EngineConfig(model=args.model, device=args.device)) as transcriber:
             results = transcriber.transcribe(args.files, options, long_form=args.long_form)

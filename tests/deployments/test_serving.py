@@ -265,6 +265,7 @@ BAD_REQUESTS = [
     ("beam-size-zero", ("jfk.flac", JFK), {"beam_size": "0"}, 400, "beam_size"),
     ("beam-size-too-wide", ("jfk.flac", JFK), {"beam_size": "64"}, 400, "beam_size"),
     ("patience-without-beams", ("jfk.flac", JFK), {"patience": "2"}, 400, "patience"),
+    ("best-of-zero", ("jfk.flac", JFK), {"best_of": "0"}, 400, "best_of"),
     (
         "bad-length-penalty",
         ("jfk.flac", JFK),

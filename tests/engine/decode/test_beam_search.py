@@ -133,7 +133,7 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
     shared_full_blocks = False
     while engine.has_work:
         engine.step()
-        search = window.beam_search
+        search = window.search
         if search is None:
             continue
         # Cross-attention blocks once; the worst case of five hypotheses and the prompt's blocks.
@@ -157,7 +157,7 @@ def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en,
     engine.submit(window)
     for _ in range(6):
         engine.step()
-    assert window.beam_search is not None and len(window.beam_search.hypotheses) == 4
+    assert window.search is not None and len(window.search.hypotheses) == 4
     engine.abort("beams")
     results = run_to_completion_by_id(engine)
     assert results["beams"].finish_reason == FinishReason.ABORTED
@@ -219,16 +219,55 @@ def test_beams_count_against_max_num_seqs_and_a_beam_larger_than_it_is_refused(t
     assert all(results[f"b{index}"].finish_reason == FinishReason.STOP for index in range(3))
 
 
-def test_a_beam_window_that_fails_the_thresholds_restarts_hotter_on_its_own_blocks(tiny_en, cross_kvs):
-    engine = engine_with(tiny_en)
+def run_watching_searches(engine, window) -> tuple[dict, list]:
+    """Step the engine to the end; the searches ``window`` ran, in order, and every result."""
+    searches, results = [], {}
+    while engine.has_work:
+        if window.search is not None and (not searches or searches[-1] is not window.search):
+            searches.append(window.search)
+        results |= {result.request_id: result for result in engine.step()}
+    return results, searches
+
+
+def test_best_of_keeps_the_best_ranked_of_independent_samples_and_repeats_with_its_seed(tiny_en, cross_kvs):
+    texts = []
+    for _ in range(2):
+        engine = engine_with(tiny_en)
+        options = DecodeOptions(temperature=1.0, best_of=4, seed=7)
+        window = engine.make_request(options, CrossKVTensor(cross_kvs[2]), "samples")
+        engine.submit(window)
+        results, searches = run_watching_searches(engine, window)
+        (search,) = searches
+        assert type(search).__name__ == "BestOfSamples"
+        samples = search.finished
+        assert len(samples) >= 2, "independent samples at temperature 1 differ"
+        # openai-whisper's ranking: the sum of log-probabilities over the sampled tokens' count.
+        best = max(samples, key=lambda tokens: samples[tokens][0] / (len(tokens) - 1))
+        assert results["samples"].tokens == list(best[:-1])
+        assert engine.pool.num_free_blocks == engine.pool.num_blocks
+        assert not engine.runner.tables._slot_by_request
+        texts.append(results["samples"].tokens)
+    assert texts[0] == texts[1]
+
+
+@pytest.mark.parametrize("beam_size", [5, 1], ids=["from-beams", "from-greedy"])
+def test_a_window_that_fails_the_thresholds_restarts_as_best_of_samples_on_its_own_blocks(
+    tiny_en, cross_kvs, beam_size
+):
+    engine = engine_with(tiny_en, max_num_seqs=8)
     # A log-probability threshold no text meets: every attempt fails, up to the last temperature.
     fallback = FallbackOptions(logprob_threshold=0.0, no_speech_threshold=None)
-    request, result = decode_one(
-        engine, CrossKVTensor(cross_kvs[0]), DecodeOptions(beam_size=5, fallback=fallback)
-    )
-    assert result.temperature == 1.0 and result.finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
-    assert request.attempt == len(fallback.temperatures) - 1
+    options = DecodeOptions(beam_size=beam_size, best_of=3, fallback=fallback)
+    window = engine.make_request(options, CrossKVTensor(cross_kvs[0]), "retried")
+    engine.submit(window)
+    results, searches = run_watching_searches(engine, window)
+    kinds = [type(search).__name__ for search in searches]
+    first = ["BeamSearch"] if beam_size > 1 else []
+    assert kinds == first + ["BestOfSamples"] * (len(fallback.temperatures) - 1)
+    assert results["retried"].temperature == 1.0 and window.attempt == len(fallback.temperatures) - 1
+    assert results["retried"].finish_reason in (FinishReason.STOP, FinishReason.LENGTH)
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+    assert not engine.runner.tables._slot_by_request
 
 
 def test_word_timestamps_and_language_detection_work_with_beams(random_multilingual_whisper_folder):

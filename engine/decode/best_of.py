@@ -1,0 +1,58 @@
+"""Best of n samples at a temperature above 0, as openai-whisper decodes with ``best_of``: the
+prompt runs once and its first token is drawn n times, each draw a hypothesis that then samples
+on its own until end of text; the search ends when every sample has ended (or at the window's
+length), and the best by the same ranking as beam search is the window's text."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.decode.prompt import FALLBACK_SEED
+from engine.decode.request import Request
+from engine.decode.search import Candidates, Choice, Search, f32_sum
+
+
+class BestOfSamples(Search):
+    def __init__(
+        self, window: Request, prompt_block_ids: list[int], block_size: int, eot: int, n_text_ctx: int
+    ):
+        super().__init__(window, prompt_block_ids, block_size, eot, n_text_ctx)
+        self.samples = window.options.best_of
+        seed = window.options.seed if window.options.seed is not None else FALLBACK_SEED
+        device = window.generator.device if window.generator is not None else torch.device("cpu")
+        # One generator per sample, so samples are independent and a window's draws repeat run to run.
+        self.generators = [
+            torch.Generator(device=device).manual_seed(seed * 7919 + window.attempt * 101 + index)
+            for index in range(self.samples)
+        ]
+        self.hypotheses[0].generator = self.generators[0]
+
+    def candidates_wanted(self, hypothesis: Request) -> int:
+        # The prompt's first token is drawn once per sample; afterwards each sample draws its own.
+        return self.samples if not hypothesis.output_tokens and len(self.hypotheses) == 1 else 1
+
+    def update(self, candidates: list[tuple[Request, Candidates]]) -> bool:
+        ignore_eot = self.window.options.ignore_eot
+        index_of = self._index_of()
+        parents = self._snapshots()
+        chosen: list[Choice] = []
+        for hypothesis, draws in candidates:
+            for token, logprob in zip(draws.tokens, draws.logprobs):
+                choice = Choice(
+                    (*hypothesis.output_tokens, token),
+                    index_of[id(hypothesis)],
+                    logprob,
+                    f32_sum(hypothesis.sum_logprob, logprob),
+                )
+                if token == self.eot and not ignore_eot:
+                    self._finish_sequence(choice, parents)
+                else:
+                    chosen.append(choice)
+        at_length = self._continue_with(chosen, parents)
+        for hypothesis in self.hypotheses:
+            if hypothesis.generator is None or len(self.hypotheses) > 1:
+                hypothesis.generator = self.generators[self.hypotheses.index(hypothesis)]
+        return not chosen or at_length
+
+    def _unfinished_to_rank(self, finished: dict) -> list[Request]:
+        return list(self.hypotheses)  # at the window's length every sample counts, unended

@@ -1,0 +1,206 @@
+"""A window decoded as several hypotheses at once: beam search at temperature 0, or best-of-n
+samples at a higher temperature (engine/decode/beam_search.py, engine/decode/best_of.py), as
+openai-whisper's BeamSearchDecoder and its sampling with ``best_of`` decide.
+
+The window's prompt runs once, as its first hypothesis. Each hypothesis is a sequence of the decode
+loop with a block-table slot of its own; all of them read the window's one copy of the
+cross-attention K/V, and they share self-attention blocks by reference count: a hypothesis
+continued by several others is forked (its blocks shared), and a block is copied only when one of
+them is about to write into a block another still holds (engine/kv/shared_blocks.py). Each step,
+every live hypothesis offers candidates for its next token (its likeliest tokens, or its draws);
+the search picks what continues, and the hypotheses that reach end of text join the finished. When
+the search is over, the finished hypothesis with the best sum of log-probabilities over its length
+(or the length penalty of Google's NMT paper) is the window's text (openai-whisper's
+MaximumLikelihoodRanker).
+
+The choice needs every candidate on the host, so a step with hypotheses in it is read before the
+next is launched (the engine does not run a step ahead while a search runs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.decode.request import Request, RequestStatus
+from engine.kv.block_pool import RequestBlocks, blocks_needed
+from engine.kv.shared_blocks import BlockCopy, SharedBlocks
+from engine.types import FinishReason
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """What a step read back for one hypothesis: tokens it offers to go on with, and their
+    log-probabilities (its likeliest tokens best first, or its draws)."""
+
+    tokens: list[int]
+    logprobs: list[float]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A sequence the search goes on with: a parent hypothesis's tokens and one more."""
+
+    tokens: tuple[int, ...]
+    parent: int  # index of the hypothesis it continues
+    logprob: float  # of its last token
+    sum_logprob: float
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """A hypothesis's text and blocks as the step found them (hypotheses are reassigned every step)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    sum_logprob: float
+    self_block_ids: list[int]
+
+
+def f32_sum(a: float, b: float) -> float:
+    # openai-whisper keeps the sums in a float32 tensor: the same rounding keeps near-ties alike.
+    return float(np.float32(a) + np.float32(b))
+
+
+class Search:
+    def __init__(
+        self, window: Request, prompt_block_ids: list[int], block_size: int, eot: int, n_text_ctx: int
+    ):
+        self.window = window
+        self.eot = eot
+        self.n_text_ctx = n_text_ctx
+        self.length_penalty = window.options.length_penalty
+        self.blocks = SharedBlocks(window.blocks.spare_block_ids, block_size, in_use=prompt_block_ids)
+        self.self_blocks_per_hypothesis = blocks_needed(window.max_total_tokens, block_size)
+        first = self._hypothesis(0, window)
+        first.blocks.self_block_ids = list(prompt_block_ids)
+        self.hypotheses: list[Request] = [first]
+        self.retired: list[Request] = []  # hypotheses with nothing left to continue: slots to give back
+        self.finished: dict[tuple[int, ...], tuple[float, tuple[float, ...]]] = {}  # tokens + eot -> sums
+        self.prompt_block_ids: list[int] = []  # the prompt's blocks, held at the first fork for a restart
+
+    def candidates_wanted(self, hypothesis: Request) -> int:
+        """How many candidate tokens the hypothesis offers this step."""
+        raise NotImplementedError
+
+    def update(self, candidates: list[tuple[Request, Candidates]]) -> bool:
+        """Take a step's candidates; returns whether the search is over."""
+        raise NotImplementedError
+
+    def _unfinished_to_rank(self, finished: dict) -> list[Request]:
+        """Live hypotheses ranked beside the finished ones when the search ends (at its length)."""
+        raise NotImplementedError
+
+    def _hypothesis(self, index: int, like: Request) -> Request:
+        """A copy of ``like``'s state with a slot of its own, reading the window's cross-attention blocks."""
+        return dataclasses.replace(
+            like,
+            request_id=f"{self.window.request_id}#{index}",
+            blocks=RequestBlocks(cross_block_ids=self.window.blocks.cross_block_ids),
+            prompt_tokens=list(like.prompt_tokens),
+            pending_tokens=list(like.pending_tokens),
+            output_tokens=list(like.output_tokens),
+            output_logprobs=list(like.output_logprobs),
+            status=RequestStatus.RUNNING,
+            search=None,
+            hypothesis_of=self,
+        )
+
+    def prepare_step(self) -> list[BlockCopy]:
+        """Blocks for what each hypothesis writes this step; the copies a write into a shared block needs."""
+        copies: list[BlockCopy] = []
+        for hypothesis in self.hypotheses:
+            table = hypothesis.blocks.self_block_ids
+            before = list(table)
+            start = hypothesis.num_computed_tokens
+            copies += self.blocks.prepare_write(table, start, start + len(hypothesis.pending_tokens))
+            hypothesis.tables_changed |= table != before
+        return copies
+
+    def _index_of(self) -> dict[int, int]:
+        return {id(hypothesis): index for index, hypothesis in enumerate(self.hypotheses)}
+
+    def _snapshots(self) -> list[_Snapshot]:
+        return [
+            _Snapshot(
+                tuple(h.output_tokens), tuple(h.output_logprobs), h.sum_logprob, h.blocks.self_block_ids
+            )
+            for h in self.hypotheses
+        ]
+
+    def _finish_sequence(self, choice: Choice, parents: list[_Snapshot]) -> None:
+        self.finished[choice.tokens] = (
+            choice.sum_logprob,
+            (*parents[choice.parent].logprobs, choice.logprob),
+        )
+
+    def _continue_with(self, chosen: list[Choice], parents: list[_Snapshot]) -> bool:
+        """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
+        whether the search has reached the window's length."""
+        if not self.prompt_block_ids:
+            # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
+            self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)
+        while len(self.hypotheses) < len(chosen):
+            self.hypotheses.append(self._hypothesis(len(self.hypotheses), self.hypotheses[0]))
+        tables = [self.blocks.fork(parents[choice.parent].self_block_ids) for choice in chosen]
+        for parent in parents:
+            self.blocks.drop(parent.self_block_ids)
+        computed = self.hypotheses[0].num_computed_tokens
+        for hypothesis, choice, table in zip(self.hypotheses, chosen, tables):
+            hypothesis.output_tokens = list(choice.tokens)
+            hypothesis.output_logprobs = [*parents[choice.parent].logprobs, choice.logprob]
+            hypothesis.sum_logprob = choice.sum_logprob
+            hypothesis.blocks.self_block_ids = table
+            hypothesis.tables_changed = True
+            hypothesis.num_computed_tokens = computed
+            hypothesis.pending_tokens = [choice.tokens[-1]]
+            hypothesis.unread_tokens = 0
+        for hypothesis in self.hypotheses[len(chosen) :]:
+            hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+            hypothesis.blocks.self_block_ids = []
+        self.retired += self.hypotheses[len(chosen) :]
+        del self.hypotheses[len(chosen) :]
+        length = len(chosen[0].tokens) if chosen else 0
+        return length >= self.window.max_tokens or len(self.window.prompt_tokens) + length >= self.n_text_ctx
+
+    def finish(self) -> FinishReason:
+        """The best hypothesis becomes the window's text (openai-whisper's finalize and ranking)."""
+        finished = dict(self.finished)
+        for hypothesis in self._unfinished_to_rank(finished):
+            finished[(*hypothesis.output_tokens, self.eot)] = (
+                hypothesis.sum_logprob,
+                tuple(hypothesis.output_logprobs),
+            )
+        best = max(finished, key=lambda tokens: self._rank_score(tokens, finished[tokens][0]))
+        sum_logprob, logprobs = finished[best]
+        window, first = self.window, (self.hypotheses + self.retired)[0]
+        window.output_tokens = list(best[:-1] if best[-1] == self.eot else best)
+        window.output_logprobs = list(logprobs[: len(window.output_tokens)])
+        window.sum_logprob = sum_logprob
+        window.prompt_tokens, window.detect_language = first.prompt_tokens, False
+        window.language, window.no_speech_prob = first.language, first.no_speech_prob
+        return FinishReason.STOP if best in self.finished else FinishReason.LENGTH
+
+    def _rank_score(self, tokens: tuple[int, ...], sum_logprob: float) -> float:
+        length = max(1, len(tokens) - (1 if tokens[-1] == self.eot else 0))
+        penalty = length if self.length_penalty is None else ((5 + length) / 6) ** self.length_penalty
+        return sum_logprob / penalty
+
+    def end(self, keep_prompt: bool) -> list[Request]:
+        """The search is over: the window takes back its blocks as one table (its prompt's blocks
+        first when ``keep_prompt``: a fallback restart decodes on them). Returns every hypothesis
+        it ran, whose slots are to be given back."""
+        every = self.hypotheses + self.retired
+        for hypothesis in every:
+            hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+        window = self.window
+        first = self.prompt_block_ids if keep_prompt else []
+        kept = set(first)
+        rest = [block_id for block_id in window.blocks.spare_block_ids if block_id not in kept]
+        table_size = self.self_blocks_per_hypothesis
+        window.blocks.self_block_ids = first + rest[: table_size - len(first)]
+        window.blocks.spare_block_ids = rest[table_size - len(first) :]
+        window.search = None
+        return every
