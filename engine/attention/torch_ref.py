@@ -57,6 +57,13 @@ class TorchReferenceBackend(AttentionBackend):
         block_size = key_cache.shape[1]
         num_heads, head_dim = query.shape[1], query.shape[2]
         num_key_blocks = -(-batch.max_seq_len // block_size)
+        if not batch.causal and batch.max_query_len == 1 and query.device.type == "cpu":
+            # A window's beams read one copy of its cross-attention K/V: gather it once for all.
+            tables, readers = torch.unique(batch.block_tables[:, :num_key_blocks], dim=0, return_inverse=True)
+            if tables.shape[0] < num_requests:
+                return self._shared_keys_attention(
+                    query, key_cache, value_cache, batch, tables, readers, scale
+                )
         # Padding entries may be any id (-1 included): they are masked below, only never out of range.
         block_ids = batch.block_tables[:, :num_key_blocks].reshape(-1).long().remainder(key_cache.shape[0])
         # [B * M, bs, H, D] -> [B, H, M*bs, D]
@@ -94,3 +101,31 @@ class TorchReferenceBackend(AttentionBackend):
         if token_valid is None:
             return out.reshape(num_requests, num_heads, head_dim)
         return out[token_valid]
+
+    def _shared_keys_attention(self, query, key_cache, value_cache, batch, tables, readers, scale):
+        """One query per request, requests reading the same blocks grouped: each distinct table's
+        keys and values are gathered once and attended by all its readers' queries at once."""
+        num_tables, num_heads, head_dim = tables.shape[0], query.shape[1], query.shape[2]
+        block_ids = tables.reshape(-1).long().remainder(key_cache.shape[0])
+        keys = self.gather_blocks(key_cache, block_ids, "keys").reshape(num_tables, -1, num_heads, head_dim)
+        values = self.gather_blocks(value_cache, block_ids, "values").reshape(
+            num_tables, -1, num_heads, head_dim
+        )
+        # Each request's place among its table's readers: [table, place] in a padded query block.
+        order = torch.argsort(readers, stable=True)
+        counts = torch.bincount(readers, minlength=num_tables)
+        first_reader = torch.cumsum(counts, 0) - counts
+        place = torch.empty_like(readers)
+        place[order] = torch.arange(readers.shape[0]) - first_reader[readers[order]]
+        queries = query.new_zeros(num_tables, int(counts.max()), num_heads, head_dim)
+        queries[readers, place] = query
+        seq_lens = torch.zeros(num_tables, dtype=batch.seq_lens.dtype).index_copy_(0, readers, batch.seq_lens)
+        mask = torch.arange(keys.shape[1])[None, :] < seq_lens[:, None]  # [tables, L]
+        out = F.scaled_dot_product_attention(
+            queries.transpose(1, 2),
+            keys.transpose(1, 2).to(query.dtype),
+            values.transpose(1, 2).to(query.dtype),
+            attn_mask=mask[:, None, None, :],
+            scale=scale,
+        )  # [tables, H, readers, D]
+        return out.transpose(1, 2)[readers, place]

@@ -1,0 +1,154 @@
+"""Beam search's cost, in one run: requests/s at beam 5 against greedy for our engine, and against
+transformers' generate(num_beams=5) at the same batch, on random weights of the real shapes, every
+window decoding a fixed number of tokens (end of text ignored, so both sides do the same work).
+
+Each row decodes ``--windows`` windows submitted at once (their cross-attention K/V already in
+hand: the encoder is the same for greedy and beams). Ours runs them with continuous batching
+(room for every window's beams); transformers runs them as one static batch from encoder states
+(its beam search keeps a copy of the cross-attention K/V per beam, so large batches do not fit).
+
+    python benchmarks/bench_beams.py [--shapes large-v3,large-v3-turbo] [--windows 16,64]
+        [--beam-size 5] [--tokens 100] [--hf-windows 16] [--device cuda] [--record]
+
+On a CPU, ``--shapes tiny --device cpu --windows 4 --hf-windows 4 --tokens 16`` tries it out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_gpu import config_for, hf_prompt_ids, release_memory, sync  # noqa: E402
+from benchmarks.gpu_models import add_dtype_argument, engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
+from benchmarks.recording import markdown_table, record  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.decode.engine import DecoderEngine  # noqa: E402
+from engine.kv.sources import CrossKVTensor  # noqa: E402
+from engine.model.weights import resolve_model_folder  # noqa: E402
+from engine.types import DecodeOptions  # noqa: E402
+
+
+def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: int) -> float:
+    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens."""
+    dims = loaded.weights.dims
+    # Room for every window's hypotheses at once, and their blocks.
+    engine = DecoderEngine(loaded, config_for(loaded, windows * beam_size))
+    cross_kv = torch.randn(
+        dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim, device=device
+    ).to(loaded.config.torch_dtype)
+    options = DecodeOptions(language="en", max_tokens=tokens, ignore_eot=True, beam_size=beam_size)
+
+    def run(count: int) -> float:
+        for _ in range(count):
+            engine.submit(engine.make_request(options, CrossKVTensor(cross_kv)))
+        sync(device)
+        start = time.perf_counter()
+        while engine.has_work:
+            engine.step()
+        sync(device)
+        return time.perf_counter() - start
+
+    run(min(windows, 2))  # warm-up: the prompt's and the decode steps' kernels
+    return windows / run(windows)
+
+
+@torch.inference_mode()
+def hf_req_per_s(hf, tokenizer, device: str, windows: int, beam_size: int, tokens: int) -> float:
+    from transformers.generation import GenerationMixin
+    from transformers.modeling_outputs import BaseModelOutput
+
+    dims = hf.config
+    states = torch.randn(windows, 1500, dims.d_model, device=device, dtype=hf.dtype)
+
+    def run() -> float:
+        sync(device)
+        start = time.perf_counter()
+        GenerationMixin.generate(
+            hf,
+            encoder_outputs=BaseModelOutput(last_hidden_state=states),
+            decoder_input_ids=hf_prompt_ids(windows, device, tokenizer),
+            max_new_tokens=tokens,
+            min_new_tokens=tokens,
+            do_sample=False,
+            num_beams=beam_size,
+            eos_token_id=tokenizer.special.eot,
+            pad_token_id=tokenizer.special.eot,
+        )
+        sync(device)
+        return time.perf_counter() - start
+
+    run()  # warm-up
+    return windows / run()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="large-v3,large-v3-turbo")
+    parser.add_argument("--windows", default="16,64", help="windows decoded at once, one row each")
+    parser.add_argument("--hf-windows", type=int, default=16, help="the batch transformers runs at")
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--tokens", type=int, default=100, help="tokens every window decodes")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
+    add_dtype_argument(parser)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    tokenizer_file = args.tokenizer or resolve_model_folder("base") / "tokenizer.json"
+    beams, rows = args.beam_size, []
+    for shape in args.shapes.split(","):
+        dtype = resolved_dtype(args.device, args.dtype)
+        hf = random_hf_whisper(shape, args.device, dtype)
+        loaded = engine_model(
+            hf, tokenizer_file, EngineConfig(model=shape, device=args.device, dtype=str(dtype).split(".")[-1])
+        )
+        for windows in [int(count) for count in args.windows.split(",")]:
+            greedy = ours_req_per_s(loaded, args.device, windows, 1, args.tokens)
+            release_memory(args.device)  # the last engine's KV pool
+            beam = ours_req_per_s(loaded, args.device, windows, beams, args.tokens)
+            release_memory(args.device)
+            theirs = (
+                hf_req_per_s(hf, loaded.tokenizer, args.device, windows, beams, args.tokens)
+                if windows == args.hf_windows
+                else None
+            )
+            rows.append(
+                [
+                    shape,
+                    windows,
+                    round(greedy, 2),
+                    round(beam, 2),
+                    round(greedy / beam, 2),
+                    round(theirs, 2) if theirs else "-",
+                    round(beam / theirs, 2) if theirs else "-",
+                ]
+            )
+            print(rows[-1], flush=True)
+        del hf, loaded
+        release_memory(args.device)
+    headers = [
+        "shape",
+        "windows at once",
+        "ours greedy req/s",
+        f"ours beam {beams} req/s",
+        f"greedy / beam {beams}",
+        f"transformers beam {beams} req/s",
+        f"ours / transformers, beam {beams}",
+    ]
+    table = markdown_table(headers, rows)
+    print(table)
+    if args.record:
+        notes = (
+            f"Random weights of each shape, dtype {args.dtype}; every window decodes "
+            f"{args.tokens} tokens (end of text ignored); transformers from encoder states, one static batch."
+        )
+        record(f"Beam search: beam {beams} against greedy and transformers (bench_beams.py)", table, notes)
+
+
+if __name__ == "__main__":
+    main()
