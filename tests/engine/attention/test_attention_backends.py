@@ -166,6 +166,20 @@ SHAPES = {
 }
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_rows_reading_the_same_cross_attention_blocks_as_a_windows_beams_do_match_the_oracle(backend):
+    """A window's beams read one copy of its cross-attention K/V: rows 0, 2, 3 share one table and
+    rows 1, 4 another (the reference backend then gathers each table once for its readers)."""
+    if backend == "triton" and not triton_available():
+        pytest.skip("needs triton")
+    case = Case(q_lens=[1] * 5, seq_lens=[1500] * 5, causal=False, block_size=16, head_dim=16)
+    readers_of = [0, 1, 0, 0, 1]
+    case.tables = [case.tables[owner] for owner in readers_of]
+    case.batch.block_tables.copy_(case.batch.block_tables[readers_of])
+    chosen = TorchReferenceBackend() if backend == "torch" else TritonPagedBackend()
+    assert_close(case.run(chosen), case.dense(), torch.float32)
+
+
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_reference_matches_dense_oracle(name):
     q_lens, seq_lens, causal, bs, d = SHAPES[name]
