@@ -93,6 +93,11 @@ class DecoderDeployment:
         stats = self.engine.stats()
         return (stats.num_running + stats.num_waiting) / self.engine.scheduler.max_num_seqs
 
+    async def discard(self, handle: TransferHandle) -> None:
+        """Free the staged K/V ``handle`` points at, which no decoder will pull (its caller went away
+        before a decoder took it); any decoder replica can tell the sender. Best effort."""
+        self.receiver.discard(handle)
+
     async def decode(
         self,
         handle: TransferHandle,

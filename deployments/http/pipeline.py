@@ -19,6 +19,7 @@ from engine.errors import RetriableError
 from engine.model.audio import SAMPLE_RATE
 from engine.transcribe.windows import LongFormCursor, PendingWindow, Transcription
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
+from kv_transfer.base import TransferHandle
 
 logger = logging.getLogger("ray.serve")
 
@@ -31,6 +32,7 @@ class WindowPipeline:
         self.encoder = encoder
         self.decoder = decoder
         self.max_windows_in_flight = max_windows_in_flight
+        self._discards: set[asyncio.Future] = set()  # discard calls under way (kept from the GC)
 
     async def transcribe(self, cursor: LongFormCursor, priority: Priority) -> Transcription:
         async for _ in self.decoded(cursor, priority):
@@ -78,7 +80,7 @@ class WindowPipeline:
             try:
                 job = WindowJob(f"{window_id}-a{attempt}", samples, priority)
                 handle = await self.encoder.encode.remote(job)
-                result: DecodeResult = await self.decoder.decode.remote(handle, options, duration_s, priority)
+                result: DecodeResult = await self._decode(handle, options, duration_s, priority)
             except REPLICA_LOST as error:
                 failure = f"a replica was lost ({type(error).__name__})"
                 logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)
@@ -90,3 +92,24 @@ class WindowPipeline:
             failure = result.error or "cross-attention K/V transfer failed"
             logger.warning("window %s: %s; encoding again (attempt %d)", window_id, failure, attempt + 1)
         raise RetriableError(f"window {window_id} failed {WINDOW_ATTEMPTS} times; last: {failure}")
+
+    async def _decode(
+        self, handle: TransferHandle, options: DecodeOptions, duration_s: float, priority: Priority
+    ) -> DecodeResult:
+        try:
+            return await self.decoder.decode.remote(handle, options, duration_s, priority)
+        except asyncio.CancelledError:
+            # The caller went away (a client gone, a failed window beside it). If the decode call
+            # was still queued, no decoder holds the handle and the staged K/V would wait for
+            # transfer.unclaimed_timeout_s: free it now. A decoder that took it releases it once
+            # anyway (an abort before its pull discards it, a pull releases it), so this is harmless.
+            discarding = asyncio.ensure_future(self._discard(handle))
+            self._discards.add(discarding)
+            discarding.add_done_callback(self._discards.discard)
+            raise
+
+    async def _discard(self, handle: TransferHandle) -> None:
+        try:
+            await self.decoder.discard.remote(handle)
+        except Exception:
+            logger.debug("discarding the staged K/V of %s failed", handle.request_id, exc_info=True)

@@ -78,7 +78,7 @@ class StepPipeline:
 
     def steps_to_read(self, launched: LaunchedStep | None, overlap: bool = True) -> list[LaunchedStep]:
         """The steps whose tokens to read now, in launch order: the one just launched, or with async
-        steps the one before. ``overlap=False`` reads both: beams choose their next tokens on the host."""
+        steps the one before. ``overlap=False`` reads both: a search chooses its next tokens on the host."""
         if not self.async_steps:
             return [launched] if launched is not None else []
         previous, self.in_flight = self.in_flight, (launched if overlap else None)
@@ -165,7 +165,7 @@ class StepPipeline:
         for request in batch:
             start, fed = request.num_computed_tokens, request.pending_tokens
             slot = tables.slot_of(request.request_id, request.blocks)
-            if request.tables_changed:  # a beam hypothesis forked, or copied a block it writes
+            if request.tables_changed:  # a hypothesis forked, or copied a block it writes
                 tables.rewrite_self(slot, request.blocks.self_block_ids)
                 request.tables_changed = False
             rows.append(

@@ -52,7 +52,7 @@ from engine.decode.request import Request, RequestStatus
 from engine.decode.search import Candidates, Search
 from engine.decode.step_output import StepOutput
 from engine.errors import CacheFullError, RequestRejectedError
-from engine.kv.block_pool import BlockPool, blocks_needed
+from engine.kv.block_pool import BlockPool, RequestBlocks, blocks_needed
 from engine.kv.shared_blocks import BlockCopy
 from engine.types import FinishReason, Priority, is_promoted
 
@@ -65,10 +65,8 @@ NON_FINITE_LOGITS = (
 @dataclass
 class ScheduledStep:
     admitted: list[Request]  # joined this step: their cross-attention K/V must be loaded first
-    batch: list[
-        Request
-    ]  # every sequence that runs this step (a beam window's hypotheses), admitted ones included
-    block_copies: list[BlockCopy]  # to make before the step: beams about to write into a shared block
+    batch: list[Request]  # every sequence that runs this step (a search's hypotheses), admitted ones too
+    block_copies: list[BlockCopy]  # to make before the step: hypotheses about to write into a shared block
 
 
 class Scheduler:
@@ -108,7 +106,7 @@ class Scheduler:
 
     @property
     def num_sequences(self) -> int:
-        """Sequences running: a window with beams counts each of them."""
+        """Sequences running: a window decoded as several hypotheses counts each of them."""
         return sum(request.max_hypotheses for request in self.running)
 
     @property
@@ -296,4 +294,4 @@ class Scheduler:
 
     def release_blocks(self, request: Request) -> None:
         self.pool.free(request.blocks.all_ids())
-        request.blocks.self_block_ids, request.blocks.cross_block_ids = [], []
+        request.blocks = RequestBlocks()
