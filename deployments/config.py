@@ -290,19 +290,20 @@ class AppConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _beams_fit_the_decoder(self) -> "AppConfig":
-        largest = max(self.http.default_beam_size, self.http.max_beam_size)
-        if largest > self.engine.max_num_seqs:
+    def _default_beams_fit_the_decoder(self) -> "AppConfig":
+        largest = min(self.http.max_beam_size, self.engine.max_num_seqs)
+        if self.http.default_beam_size > largest:
             raise ValueError(
-                f"http.max_beam_size / http.default_beam_size ({largest}) must not exceed "
-                f"engine.max_num_seqs ({self.engine.max_num_seqs}): each beam runs as a sequence"
-            )
-        if self.http.default_beam_size > self.http.max_beam_size:
-            raise ValueError(
-                f"http.default_beam_size ({self.http.default_beam_size}) exceeds http.max_beam_size "
-                f"({self.http.max_beam_size})"
+                f"http.default_beam_size ({self.http.default_beam_size}) exceeds the largest beam this "
+                f"app decodes: http.max_beam_size ({self.http.max_beam_size}) and engine.max_num_seqs "
+                f"({self.engine.max_num_seqs}), since each beam runs as a sequence"
             )
         return self
+
+    @property
+    def largest_beam_size(self) -> int:
+        """The largest beam_size (or best_of) a request may ask for: each beam is a decoder sequence."""
+        return min(self.http.max_beam_size, self.engine.max_num_seqs)
 
     @property
     def accepted_model_names(self) -> set[str]:

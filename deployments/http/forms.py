@@ -110,13 +110,13 @@ def _parse_beam_options(form: FormData, config: AppConfig) -> dict:
     """The vendor fields `beam_size`, `patience`, `length_penalty` and `best_of` (openai-whisper's
     meaning: beams at temperature 0, the best of `best_of` samples at the fallback's higher ones)."""
     beam_size = _parse_number(
-        form.get("beam_size"), "beam_size", int, 1, config.http.max_beam_size, config.http.default_beam_size
+        form.get("beam_size"), "beam_size", int, 1, config.largest_beam_size, config.http.default_beam_size
     )
     patience = _parse_number(form.get("patience"), "patience", float, 0.1, 10.0, None)
     if patience is not None and beam_size == 1:
         raise APIError(400, "patience needs beam_size greater than 1.", param="patience")
     length_penalty = _parse_number(form.get("length_penalty"), "length_penalty", float, 0.0, 1.0, None)
-    best_of = _parse_number(form.get("best_of"), "best_of", int, 1, config.http.max_beam_size, 1)
+    best_of = _parse_number(form.get("best_of"), "best_of", int, 1, config.largest_beam_size, 1)
     return dict(beam_size=beam_size, patience=patience, length_penalty=length_penalty, best_of=best_of)
 
 

@@ -47,6 +47,11 @@ def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000(
         ({"engine": {"max_num_seqs": 4, "interactive_reserved_seqs": 4}}, "engine", "batch-priority work"),
         ({"engine": {"kv_cache_dtype": "int8"}}, "engine.kv_cache_dtype", "fp8_e4m3"),
         (
+            {"engine": {"max_num_seqs": 4}, "http": {"default_beam_size": 5}},
+            "http.default_beam_size",
+            "each beam runs as a sequence",
+        ),
+        (
             {"engine": {"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flash_attn"}},
             "engine",
             "cannot read an fp8 KV cache",
@@ -69,6 +74,11 @@ def test_an_fp8_kv_cache_is_set_in_the_engine_section_that_encoders_and_decoders
         config.engine.kv_cache_dtype == "fp8_e4m3"
         and config.engine.kv_cache_torch_dtype == torch.float8_e4m3fn
     )
+
+
+def test_the_largest_beam_a_request_may_ask_for_fits_the_decoders_sequences():
+    assert parse_app_config({}).largest_beam_size == 8
+    assert parse_app_config({"engine": {"max_num_seqs": 2}}).largest_beam_size == 2
 
 
 def test_api_keys_come_from_the_environment_when_the_config_gives_none(monkeypatch):
