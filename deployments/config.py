@@ -218,6 +218,12 @@ class RealtimeOptions(BaseModel):
         ge=1,
         description="open sessions per ingress replica; one more gets an error event and a 1013 close",
     )
+    final_beam_size: int = Field(
+        1,
+        ge=1,
+        description="beams for each turn's final pass (partial passes stay greedy: they are drafts); "
+        "set it to http.default_beam_size for turns to read as the file endpoint's text",
+    )
     partial_interval_ms: float = Field(
         500.0,
         ge=50,
@@ -292,6 +298,11 @@ class AppConfig(BaseModel):
     @model_validator(mode="after")
     def _default_beams_fit_the_decoder(self) -> "AppConfig":
         largest = min(self.http.max_beam_size, self.engine.max_num_seqs)
+        if self.realtime.final_beam_size > largest:
+            raise ValueError(
+                f"realtime.final_beam_size ({self.realtime.final_beam_size}) exceeds http.max_beam_size "
+                f"({self.http.max_beam_size}) or engine.max_num_seqs ({self.engine.max_num_seqs})"
+            )
         if self.http.default_beam_size > largest:
             raise ValueError(
                 f"http.default_beam_size ({self.http.default_beam_size}) exceeds the largest beam this "

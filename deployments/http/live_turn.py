@@ -66,9 +66,12 @@ class LiveTurn:
         metrics: ServingMetrics,
         slots: PartialPassSlots,
         fixed_output_tokens: int | None = None,
+        final_beam_size: int = 1,
     ):
-        """``fixed_output_tokens``: realtime.fixed_output_tokens (benchmarks only)."""
+        """``fixed_output_tokens``: realtime.fixed_output_tokens (benchmarks only);
+        ``final_beam_size``: realtime.final_beam_size."""
         self.item_id = item_id
+        self.final_beam_size = final_beam_size
         self.fixed_output_tokens = fixed_output_tokens
         self.slots = slots
         self.settings = settings
@@ -182,6 +185,7 @@ class LiveTurn:
             max_tokens=fixed
             or (None if final else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s))),
             ignore_eot=fixed is not None,
+            beam_size=self.final_beam_size if final else 1,
         )
         window_id = f"{self.item_id}-{kind}{self._passes}"
         # A final pass is what the speaker waits for: interactive, ahead of every partial pass

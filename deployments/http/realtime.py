@@ -282,6 +282,7 @@ class RealtimeSession:
             self.metrics,
             self.slots,
             self.options.fixed_output_tokens,
+            self.options.final_beam_size,
         )
 
     async def _commit(self, speech_ended_s: float) -> None:

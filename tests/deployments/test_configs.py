@@ -52,6 +52,11 @@ def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000(
             "each beam runs as a sequence",
         ),
         (
+            {"engine": {"max_num_seqs": 4}, "realtime": {"final_beam_size": 5}},
+            "realtime.final_beam_size",
+            "4",
+        ),
+        (
             {"engine": {"kv_cache_dtype": "fp8_e4m3", "attention_backend": "flash_attn"}},
             "engine",
             "cannot read an fp8 KV cache",
