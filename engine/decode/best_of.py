@@ -49,9 +49,8 @@ class BestOfSamples(Search):
                 else:
                     chosen.append(choice)
         at_length = self._continue_with(chosen, parents)
-        for hypothesis in self.hypotheses:
-            if hypothesis.generator is None or len(self.hypotheses) > 1:
-                hypothesis.generator = self.generators[self.hypotheses.index(hypothesis)]
+        for hypothesis, generator in zip(self.hypotheses, self.generators):
+            hypothesis.generator = generator  # the samples that go on keep drawing independently
         return not chosen or at_length
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:

@@ -3,10 +3,11 @@
 It ties the pieces together and owns none of their logic: the scheduler decides who runs and
 appends what a step produced; the pipeline launches a step on the device and reads it back
 (engine/decode/pipeline.py explains async steps); the fallback module decides whether a stopped
-window starts again, hotter; the result builder turns a finished window into a DecodeResult.
-Cross-attention K/V that travels (a pull from an encoder replica) loads beside the loop
-(engine/decode/kv_loader.py). Deployments read the engine only through ``stats()``, a snapshot
-taken on the loop thread.
+window starts again, hotter; a search (engine/decode/search.py: beams, best-of samples) steps a
+window as several hypotheses and picks what they continue with; the result builder turns a
+finished window into a DecodeResult. Cross-attention K/V that travels (a pull from an encoder
+replica) loads beside the loop (engine/decode/kv_loader.py). Deployments read the engine only
+through ``stats()``, a snapshot taken on the loop thread.
 """
 
 from __future__ import annotations
