@@ -23,7 +23,7 @@ from benchmarks.bench_load import metric_sum
 from benchmarks.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from engine.model.audio import load_audio_file
 from engine.transcribe.evaluation import normalize_english, word_error_rate
-from tests.support.serving import default_app_args, running_app
+from tests.support.serving import default_app_args, replica_actor, running_app
 from tests.support.speech import english_clips
 
 pytestmark = pytest.mark.ray
@@ -296,3 +296,28 @@ def test_beyond_max_sessions_a_connection_gets_an_error_event_and_a_1013_close(c
     finally:
         for connection in connections:
             connection.close()
+
+
+@pytest.mark.parametrize("deployment", ["WhisperDecoder", "WhisperEncoder"])
+def test_a_replica_killed_mid_turn_is_replaced_and_the_turn_still_completes(client, server_url, deployment):
+    """Runs last in this module: it kills a replica of the shared server (Serve replaces it). The
+    kill lands while the turn's partial passes are out, a few seconds before its commit: the passes
+    that were on the dead replica fail, and the final pass runs on the replacement."""
+    import ray
+
+    utterance = _utterances(["jfk"])[0]  # 11 s, committed by the client as it ends
+    connection = _open(client, None)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            streaming = pool.submit(stream_live, connection, [utterance], 0.5, 100, True, 0.5, 240.0)
+            time.sleep(8.0)
+            killed = replica_actor(deployment)
+            ray.kill(killed, no_restart=True)
+            record = streaming.result()
+    finally:
+        connection.close()
+    assert replica_actor(deployment)._actor_id != killed._actor_id, "Serve replaced the replica"
+    assert not record.of_type("conversation.item.input_audio_transcription.failed")
+    (turn,) = record.turns()
+    assert "ask not what your country" in normalize_english(turn["text"])
+    _assert_everything_is_free(server_url, within_s=60)

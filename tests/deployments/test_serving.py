@@ -22,7 +22,7 @@ from benchmarks.bench_load import metric_sum, run_load
 from engine.model.audio import load_audio_file
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
-from tests.support.serving import default_app_args, running_app
+from tests.support.serving import default_app_args, replica_actor, running_app
 from tests.support.speech import SPEECH_DIR, english_clips
 
 pytestmark = pytest.mark.ray
@@ -442,16 +442,6 @@ def test_a_burst_beyond_the_in_flight_limit_gets_503_with_retry_after_and_loses_
     assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
 
 
-def _replica_actor(deployment: str):
-    import ray
-
-    names = [
-        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]
-    ]
-    assert len(names) == 1, names
-    return ray.get_actor(names[0], namespace="serve")
-
-
 @pytest.mark.parametrize("deployment", ["WhisperDecoder", "WhisperEncoder"])
 def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks(
     client, server_url, deployment
@@ -474,7 +464,7 @@ def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks
     with ThreadPoolExecutor(len(clips)) as pool:
         statuses = pool.map(attempt, clips)
         time.sleep(1.0)  # requests are in the encoder's batches and the decoder's loop now
-        ray.kill(_replica_actor(deployment), no_restart=True)
+        ray.kill(replica_actor(deployment), no_restart=True)
         statuses = list(statuses)
     assert set(statuses) <= {200, 503}, statuses  # every request answered: a result or a clean 503
     # The replacement replica serves, and nothing is left holding KV blocks or staging.

@@ -36,3 +36,15 @@ def running_app(args: dict[str, Any]) -> Iterator[str]:
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def replica_actor(deployment: str):
+    """The one replica actor of ``deployment`` (e.g. "WhisperDecoder") in the running app, for a
+    fault test to kill (Serve replaces it)."""
+    import ray
+
+    names = [
+        a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if f"#{deployment}#" in a["name"]
+    ]
+    assert len(names) == 1, names
+    return ray.get_actor(names[0], namespace="serve")
