@@ -38,7 +38,7 @@ def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: in
     """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens."""
     dims = loaded.weights.dims
     # Room for every window's hypotheses at once, and their blocks.
-    engine = DecoderEngine(loaded, config_for(loaded, windows * beam_size))
+    engine = DecoderEngine(loaded, config_for(loaded, windows * beam_size, beam_size=beam_size))
     cross_kv = torch.randn(
         dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim, device=device
     ).to(loaded.config.torch_dtype)

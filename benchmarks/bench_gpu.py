@@ -136,9 +136,13 @@ def step_bytes(loaded, batch: int, mean_position: int) -> int:
     return weights * element + batch * kv_per_token * (dims.n_audio_ctx + mean_position) * kv_element
 
 
-def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None, **overrides) -> EngineConfig:
-    """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case requests
-    (and, if given, another cache dtype and other settings)."""
+def config_for(
+    loaded, max_num_seqs: int, kv_cache_dtype: str | None = None, beam_size: int = 1, **overrides
+) -> EngineConfig:
+    """The loaded engine config with a KV pool that holds ``max_num_seqs`` worst-case sequences
+    (and, if given, another cache dtype and other settings). With ``beam_size`` > 1 they are
+    windows of that many hypotheses, which share one copy of cross-attention K/V and their
+    prompt's block."""
     gpu = {key: overrides.pop(key) for key in list(overrides) if key in GPUSwitches.model_fields}
     update = (
         dict(max_num_seqs=max_num_seqs)
@@ -148,13 +152,16 @@ def config_for(loaded, max_num_seqs: int, kv_cache_dtype: str | None = None, **o
     config = EngineConfig.model_validate(loaded.config.model_dump() | update)
     config.gpu = config.gpu.model_copy(update=gpu)
     dims = loaded.weights.dims
-    blocks = blocks_needed(dims.n_audio_ctx, config.block_size) + blocks_needed(
-        dims.n_text_ctx, config.block_size
+    windows = max_num_seqs // beam_size
+    blocks = windows * (
+        blocks_needed(dims.n_audio_ctx, config.block_size)
+        + beam_size * blocks_needed(dims.n_text_ctx, config.block_size)
+        + (1 if beam_size > 1 else 0)
     )
     block_bytes = PagedKVStorage.bytes_per_block(
         dims.decoder_layers, config.block_size, dims.decoder_heads, dims.head_dim, config.kv_cache_torch_dtype
     )
-    config.kv_cache_memory_mb = max_num_seqs * blocks * block_bytes / 2**20 + 64
+    config.kv_cache_memory_mb = blocks * block_bytes / 2**20 + 64
     return config
 
 

@@ -94,8 +94,11 @@ def speech_set_windows(multilingual: bool) -> list[SpeechWindow]:
     return windows
 
 
-def decode_speech_set(config: EngineConfig) -> tuple[list[list[int]], list[SpeechWindow], list]:
-    """Greedy tokens of every window of the speech set under ``config``, with the windows and results."""
+def decode_speech_set(
+    config: EngineConfig, beam_size: int = 1
+) -> tuple[list[list[int]], list[SpeechWindow], list]:
+    """Tokens of every window of the speech set under ``config`` (greedy, or a beam search of
+    ``beam_size``), with the windows and results."""
     # Each config compiles its own encoder: without a reset, torch.compile stops recompiling
     # after a few dtypes in one process and runs the rest eagerly.
     torch._dynamo.reset()
@@ -103,7 +106,7 @@ def decode_speech_set(config: EngineConfig) -> tuple[list[list[int]], list[Speec
         windows = speech_set_windows(transcriber.loaded.weights.dims.is_multilingual)
         results = transcriber.run_windows(
             deque(
-                (key, window.samples, DecodeOptions(language=window.language))
+                (key, window.samples, DecodeOptions(language=window.language, beam_size=beam_size))
                 for key, window in enumerate(windows)
             )
         )
@@ -122,21 +125,21 @@ def english_wer(windows: list[SpeechWindow], results: list) -> float:
 
 
 def measure(
-    path: str, config: EngineConfig, reference: list[list[int]] | None
+    path: str, config: EngineConfig, reference: list[list[int]] | None, beam_size: int = 1
 ) -> tuple[PathResult, list[list[int]]]:
     """The path's result against ``reference`` tokens (None: it is the reference), and its tokens."""
-    tokens, windows, results = decode_speech_set(config)
+    tokens, windows, results = decode_speech_set(config, beam_size)
     equal = len(tokens) if reference is None else sum(a == b for a, b in zip(tokens, reference, strict=True))
     languages = tuple(r.language for w, r in zip(windows, results) if w.language is None)
     return PathResult(path, len(windows), equal, english_wer(windows, results), languages), tokens
 
 
-def cpu_reference(model: str) -> tuple[list[list[int]], PathResult]:
+def cpu_reference(model: str, beam_size: int = 1) -> tuple[list[list[int]], PathResult]:
     """The tokens every GPU path is compared with, and their WER."""
     config = EngineConfig(
         model=model, device="cpu", dtype="float32", max_num_seqs=64, kv_cache_memory_mb=2048
     )
-    result, tokens = measure("CPU fp32 (reference)", config, reference=None)
+    result, tokens = measure("CPU fp32 (reference)", config, reference=None, beam_size=beam_size)
     return tokens, result
 
 

@@ -54,3 +54,21 @@ def test_each_precision_path_stays_close_to_cpu_fp32_on_real_speech(reference, p
     assert result.tokens_equal >= least_equal * result.windows, result
     assert 100 * (result.wer - cpu.wer) <= most_points, (result, cpu)
     assert result.languages == cpu.languages, "language detection differs from the CPU's"
+
+
+@pytest.fixture(scope="module")
+def beam_reference():
+    return cpu_reference(MODELS["tiny.en"], beam_size=5)
+
+
+@pytest.mark.parametrize("path", ["fp32", "fp16 (default)"])
+def test_beam_search_on_the_gpu_stays_close_to_the_cpus(beam_reference, path):
+    """Beam 5 through the GPU's step loop (CUDA graphs, its block copies) decodes the speech set as
+    the CPU's fp32 beam search does, to the same bounds as greedy on that path."""
+    cpu_tokens, cpu = beam_reference
+    config = gpu_config(MODELS["tiny.en"], GPU_PATHS[path])
+    result, _ = measure(f"{path}, beam 5", config, cpu_tokens, beam_size=5)
+    least_equal, most_points = BOUNDS[path]
+    print(f"tiny.en {path} beam 5: {result.tokens_equal}/{result.windows} equal, WER {100 * result.wer:.2f}%")
+    assert result.tokens_equal >= least_equal * result.windows, result
+    assert 100 * (result.wer - cpu.wer) <= most_points, (result, cpu)
