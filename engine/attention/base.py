@@ -25,6 +25,11 @@ class PagedAttentionBatch:
                      blocks are padding and must never be read unmasked.
     causal:          self-attention (True) or cross-attention (False).
     max_query_len, max_seq_len: host-side maxima, so kernels need no device sync to size grids.
+    key_readers:     [B] int32 or None, a decode step's cross-attention only: how many requests
+                     from this one on read this one's keys (its table and length; the beams of
+                     one window), 0 for a request an earlier one's readers include. A hint: the
+                     requests' own tables say the same, and a backend may ignore it, or read
+                     each shared table once (at most ``max_key_readers`` readers per group).
     """
 
     query_start_loc: torch.Tensor
@@ -33,6 +38,7 @@ class PagedAttentionBatch:
     causal: bool
     max_query_len: int
     max_seq_len: int
+    key_readers: torch.Tensor | None = None
 
     @property
     def num_requests(self) -> int:
@@ -45,6 +51,11 @@ class AttentionBackend(ABC):
     name: str
     # Safe to capture in a CUDA graph: no host synchronization, no host-side reads of device data.
     graph_safe: bool = False
+
+    def max_key_readers(self, num_heads: int, head_dim: int) -> int:
+        """The most requests one group of ``PagedAttentionBatch.key_readers`` may hold; 1: the
+        backend reads each request's keys on its own."""
+        return 1
 
     @abstractmethod
     def paged_attention(

@@ -125,6 +125,11 @@ class TritonPagedBackend(AttentionBackend):
         self.num_warps = num_warps
         self.num_stages = num_stages
 
+    def max_key_readers(self, num_heads: int, head_dim: int) -> int:
+        # The grouped decode kernel's 16-row tile holds HEADS rows per reader.
+        heads = self.decode_heads_per_program or grouped_decode_heads(num_heads, head_dim)
+        return 16 // heads if heads > 1 else 1
+
     # ------------------------------------------------------------------ planning
     def plan(
         self,
@@ -260,8 +265,11 @@ class TritonPagedBackend(AttentionBackend):
         )
         if plan.heads_per_program > 1:
             num_groups = num_heads // plan.heads_per_program
+            shared = batch.key_readers is not None
             decode_kernel[(batch.num_requests * num_groups * plan.num_splits,)](
-                *tensors,
+                *tensors[:10],
+                batch.key_readers if shared else batch.seq_lens,  # the latter unread
+                *tensors[10:],
                 num_heads,
                 num_groups,
                 plan.keys_per_split,
@@ -274,6 +282,7 @@ class TritonPagedBackend(AttentionBackend):
                 DOT_PRECISION=dot_precision,
                 NUM_SPLITS=plan.num_splits,
                 CLAMP_Q=clamp_q,
+                SHARED=shared,
                 num_warps=plan.num_warps,
                 num_stages=plan.num_stages,
             )

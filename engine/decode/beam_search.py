@@ -6,8 +6,10 @@ have finished, or at the window's length (engine/decode/search.py has what all s
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Choice, Search, f32_sum
+from engine.decode.search import Candidates, Choice, Search
 
 
 class BeamSearch(Search):
@@ -24,17 +26,23 @@ class BeamSearch(Search):
     def update(self, candidates: list[tuple[Request, Candidates]]) -> bool:
         ignore_eot = self.window.options.ignore_eot
         index_of = self._index_of()
-        offered: dict[tuple[int, ...], Choice] = {}
-        for hypothesis, tokens in candidates:
-            for token, logprob in zip(tokens.tokens, tokens.logprobs):
-                sequence = (*hypothesis.output_tokens, token)
-                offered[sequence] = Choice(
-                    sequence, index_of[id(hypothesis)], logprob, f32_sum(hypothesis.sum_logprob, logprob)
-                )
+        # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),
+        # so a sequence is its parent and token. All of a step's candidates are ranked at once:
+        # float32 sums (openai-whisper's), best first, equal sums in the order offered.
+        parent_of = [index_of[id(hypothesis)] for hypothesis, _ in candidates]
+        tokens = [offer.tokens for _, offer in candidates]
+        logprobs = np.stack([offer.logprobs for _, offer in candidates])
+        sums_before = np.array([hypothesis.sum_logprob for hypothesis, _ in candidates], dtype=np.float32)
+        sums = sums_before[:, None] + logprobs
+        width = sums.shape[1]
         chosen: list[Choice] = []
         newly_finished: list[Choice] = []
-        for choice in sorted(offered.values(), key=lambda choice: choice.sum_logprob, reverse=True):
-            if choice.tokens[-1] == self.eot and not ignore_eot:
+        for flat in np.argsort(-sums.ravel(), kind="stable").tolist():
+            row, column = divmod(flat, width)
+            choice = Choice(
+                parent_of[row], tokens[row][column], float(logprobs[row, column]), float(sums[row, column])
+            )
+            if choice.token == self.eot and not ignore_eot:
                 newly_finished.append(choice)
             else:
                 chosen.append(choice)

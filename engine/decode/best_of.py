@@ -9,7 +9,7 @@ import torch
 
 from engine.decode.prompt import FALLBACK_SEED
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Choice, Search, f32_sum
+from engine.decode.search import Candidates, Choice, Search
 
 
 class BestOfSamples(Search):
@@ -37,14 +37,8 @@ class BestOfSamples(Search):
         parents = self._snapshots()
         chosen: list[Choice] = []
         for hypothesis, draws in candidates:
-            for token, logprob in zip(draws.tokens, draws.logprobs):
-                choice = Choice(
-                    (*hypothesis.output_tokens, token),
-                    index_of[id(hypothesis)],
-                    logprob,
-                    f32_sum(hypothesis.sum_logprob, logprob),
-                )
-                if token == self.eot and not ignore_eot:
+            for choice in draws.choices(index_of[id(hypothesis)], hypothesis.sum_logprob):
+                if choice.token == self.eot and not ignore_eot:
                     self._finish_sequence(choice, parents)
                 else:
                     chosen.append(choice)

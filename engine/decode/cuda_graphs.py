@@ -10,6 +10,8 @@ once per batch size and replayed. What makes a captured step replayable for any 
 * block tables are gathered on the device from fixed rows (engine.kv.block_tables);
 * every request's cross-attention length is Whisper's fixed 1500 frames, and the self-attention
   grid is sized for the whole 448-token text context, so kernel grids never depend on the batch;
+* a window's beams read its cross-attention K/V once (StepInput.cross_readers, an input row like
+  the others: 1 for a row that reads alone), where the attention backend can;
 * a batch is padded up to the next captured size with rows that write only the null block.
 """
 
@@ -21,8 +23,8 @@ import torch
 from engine.decode.runner import ModelRunner, StepInput, StepTensors
 
 # Rows of the static input buffer.
-_TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN = range(6)
-_ROWS = _CROSS_LEN + 1
+_TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN, _CROSS_READERS = range(7)
+_ROWS = _CROSS_READERS + 1
 # Pinned host buffers the inputs are staged in, used in turn: while the decode loop runs a step
 # ahead, the copy out of one may still be queued when the next step's inputs are written.
 _HOST_BUFFERS = 2
@@ -50,7 +52,7 @@ class DecodeGraphs:
         self._inputs = torch.zeros((_ROWS, largest), dtype=torch.int32, device=device)
         self._token_rows = torch.arange(largest, device=device)
         self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
-        self._padding = np.array([0, -1, 0, runner.tables.pad_slot, 1, 1], dtype=np.int32)[:, None]
+        self._padding = np.array([0, -1, 0, runner.tables.pad_slot, 1, 1, 1], dtype=np.int32)[:, None]
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._logits: dict[int, torch.Tensor] = {}
         self._capture()
@@ -68,6 +70,7 @@ class DecodeGraphs:
             cross_lens=inputs[_CROSS_LEN, :size],
             max_query_len=1,
             max_self_len=self.runner.model.dims.n_text_ctx,
+            cross_readers=inputs[_CROSS_READERS, :size] if self.runner.max_cross_readers > 1 else None,
         )
 
     def _capture(self) -> None:
@@ -109,6 +112,7 @@ class DecodeGraphs:
         host[_SLOT, :count] = step.slots
         host[_SELF_LEN, :count] = positions + 1
         host[_CROSS_LEN, :count] = self.runner.cross_len
+        host[_CROSS_READERS, :count] = 1 if step.cross_readers is None else step.cross_readers
         host[:, count:size] = self._padding
         self._inputs.copy_(host_tensor, non_blocking=True)
         self._copied[turn].record()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from engine.decode.host_device import PendingDownload, upload
@@ -162,11 +163,12 @@ class StepPipeline:
         """What the runner needs of ``batch`` this step: slots, fed tokens, positions."""
         rows = []
         tables = self.runner.tables
+        rewrites: dict[int, list[int]] = {}
         for request in batch:
             start, fed = request.num_computed_tokens, request.pending_tokens
             slot = tables.slot_of(request.request_id, request.blocks)
             if request.tables_changed:  # a hypothesis forked, or copied a block it writes
-                tables.rewrite_self(slot, request.blocks.self_block_ids)
+                rewrites[slot] = request.blocks.self_block_ids
                 request.tables_changed = False
             rows.append(
                 StepRow(
@@ -179,7 +181,26 @@ class StepPipeline:
                     else -1,
                 )
             )
-        return StepInput(rows)
+        tables.rewrite_self(rewrites)
+        return StepInput(rows, self._cross_readers(batch))
+
+    def _cross_readers(self, batch: list[Request]) -> list[int] | None:
+        """A search's hypotheses, adjacent in the batch, read their window's one copy of the
+        cross-attention K/V: each group's first row counts its readers (up to what the attention
+        backend serves with one read), the others 0. None when no row shares."""
+        limit = self.runner.max_cross_readers
+        if limit < 2 or not any(request.hypothesis_of is not None for request in batch):
+            return None
+        readers = [1] * len(batch)
+        lead = 0
+        for row in range(1, len(batch)):
+            search = batch[row].hypothesis_of
+            if search is not None and batch[lead].hypothesis_of is search and readers[lead] < limit:
+                readers[lead] += 1
+                readers[row] = 0
+            else:
+                lead = row
+        return readers
 
     def _sample(
         self,
@@ -232,10 +253,10 @@ class StepPipeline:
         candidates = {}
         if step.candidates is not None:
             offered = step.candidates.wait()
+            offered_tokens = offered[0].astype(np.int64).tolist()
+            offered_logprobs = offered[1].astype(np.float32)  # a copy: the pinned buffer goes back
             for index, (row, wanted) in enumerate(zip(step.hypothesis_rows, step.candidates_wanted)):
-                candidates[row] = Candidates(
-                    [int(token) for token in offered[0, index, :wanted]], offered[1, index, :wanted].tolist()
-                )
+                candidates[row] = Candidates(offered_tokens[index][:wanted], offered_logprobs[index, :wanted])
         return StepOutput(
             step_id=step.step_id,
             batch=step.batch,

@@ -39,6 +39,9 @@ class StepRow:
 @dataclass(frozen=True)
 class StepInput:
     rows: list[StepRow]
+    # Per row, the rows from it on that read its cross-attention K/V (a window's beams, adjacent
+    # rows), 0 for a row counted by an earlier one; None: each row reads its own.
+    cross_readers: list[int] | None = None
 
     @property
     def slots(self) -> list[int]:
@@ -68,6 +71,7 @@ class StepTensors:
     cross_lens: torch.Tensor  # [B] int32
     max_query_len: int  # host-side maxima size the attention grids without a device sync
     max_self_len: int
+    cross_readers: torch.Tensor | None = None  # [B] int32: StepInput.cross_readers, decode steps only
 
 
 class ModelRunner:
@@ -90,6 +94,8 @@ class ModelRunner:
         # FROM_LAST_STEP input reads. Written by the engine after sampling, read by the next step.
         self.next_tokens = torch.zeros(max_requests, dtype=torch.long, device=self.device)
         self.graphs = None  # engine.decode.cuda_graphs.DecodeGraphs, when captured
+        # The most rows whose cross-attention one read of their shared K/V serves (1: none share).
+        self.max_cross_readers = backend.max_key_readers(dims.decoder_heads, dims.head_dim)
 
     @torch.inference_mode()
     def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
@@ -125,6 +131,7 @@ class ModelRunner:
                 causal=False,
                 max_query_len=step.max_query_len,
                 max_seq_len=self.cross_len,
+                key_readers=step.cross_readers if step.max_query_len == 1 else None,
             ),
         )
         from_last_step = step.token_sources >= 0
@@ -200,6 +207,9 @@ class ModelRunner:
             cross_lens=torch.full((count,), self.cross_len, dtype=torch.int32, device=self.device),
             max_query_len=max(len(row.tokens) for row in rows),
             max_self_len=max(self_lens),
+            cross_readers=None
+            if step_input.cross_readers is None
+            else upload(step_input.cross_readers, torch.int32, self.device),
         )
         logits = self.forward(step, logits_index)
         at_sot = {index: logits[count + i] for i, index in enumerate(sot_rows)}

@@ -53,8 +53,11 @@ def sample_rows(
     generator_states = {
         r.request_id: r.generator.get_state() for r, draws in zip(requests, drawing) if draws and r.generator
     }
+    # One log-softmax serves the sampled tokens' log-probabilities and the hypotheses' candidates.
+    row_logprobs = torch.log_softmax(row_logits, dim=-1)
     tokens, logprobs = sample(
         row_logits,
+        row_logprobs,
         [r.temperature if draws else 0.0 for r, draws in zip(requests, drawing)],
         [r.generator for r in requests],
     )
@@ -66,19 +69,27 @@ def sample_rows(
             requests[index].hypothesis_of.candidates_wanted(requests[index]) for index in hypotheses
         ]
         sampled.candidates = _candidates(
-            row_logits, [requests[index] for index in hypotheses], hypotheses, sampled.candidates_wanted
+            row_logits,
+            row_logprobs,
+            [requests[index] for index in hypotheses],
+            hypotheses,
+            sampled.candidates_wanted,
         )
     return sampled
 
 
 def _candidates(
-    logits: torch.Tensor, hypotheses: list[Request], rows: list[int], wanted: list[int]
+    logits: torch.Tensor,
+    logprobs: torch.Tensor,
+    hypotheses: list[Request],
+    rows: list[int],
+    wanted: list[int],
 ) -> torch.Tensor:
     """Each hypothesis's candidates [2, H, width]: at temperature 0 its likeliest tokens, best first;
     above it its draws from softmax(logits / T), with its own generator. Log-probabilities are of
-    the rule-filtered logits, as openai-whisper scores both."""
-    local = upload(rows, torch.long, logits.device)
-    logprobs = torch.log_softmax(logits[local], dim=-1)
+    the rule-filtered logits (``logprobs``, their log-softmax), as openai-whisper scores both."""
+    if len(rows) < len(logits):  # greedy rows share the step: only the hypotheses' rows
+        logprobs = logprobs[upload(rows, torch.long, logits.device)]
     tokens = logprobs.topk(max(wanted), dim=-1).indices
     for index, (hypothesis, count) in enumerate(zip(hypotheses, wanted)):
         if hypothesis.temperature > 0:
@@ -92,11 +103,15 @@ def _candidates(
 
 
 def sample(
-    logits: torch.Tensor, temperatures: list[float], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    logprobs: torch.Tensor,
+    temperatures: list[float],
+    generators: list[torch.Generator | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows with temperature 0 take the argmax; others sample from softmax(logits / T).
 
-    Returns the tokens [B] and their log-probabilities under the rule-filtered logits [B]."""
+    ``logprobs`` is the log-softmax of ``logits``. Returns the tokens [B] and their
+    log-probabilities under the rule-filtered logits [B]."""
     tokens = logits.argmax(dim=-1)
     for row, (temperature, generator) in enumerate(zip(temperatures, generators)):
         if temperature > 0:
@@ -104,5 +119,4 @@ def sample(
             # asserts on the device, which ends the process.
             probs = torch.softmax(torch.nan_to_num(logits[row] / temperature, nan=0.0), dim=-1)
             tokens[row] = torch.multinomial(probs, 1, generator=generator)[0]
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return tokens, logprobs
+    return tokens, logprobs.gather(1, tokens[:, None])[:, 0]

@@ -36,32 +36,41 @@ class Candidates:
     log-probabilities (its likeliest tokens best first, or its draws)."""
 
     tokens: list[int]
-    logprobs: list[float]
+    logprobs: np.ndarray  # float32
+
+    def sums_after(self, sum_logprob: float) -> list[float]:
+        """``sum_logprob`` plus each candidate's log-probability. openai-whisper keeps the sums in
+        a float32 tensor: the same rounding keeps near-ties alike."""
+        return (np.float32(sum_logprob) + self.logprobs).tolist()
+
+    def choices(self, parent: int, sum_logprob: float) -> list[Choice]:
+        """Each candidate as a continuation of hypothesis ``parent`` (whose sum is ``sum_logprob``)."""
+        sums = self.sums_after(sum_logprob)
+        return [
+            Choice(parent, token, logprob, total)
+            for token, logprob, total in zip(self.tokens, self.logprobs.tolist(), sums)
+        ]
 
 
 @dataclass(frozen=True)
 class Choice:
-    """A sequence the search goes on with: a parent hypothesis's tokens and one more."""
+    """A sequence the search may go on with: a parent hypothesis's tokens and one more."""
 
-    tokens: tuple[int, ...]
     parent: int  # index of the hypothesis it continues
-    logprob: float  # of its last token
+    token: int
+    logprob: float  # of ``token``
     sum_logprob: float
 
 
 @dataclass(frozen=True)
 class _Snapshot:
-    """A hypothesis's text and blocks as the step found them (hypotheses are reassigned every step)."""
+    """A hypothesis's text and blocks as the step found them. Hypotheses are reassigned every step,
+    each to new lists, so the snapshot holds the old lists rather than copies."""
 
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
+    tokens: list[int]
+    logprobs: list[float]
     sum_logprob: float
     self_block_ids: list[int]
-
-
-def f32_sum(a: float, b: float) -> float:
-    # openai-whisper keeps the sums in a float32 tensor: the same rounding keeps near-ties alike.
-    return float(np.float32(a) + np.float32(b))
 
 
 class Search:
@@ -124,16 +133,15 @@ class Search:
 
     def _snapshots(self) -> list[_Snapshot]:
         return [
-            _Snapshot(
-                tuple(h.output_tokens), tuple(h.output_logprobs), h.sum_logprob, h.blocks.self_block_ids
-            )
+            _Snapshot(h.output_tokens, h.output_logprobs, h.sum_logprob, h.blocks.self_block_ids)
             for h in self.hypotheses
         ]
 
     def _finish_sequence(self, choice: Choice, parents: list[_Snapshot]) -> None:
-        self.finished[choice.tokens] = (
+        parent = parents[choice.parent]
+        self.finished[(*parent.tokens, choice.token)] = (
             choice.sum_logprob,
-            (*parents[choice.parent].logprobs, choice.logprob),
+            (*parent.logprobs, choice.logprob),
         )
 
     def _continue_with(self, chosen: list[Choice], parents: list[_Snapshot]) -> bool:
@@ -149,20 +157,21 @@ class Search:
             self.blocks.drop(parent.self_block_ids)
         computed = self.hypotheses[0].num_computed_tokens
         for hypothesis, choice, table in zip(self.hypotheses, chosen, tables):
-            hypothesis.output_tokens = list(choice.tokens)
+            # New lists, never appended to in place: the step's snapshots hold the old ones.
+            hypothesis.output_tokens = [*parents[choice.parent].tokens, choice.token]
             hypothesis.output_logprobs = [*parents[choice.parent].logprobs, choice.logprob]
             hypothesis.sum_logprob = choice.sum_logprob
             hypothesis.blocks.self_block_ids = table
             hypothesis.tables_changed = True
             hypothesis.num_computed_tokens = computed
-            hypothesis.pending_tokens = [choice.tokens[-1]]
+            hypothesis.pending_tokens = [choice.token]
             hypothesis.unread_tokens = 0
         for hypothesis in self.hypotheses[len(chosen) :]:
             hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
             hypothesis.blocks.self_block_ids = []
         self.retired += self.hypotheses[len(chosen) :]
         del self.hypotheses[len(chosen) :]
-        length = len(chosen[0].tokens) if chosen else 0
+        length = len(parents[chosen[0].parent].tokens) + 1 if chosen else 0
         return length >= self.window.max_tokens or len(self.window.prompt_tokens) + length >= self.n_text_ctx
 
     def finish(self) -> FinishReason:

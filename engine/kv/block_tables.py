@@ -12,6 +12,7 @@ their K/V there and read nothing else.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.decode.host_device import upload
@@ -45,9 +46,21 @@ class DeviceBlockTables:
             self._slot_by_request[request_id] = slot
         return slot
 
-    def rewrite_self(self, slot: int, self_block_ids: list[int]) -> None:
-        """A running sequence's self-attention blocks changed (a beam hypothesis): rewrite its row."""
-        self._write_row(self.self_tables, slot, self_block_ids)
+    def rewrite_self(self, rows: dict[int, list[int]]) -> None:
+        """Running sequences' self-attention blocks changed (beam hypotheses): rewrite their rows,
+        slot -> block ids, in one upload (a step rewrites every hypothesis's row)."""
+        if not rows:
+            return
+        width = self.self_tables.shape[1]
+        padded = np.full((len(rows), width), self.null_block, dtype=np.int32)
+        for index, block_ids in enumerate(rows.values()):
+            if len(block_ids) > width:
+                raise ValueError(f"{len(block_ids)} blocks do not fit a table row of {width}")
+            padded[index, : len(block_ids)] = block_ids
+        device = self.self_tables.device
+        self.self_tables.index_copy_(
+            0, upload(list(rows), torch.long, device), upload(padded, torch.int32, device)
+        )
 
     def release(self, request_id: str) -> None:
         slot = self._slot_by_request.pop(request_id, None)

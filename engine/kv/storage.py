@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 from engine.arith import ceil_div
+from engine.decode.host_device import upload
 from engine.kernels import triton_available
+from engine.kernels.block_copy import triton_copy_blocks
 from engine.kernels.block_write import triton_write_sequence
 from engine.kv.shared_blocks import BlockCopy
 
@@ -110,13 +112,19 @@ class PagedKVStorage:
         self.cache[index] = to_cache_dtype(blocks.to(self.cache.device), self.cache.dtype)
 
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
-        """Copy whole blocks (every layer's K and V) source -> target, all in one indexed copy: a
-        beam that forks inside a block gets its own copy before it writes there."""
+        """Copy whole blocks (every layer's K and V) source -> target, all in one call: a beam that
+        forks inside a block gets its own copy before it writes there. On a GPU one Triton kernel
+        (engine/kernels/block_copy.py), elsewhere one indexed copy."""
         if not copies:
             return
-        index = torch.tensor(
-            [[copy.source for copy in copies], [copy.target for copy in copies]], device=self.cache.device
+        index = upload(
+            [[copy.source for copy in copies], [copy.target for copy in copies]],
+            torch.long,
+            self.cache.device,
         )
+        if self.cache.is_cuda and triton_available():
+            triton_copy_blocks(self.cache, index[0], index[1])
+            return
         self.cache[index[1]] = self.cache[index[0]]
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:

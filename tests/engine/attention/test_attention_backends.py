@@ -352,6 +352,39 @@ def test_grouped_decode_kernel_reads_several_heads_per_program(
     assert_close(out, case.run(TritonPagedBackend(num_splits=num_splits, decode_heads_per_program=1)), dtype)
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_splits", [None, 3])
+def test_grouped_decode_kernel_reads_a_shared_table_once_for_all_its_readers(dtype, num_splits):
+    """Cross-attention of beams: rows 0-3 read one table, row 4 its own, rows 5-6 another, row 7
+    its own; ``key_readers`` says so, and each group's first program serves the group's queries
+    (4 heads per program: up to 4 readers in its 16-row tile). The outputs match the oracle and
+    the same batch without the hint; and the readers' own table rows are not read: pointed
+    elsewhere, the answer stays."""
+    owners = [0, 0, 0, 0, 4, 5, 5, 7]
+    case = Case(
+        q_lens=[1] * 8,
+        seq_lens=[300] * 8,
+        causal=False,
+        block_size=16,
+        heads=12,
+        head_dim=16,
+        dtype=dtype,
+        seed=4,
+        strided_query=True,
+    )
+    case.tables = [case.tables[owner] for owner in owners]
+    case.batch.block_tables.copy_(case.batch.block_tables[owners])
+    backend = TritonPagedBackend(num_splits=num_splits)
+    assert backend.max_key_readers(12, 16) == 4
+    alone = case.run(backend)
+    case.batch.key_readers = torch.tensor([4, 0, 0, 0, 1, 2, 0, 1], dtype=torch.int32, device=DEVICE)
+    case.batch.block_tables[[1, 2, 3, 6]] = case.batch.block_tables[7].clone()  # served by their group
+    shared = case.run(backend)
+    assert_close(shared, case.dense(), dtype)
+    assert_close(shared, alone, dtype)
+
+
 def test_grouped_decode_heads_divide_the_heads_within_one_row_of_keys():
     assert grouped_decode_heads(20, 64) == 2  # large-v3: 10 groups of 2 heads, 128 keys' columns
     assert grouped_decode_heads(6, 64) == 2  # tiny

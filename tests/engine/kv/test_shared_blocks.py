@@ -68,3 +68,27 @@ def test_the_storage_copies_whole_blocks_across_every_layer_and_leaves_the_rest(
     assert torch.equal(storage.cache[4], before[1]) and torch.equal(storage.cache[5], before[2])
     untouched = [0, 1, 2, 3, 6]
     assert torch.equal(storage.cache[untouched], before[untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
+def test_the_triton_block_copy_moves_whole_blocks_in_every_cache_dtype(dtype):
+    """engine/kernels/block_copy.py's kernel (the GPU's path; here under Triton's interpreter, or
+    compiled on a GPU machine): each target becomes its source's bytes, every other block stays."""
+    from engine.kernels import triton_available
+    from engine.kernels.block_copy import triton_copy_blocks
+
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    # 3 layers x 2 x 16 slots x 4 heads x 72 dims: 27,648 elements a block, several chunks of words.
+    storage = PagedKVStorage(7, 3, 16, 4, 72, dtype, device)
+    storage.cache.copy_(torch.randn(storage.cache.shape, device=device).clamp(-400, 400).to(dtype))
+    before = storage.cache.view(torch.uint8).clone()
+    triton_copy_blocks(
+        storage.cache, torch.tensor([1, 6, 2], device=device), torch.tensor([4, 0, 5], device=device)
+    )
+    after = storage.cache.view(torch.uint8)
+    for source, target in [(1, 4), (6, 0), (2, 5)]:
+        assert torch.equal(after[target], before[source])
+    untouched = [1, 2, 3, 6, 7]
+    assert torch.equal(after[untouched], before[untouched])
