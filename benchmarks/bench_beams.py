@@ -34,28 +34,41 @@ from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
 
 
-def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: int) -> float:
-    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens."""
+def beam_engine(
+    loaded, device: str, windows: int, beam_size: int, tokens: int
+) -> tuple[DecoderEngine, torch.Tensor, DecodeOptions]:
+    """An engine with room for ``windows`` windows' hypotheses and their blocks at once; random
+    cross-attention K/V for every window; options that decode ``tokens`` tokens at ``beam_size``."""
     dims = loaded.weights.dims
-    # Room for every window's hypotheses at once, and their blocks.
     engine = DecoderEngine(loaded, config_for(loaded, windows * beam_size, beam_size=beam_size))
     cross_kv = torch.randn(
         dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim, device=device
     ).to(loaded.config.torch_dtype)
     options = DecodeOptions(language="en", max_tokens=tokens, ignore_eot=True, beam_size=beam_size)
+    return engine, cross_kv, options
 
-    def run(count: int) -> float:
-        for _ in range(count):
-            engine.submit(engine.make_request(options, CrossKVTensor(cross_kv)))
-        sync(device)
-        start = time.perf_counter()
-        while engine.has_work:
-            engine.step()
-        sync(device)
-        return time.perf_counter() - start
 
-    run(min(windows, 2))  # warm-up: the prompt's and the decode steps' kernels
-    return windows / run(windows)
+def run_windows(
+    engine: DecoderEngine, cross_kv: torch.Tensor, options: DecodeOptions, windows: int
+) -> tuple[float, int]:
+    """Submit ``windows`` windows and step until all are done: (seconds, steps)."""
+    device = str(cross_kv.device)
+    for _ in range(windows):
+        engine.submit(engine.make_request(options, CrossKVTensor(cross_kv)))
+    sync(device)
+    start, steps = time.perf_counter(), 0
+    while engine.has_work:
+        engine.step()
+        steps += 1
+    sync(device)
+    return time.perf_counter() - start, steps
+
+
+def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: int) -> float:
+    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens."""
+    engine, cross_kv, options = beam_engine(loaded, device, windows, beam_size, tokens)
+    run_windows(engine, cross_kv, options, min(windows, 2))  # warm-up: the prompt's and decode steps' kernels
+    return windows / run_windows(engine, cross_kv, options, windows)[0]
 
 
 @torch.inference_mode()

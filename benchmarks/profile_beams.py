@@ -14,51 +14,28 @@ import cProfile
 import io
 import pstats
 import sys
-import time
 from pathlib import Path
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_gpu import config_for, sync  # noqa: E402
+from benchmarks.bench_beams import beam_engine, run_windows  # noqa: E402
 from benchmarks.gpu_models import engine_model, profile_arguments, random_hf_whisper, resolved_dtype  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode.engine import DecoderEngine  # noqa: E402
-from engine.kv.sources import CrossKVTensor  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
-from engine.types import DecodeOptions  # noqa: E402
-
-
-def run_windows(engine: DecoderEngine, cross_kv: torch.Tensor, options: DecodeOptions, windows: int) -> int:
-    """Submit ``windows`` windows and step until all are done; returns the steps taken."""
-    for _ in range(windows):
-        engine.submit(engine.make_request(options, CrossKVTensor(cross_kv)))
-    steps = 0
-    while engine.has_work:
-        engine.step()
-        steps += 1
-    sync(str(cross_kv.device))
-    return steps
 
 
 def profile_one(loaded, device: str, windows: int, beam_size: int, tokens: int, top: int) -> None:
-    dims = loaded.weights.dims
-    engine = DecoderEngine(loaded, config_for(loaded, windows * beam_size, beam_size=beam_size))
-    cross_kv = torch.randn(
-        dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim, device=device
-    ).to(loaded.config.torch_dtype)
-    options = DecodeOptions(language="en", max_tokens=tokens, ignore_eot=True, beam_size=beam_size)
+    engine, cross_kv, options = beam_engine(loaded, device, windows, beam_size, tokens)
     run_windows(engine, cross_kv, options, min(windows, 2))  # warm-up
 
-    start = time.perf_counter()
-    steps = run_windows(engine, cross_kv, options, windows)
-    wall_ms = 1000 * (time.perf_counter() - start) / steps
+    seconds, steps = run_windows(engine, cross_kv, options, windows)
+    wall_ms = 1000 * seconds / steps
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
     with profile(activities=activities) as profiler:
-        steps = run_windows(engine, cross_kv, options, windows)
+        _, steps = run_windows(engine, cross_kv, options, windows)
     events = [event for event in profiler.key_averages() if event.self_device_time_total > 0]
     kernel_ms = sum(event.self_device_time_total for event in events) / 1000 / steps
     print(
