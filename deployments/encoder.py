@@ -65,6 +65,7 @@ class EncoderStats:
     node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
     connector: str  # the transfer connector really in use ("nixl", "object_store", "local")
     payload: str  # what is shipped: "cross_kv" or "encoder_states"
+    precision: str  # the encoder's precision path, e.g. "bfloat16 on CPU" (EngineConfig.encoder_precision)
 
 
 class EncoderDeployment:
@@ -82,10 +83,12 @@ class EncoderDeployment:
             torch.cuda.empty_cache()
         self.runner = EncoderRunner(self.loaded)  # compiles and warms the encoder where it is compiled
         logger.info(
-            "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder ready (compiled: %s) in %.1f s",
+            "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder (%s, compiled: %s) "
+            "ready in %.1f s",
             time.perf_counter() - started,
             config.engine.model,
             loaded_s,
+            config.engine.encoder_precision,
             config.engine.gpu_switches().compile_encoder,
             time.perf_counter() - started - loaded_s,
         )
@@ -228,6 +231,7 @@ class EncoderDeployment:
             node_id=ray.get_runtime_context().get_node_id(),
             connector=self.config.transfer.resolved_connector(),
             payload=self.payload,
+            precision=self.config.engine.encoder_precision,
         )
 
     async def __del__(self):

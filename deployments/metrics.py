@@ -83,6 +83,12 @@ class ServingMetrics:
             ["replica", "connector", "payload"],
             registry=self.registry,
         )
+        self.encoder_precision = Gauge(
+            "whisper_encoder_precision_info",
+            "the precision the encoder runs in (engine.dtype, engine.cpu_encoder_dtype, FP8 products)",
+            ["replica", "precision"],
+            registry=self.registry,
+        )
         self.encoder_staged = Gauge(
             "whisper_encoder_staged",
             "windows whose K/V awaits a decoder pull",
@@ -136,6 +142,7 @@ class ServingMetrics:
             self.encoder_batch_size,
             self.encoder_windows,
             self.encoder_staged,
+            self.encoder_precision,
             self.transfer,
         ):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
@@ -156,4 +163,5 @@ class ServingMetrics:
             self.encoder_windows.labels(replica).set(stats.windows_encoded)
             self.encoder_staged.labels(replica).set(stats.num_staged)
             self.transfer.labels(replica, stats.connector, stats.payload).set(1)
+            self.encoder_precision.labels(replica, stats.precision).set(1)
         return generate_latest(self.registry)

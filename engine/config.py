@@ -10,6 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.attention.registry import kv_cache_dtype_problem
 
+
+def cpu_has_bf16_instructions() -> bool:
+    """Whether this machine's CPU multiplies bf16 natively (AVX-512 BF16, or AMX tiles), where
+    oneDNN runs bf16 products faster than float32 ones."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 # kv_cache_dtype names -> the cache's torch dtype ("auto" is the model's dtype).
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
 
@@ -114,6 +121,13 @@ class EngineConfig(BaseModel):
         "trained in fp16; bf16's 8-bit mantissa costs about a WER point on real weights, see "
         "benchmarks/RESULTS.md). A window whose activations overflow fp16 fails with a clear error",
     )
+    cpu_encoder_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32",
+        description="the encoder's precision on a CPU when engine.dtype is float32 (the decoder stays "
+        "float32): 'bfloat16' runs the encoder on the CPU's bf16 instructions (AVX-512 BF16 or AMX), "
+        "faster at a small WER cost (measured: README, benchmarks/RESULTS.md); 'auto' takes bfloat16 "
+        "where the CPU has them and float32 elsewhere. Ignored on CUDA, where engine.dtype rules",
+    )
     block_size: int = Field(
         128,
         description="tokens per KV block, a power of two. The cache is block-major (a block holds all "
@@ -179,6 +193,18 @@ class EngineConfig(BaseModel):
             self.dtype = "float16" if torch.device(self.device).type == "cuda" else "float32"
         return self
 
+    @model_validator(mode="after")
+    def _resolve_cpu_encoder_dtype(self) -> "EngineConfig":
+        bf16_instructions = cpu_has_bf16_instructions()
+        if self.cpu_encoder_dtype == "auto":
+            self.cpu_encoder_dtype = "bfloat16" if bf16_instructions else "float32"
+        elif self.cpu_encoder_dtype == "bfloat16" and not bf16_instructions and self.on_cpu:
+            raise ValueError(
+                "cpu_encoder_dtype 'bfloat16' needs a CPU with bf16 instructions (AVX-512 BF16 or AMX); "
+                "this one has neither, and emulated bf16 is slower than float32: use 'float32' or 'auto'"
+            )
+        return self
+
     @model_validator(mode="after")  # after _resolve_dtype: "auto" needs the resolved dtype
     def _backend_reads_the_kv_cache_dtype(self) -> "EngineConfig":
         problem = kv_cache_dtype_problem(self.attention_backend, self.kv_cache_torch_dtype)
@@ -196,6 +222,25 @@ class EngineConfig(BaseModel):
     @property
     def torch_dtype(self) -> torch.dtype:
         return getattr(torch, self.dtype)
+
+    @property
+    def on_cpu(self) -> bool:
+        return torch.device(self.device).type == "cpu"
+
+    @property
+    def encoder_torch_dtype(self) -> torch.dtype:
+        """The encoder's dtype: engine.dtype, but for cpu_encoder_dtype on a CPU running float32."""
+        if self.on_cpu and self.torch_dtype == torch.float32:
+            return getattr(torch, self.cpu_encoder_dtype)
+        return self.torch_dtype
+
+    @property
+    def encoder_precision(self) -> str:
+        """The encoder's precision path in words, for the logs and /metrics."""
+        if self.on_cpu:
+            return f"{str(self.encoder_torch_dtype).removeprefix('torch.')} on CPU"
+        fp8 = " + FP8 products" if self.gpu_switches().fp8_encoder else ""
+        return f"{self.dtype}{fp8} on CUDA"
 
     @property
     def kv_cache_torch_dtype(self) -> torch.dtype:

@@ -55,7 +55,8 @@ class EncoderRunner:
     def encode(self, windows: torch.Tensor) -> torch.Tensor:
         """windows [N, 480000] float32 samples (padded) -> encoder states [N, 1500, d_model]."""
         mels = log_mel_spectrogram(windows.to(self.device), self.dims.n_mels)
-        return self.model.encoder(mels.to(self.dtype))
+        # In the model's dtype: a CPU's bf16 encoder hands float32 states to the float32 decoder.
+        return self.model.encoder(mels).to(self.dtype)
 
     @torch.inference_mode()
     def cross_kv(self, states: torch.Tensor) -> torch.Tensor:

@@ -127,8 +127,8 @@ class AudioEncoder(nn.Module):
             layer.mlp.gelu_quantize_kernel = on_gpu
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
-        """mels [N, n_mels, 3000] -> states [N, 1500, d_model]."""
-        x = F.gelu(self.conv1(mels))
+        """mels [N, n_mels, 3000] -> states [N, 1500, d_model], in the encoder's dtype."""
+        x = F.gelu(self.conv1(mels.to(self.conv1.weight.dtype)))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.positions[: x.shape[1]]
         for layer in self.layers:

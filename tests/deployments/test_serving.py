@@ -175,6 +175,7 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     _transcribe(client, SPEECH_DIR / "osr72_02.flac")
     metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
     assert 'whisper_transfer_info{connector="nixl",payload="cross_kv",replica="0"} 1.0' in metrics
+    assert 'whisper_encoder_precision_info{precision="float32 on CPU",replica="0"} 1.0' in metrics
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"

@@ -1,15 +1,17 @@
 """Accuracy on real and synthetic speech: the bundled tiny.en scores at least as well as
 faster-whisper with the same weights and the same greedy decoding (beam 1), and exactly as well as
 faster-whisper's decoder when both are given the same log-mel windows; an fp8 KV cache costs it
-little, and so does the tanh form of GELU that the GPU encoder fuses into its MLPs' products."""
+little, and so does the tanh form of GELU that the GPU encoder fuses into its MLPs' products; and
+an encoder in bf16 on the CPU stays within half a WER point of float32."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import pytest
+import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, cpu_has_bf16_instructions
 from engine.model.audio import load_audio_file, log_mel_spectrogram
 from engine.model.loading import load_model
 from engine.model.weights import resolve_model_folder
@@ -139,3 +141,48 @@ def test_the_encoders_tanh_gelu_keeps_the_word_error_rate_and_nearly_every_trans
     )
     assert abs(tanh_wer - our_word_error_rate) <= 0.005
     assert identical >= len(clips) - 2
+
+
+@pytest.mark.slow
+def test_a_bf16_encoder_on_the_cpu_stays_within_half_a_point_of_float32(our_transcripts, our_word_error_rate):
+    """engine.cpu_encoder_dtype 'bfloat16' (the encoder on the CPU's bf16 instructions, the decoder
+    float32): the speech set's WER within 0.5 points of the all-float32 engine. Not token-exact:
+    bf16 keeps 8 bits of mantissa, so a few transcripts may differ by a word; the test allows that
+    and prints how many."""
+    if not cpu_has_bf16_instructions():
+        pytest.skip("this CPU has no bf16 instructions (AVX-512 BF16 or AMX): the engine refuses bf16 here")
+    clips = english_clips()
+    loaded = load_model(EngineConfig(model="tiny.en", cpu_encoder_dtype="bfloat16"))
+    assert loaded.model.encoder.conv1.weight.dtype == torch.bfloat16
+    assert loaded.model.decoder.norm.weight.dtype == torch.float32
+    bf16 = transcripts_of(loaded)
+    bf16_wer = word_error_rate([clip.text for clip in clips], bf16)
+    identical = sum(ours == theirs for ours, theirs in zip(our_transcripts, bf16))
+    print(
+        f"WER on {len(clips)} clips: float32 {our_word_error_rate:.2%}, bf16 encoder {bf16_wer:.2%}; "
+        f"{identical} transcripts identical"
+    )
+    assert bf16_wer <= our_word_error_rate + 0.005
+    assert identical >= 0.8 * len(clips)
+
+
+def test_cpu_encoder_dtype_auto_follows_the_cpus_instructions():
+    """'auto' takes bf16 exactly where the CPU multiplies it natively, and the logs' and /metrics'
+    words say which path runs; on a GPU the setting is ignored."""
+    config = EngineConfig(cpu_encoder_dtype="auto")
+    expected = "bfloat16" if cpu_has_bf16_instructions() else "float32"
+    assert config.cpu_encoder_dtype == expected
+    assert config.encoder_torch_dtype == getattr(torch, expected)
+    assert config.encoder_precision == f"{expected} on CPU"
+    assert EngineConfig().encoder_precision == "float32 on CPU"  # the default
+
+
+def test_without_bf16_instructions_auto_is_float32_and_bfloat16_is_refused_in_words(monkeypatch):
+    import engine.config
+
+    monkeypatch.setattr(engine.config, "cpu_has_bf16_instructions", lambda: False)
+    assert EngineConfig(cpu_encoder_dtype="auto").encoder_torch_dtype == torch.float32
+    with pytest.raises(ValueError, match="needs a CPU with bf16 instructions"):
+        EngineConfig(cpu_encoder_dtype="bfloat16")
+    # On a GPU the setting is not the encoder's dtype: engine.dtype is.
+    assert EngineConfig(device="cuda", cpu_encoder_dtype="float32").cpu_encoder_dtype == "float32"
