@@ -39,11 +39,9 @@ def timed(fn):
     return out, time.perf_counter() - start
 
 
-def run_ours(clips, in_flight: int, beam_size: int, cpu_encoder_dtype: str = "float32"):
+def run_ours(clips, in_flight: int, beam_size: int, cpu_dtype: str = "float32"):
     # Each beam is a sequence of the decode loop: room for every window in flight and its beams.
-    loaded = load_model(
-        EngineConfig(max_num_seqs=max(in_flight, 1) * beam_size, cpu_encoder_dtype=cpu_encoder_dtype)
-    )
+    loaded = load_model(EngineConfig(max_num_seqs=max(in_flight, 1) * beam_size, cpu_dtype=cpu_dtype))
     transcriber = Transcriber(loaded=loaded, encoder_batch_size=min(in_flight, 8))
     audio = [load_audio_file(c.path) for c in clips]
     options = DecodeOptions(beam_size=beam_size)
@@ -141,12 +139,12 @@ def main() -> None:
     beams = args.beam_size
     systems = {
         "ours (fp32)": lambda n: run_ours(clips, n, beams),
-        "ours (bf16 encoder)": lambda n: run_ours(clips, n, beams, "bfloat16"),
+        "ours (cpu_dtype bfloat16)": lambda n: run_ours(clips, n, beams, "bfloat16"),
         "faster-whisper fp32": lambda n: run_faster_whisper(clips, n, "float32", args.threads, beams),
         "faster-whisper int8": lambda n: run_faster_whisper(clips, n, "int8", args.threads, beams),
     }
     if not cpu_has_bf16_instructions():
-        del systems["ours (bf16 encoder)"]  # the engine refuses bf16 without the instructions
+        del systems["ours (cpu_dtype bfloat16)"]  # the engine refuses bf16 without the instructions
     best_ours = list(systems)[1] if len(systems) > 3 else "ours (fp32)"
     if not args.no_transformers:
         systems["transformers generate (fp32)"] = lambda n: run_transformers(clips, n, beams)

@@ -85,7 +85,7 @@ class ServingMetrics:
         )
         self.encoder_precision = Gauge(
             "whisper_encoder_precision_info",
-            "the precision the encoder runs in (engine.dtype, engine.cpu_encoder_dtype, FP8 products)",
+            "the precision the encoder runs in (engine.dtype, engine.cpu_dtype, FP8 products)",
             ["replica", "precision"],
             registry=self.registry,
         )

@@ -121,12 +121,14 @@ class EngineConfig(BaseModel):
         "trained in fp16; bf16's 8-bit mantissa costs about a WER point on real weights, see "
         "benchmarks/RESULTS.md). A window whose activations overflow fp16 fails with a clear error",
     )
-    cpu_encoder_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    cpu_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "float32",
-        description="the encoder's precision on a CPU when engine.dtype is float32 (the decoder stays "
-        "float32): 'bfloat16' runs the encoder on the CPU's bf16 instructions (AVX-512 BF16 or AMX), "
-        "faster at a small WER cost (measured: README, benchmarks/RESULTS.md); 'auto' takes bfloat16 "
-        "where the CPU has them and float32 elsewhere. Ignored on CUDA, where engine.dtype rules",
+        description="precision of the heavy products on a CPU when engine.dtype is float32: 'bfloat16' "
+        "runs the encoder, and the decoder's first pass over the vocabulary, on the CPU's bf16 "
+        "instructions (AVX-512 BF16 or AMX); the decoder's layers stay float32 and the likeliest "
+        "tokens' logits are recomputed in float32. Faster at a small WER cost (measured: README, "
+        "benchmarks/RESULTS.md). 'auto' takes bfloat16 where the CPU has the instructions and float32 "
+        "elsewhere. Ignored on CUDA, where engine.dtype rules",
     )
     block_size: int = Field(
         128,
@@ -194,13 +196,13 @@ class EngineConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _resolve_cpu_encoder_dtype(self) -> "EngineConfig":
+    def _resolve_cpu_dtype(self) -> "EngineConfig":
         bf16_instructions = cpu_has_bf16_instructions()
-        if self.cpu_encoder_dtype == "auto":
-            self.cpu_encoder_dtype = "bfloat16" if bf16_instructions else "float32"
-        elif self.cpu_encoder_dtype == "bfloat16" and not bf16_instructions and self.on_cpu:
+        if self.cpu_dtype == "auto":
+            self.cpu_dtype = "bfloat16" if bf16_instructions else "float32"
+        elif self.cpu_dtype == "bfloat16" and not bf16_instructions and self.on_cpu:
             raise ValueError(
-                "cpu_encoder_dtype 'bfloat16' needs a CPU with bf16 instructions (AVX-512 BF16 or AMX); "
+                "cpu_dtype 'bfloat16' needs a CPU with bf16 instructions (AVX-512 BF16 or AMX); "
                 "this one has neither, and emulated bf16 is slower than float32: use 'float32' or 'auto'"
             )
         return self
@@ -229,10 +231,15 @@ class EngineConfig(BaseModel):
 
     @property
     def encoder_torch_dtype(self) -> torch.dtype:
-        """The encoder's dtype: engine.dtype, but for cpu_encoder_dtype on a CPU running float32."""
+        """The encoder's dtype: engine.dtype, but for cpu_dtype on a CPU running float32."""
         if self.on_cpu and self.torch_dtype == torch.float32:
-            return getattr(torch, self.cpu_encoder_dtype)
+            return getattr(torch, self.cpu_dtype)
         return self.torch_dtype
+
+    @property
+    def cpu_bf16_logits(self) -> bool:
+        """Whether the decoder's vocabulary projection runs in bf16 first (cpu_dtype bfloat16)."""
+        return self.on_cpu and self.torch_dtype == torch.float32 and self.cpu_dtype == "bfloat16"
 
     @property
     def encoder_precision(self) -> str:

@@ -144,34 +144,35 @@ def test_the_encoders_tanh_gelu_keeps_the_word_error_rate_and_nearly_every_trans
 
 
 @pytest.mark.slow
-def test_a_bf16_encoder_on_the_cpu_stays_within_half_a_point_of_float32(our_transcripts, our_word_error_rate):
-    """engine.cpu_encoder_dtype 'bfloat16' (the encoder on the CPU's bf16 instructions, the decoder
-    float32): the speech set's WER within 0.5 points of the all-float32 engine. Not token-exact:
-    bf16 keeps 8 bits of mantissa, so a few transcripts may differ by a word; the test allows that
-    and prints how many."""
+def test_cpu_dtype_bf16_stays_within_half_a_point_of_float32(our_transcripts, our_word_error_rate):
+    """engine.cpu_dtype 'bfloat16' (the encoder and the vocabulary projection's first pass on the
+    CPU's bf16 instructions, the decoder's layers float32): the speech set's WER within 0.5 points
+    of the all-float32 engine. Not token-exact: bf16 keeps 8 bits of mantissa, so a few transcripts
+    may differ by a word; the test allows that and prints how many."""
     if not cpu_has_bf16_instructions():
         pytest.skip("this CPU has no bf16 instructions (AVX-512 BF16 or AMX): the engine refuses bf16 here")
     clips = english_clips()
-    loaded = load_model(EngineConfig(model="tiny.en", cpu_encoder_dtype="bfloat16"))
+    loaded = load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16"))
     assert loaded.model.encoder.conv1.weight.dtype == torch.bfloat16
     assert loaded.model.decoder.norm.weight.dtype == torch.float32
+    assert loaded.model.decoder.vocabulary_bf16 is not None
     bf16 = transcripts_of(loaded)
     bf16_wer = word_error_rate([clip.text for clip in clips], bf16)
     identical = sum(ours == theirs for ours, theirs in zip(our_transcripts, bf16))
     print(
-        f"WER on {len(clips)} clips: float32 {our_word_error_rate:.2%}, bf16 encoder {bf16_wer:.2%}; "
+        f"WER on {len(clips)} clips: float32 {our_word_error_rate:.2%}, cpu_dtype bfloat16 {bf16_wer:.2%}; "
         f"{identical} transcripts identical"
     )
     assert bf16_wer <= our_word_error_rate + 0.005
     assert identical >= 0.8 * len(clips)
 
 
-def test_cpu_encoder_dtype_auto_follows_the_cpus_instructions():
+def test_cpu_dtype_auto_follows_the_cpus_instructions():
     """'auto' takes bf16 exactly where the CPU multiplies it natively, and the logs' and /metrics'
     words say which path runs; on a GPU the setting is ignored."""
-    config = EngineConfig(cpu_encoder_dtype="auto")
+    config = EngineConfig(cpu_dtype="auto")
     expected = "bfloat16" if cpu_has_bf16_instructions() else "float32"
-    assert config.cpu_encoder_dtype == expected
+    assert config.cpu_dtype == expected
     assert config.encoder_torch_dtype == getattr(torch, expected)
     assert config.encoder_precision == f"{expected} on CPU"
     assert EngineConfig().encoder_precision == "float32 on CPU"  # the default
@@ -181,8 +182,26 @@ def test_without_bf16_instructions_auto_is_float32_and_bfloat16_is_refused_in_wo
     import engine.config
 
     monkeypatch.setattr(engine.config, "cpu_has_bf16_instructions", lambda: False)
-    assert EngineConfig(cpu_encoder_dtype="auto").encoder_torch_dtype == torch.float32
+    assert EngineConfig(cpu_dtype="auto").encoder_torch_dtype == torch.float32
     with pytest.raises(ValueError, match="needs a CPU with bf16 instructions"):
-        EngineConfig(cpu_encoder_dtype="bfloat16")
+        EngineConfig(cpu_dtype="bfloat16")
     # On a GPU the setting is not the encoder's dtype: engine.dtype is.
-    assert EngineConfig(device="cuda", cpu_encoder_dtype="float32").cpu_encoder_dtype == "float32"
+    assert EngineConfig(device="cuda", cpu_dtype="float32").cpu_dtype == "float32"
+
+
+def test_the_bf16_vocabulary_projection_gives_the_likeliest_tokens_float32_logits(tiny_en):
+    """The refined projection: each row's REFINED_TOKENS likeliest tokens carry float32's logits,
+    the argmax is float32's, and every other logit is within bf16's rounding of float32's."""
+    decoder = tiny_en.model.decoder
+    hidden = torch.randn(5, decoder.dims.d_model, generator=torch.Generator().manual_seed(3))
+    exact = decoder.logits(hidden)
+    decoder.project_vocabulary_in_bf16()
+    try:
+        refined = decoder.logits(hidden)
+    finally:
+        decoder.vocabulary_bf16 = None
+    top = exact.topk(8, dim=-1).indices
+    torch.testing.assert_close(refined.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
+    assert torch.equal(refined.argmax(-1), exact.argmax(-1))
+    assert (refined - exact).abs().max() <= 0.02 * exact.abs().max()
+    assert not torch.equal(refined, exact), "the tail comes from the bf16 product"
