@@ -160,7 +160,7 @@ def run_load(
     return report
 
 
-def start_default_app() -> str:
+def start_default_app(cpu_dtype: str | None = None) -> str:
     import socket
 
     import ray
@@ -170,6 +170,8 @@ def start_default_app() -> str:
     from deployments.app import build_app
 
     spec = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["applications"][0]
+    if cpu_dtype:
+        spec["args"]["engine"]["cpu_dtype"] = cpu_dtype
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -190,6 +192,12 @@ def main() -> None:
     parser.add_argument("--fixed-output-tokens", type=int, default=None, help="every window decodes N tokens")
     parser.add_argument("--no-fallback", action="store_true", help="send temperature_fallback=false")
     parser.add_argument("--priority", choices=["interactive", "batch"], default=None)
+    parser.add_argument(
+        "--cpu-dtype",
+        choices=["auto", "float32", "bfloat16"],
+        default=None,
+        help="engine.cpu_dtype of the app",
+    )
     args = parser.parse_args()
     fields = {}
     if args.fixed_output_tokens:
@@ -198,7 +206,7 @@ def main() -> None:
         fields["temperature_fallback"] = "false"
     if args.priority:
         fields["priority"] = args.priority
-    url = args.url or start_default_app()
+    url = args.url or start_default_app(args.cpu_dtype)
     report = run_load(url, args.clients, args.duration_s, args.warmup_s, args.api_key, fields=fields)
     rows = [
         ["clients", report.clients],
@@ -216,6 +224,7 @@ def main() -> None:
         ["latency p50 s, clips over 30 s", round(report.percentile_s(0.5, report.long_latencies_s), 2)],
         ["tokens decoded / wall s (decoder counters)", round(report.tokens_per_s, 1)],
         ["vendor fields", fields or "none"],
+        ["engine.cpu_dtype", args.cpu_dtype or ("the server's" if args.url else "default (auto)")],
         ["max RSS growth after warm-up", f"{report.max_rss_growth:.1%}"],
         ["KV blocks used at end", report.kv_blocks_used_at_end],
         ["staged K/V at end", report.staged_at_end],

@@ -117,18 +117,19 @@ class EngineConfig(BaseModel):
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
-        description="'auto': float32 on CPU (no fast half matmuls there), float16 on CUDA (Whisper was "
+        description="'auto': float32 on CPU (no fast half matmuls there; engine.cpu_dtype may run the "
+        "heaviest products in bf16), float16 on CUDA (Whisper was "
         "trained in fp16; bf16's 8-bit mantissa costs about a WER point on real weights, see "
         "benchmarks/RESULTS.md). A window whose activations overflow fp16 fails with a clear error",
     )
     cpu_dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32",
+        "auto",
         description="precision of the heavy products on a CPU when engine.dtype is float32: 'bfloat16' "
         "runs the encoder, and the decoder's first pass over the vocabulary, on the CPU's bf16 "
         "instructions (AVX-512 BF16 or AMX); the decoder's layers stay float32 and the likeliest "
         "tokens' logits are recomputed in float32. Faster at a small WER cost (measured: README, "
         "benchmarks/RESULTS.md). 'auto' takes bfloat16 where the CPU has the instructions and float32 "
-        "elsewhere. Ignored on CUDA, where engine.dtype rules",
+        "elsewhere, or where engine.dtype is float32 by name. Ignored on CUDA, where engine.dtype rules",
     )
     block_size: int = Field(
         128,
@@ -191,16 +192,18 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _resolve_dtype(self) -> "EngineConfig":
+        if self.cpu_dtype == "auto":
+            # An engine.dtype of float32 asked for by name means float32 throughout; left to auto,
+            # a CPU with bf16 instructions runs the heavy products in bf16.
+            bf16 = self.dtype == "auto" and cpu_has_bf16_instructions()
+            self.cpu_dtype = "bfloat16" if bf16 else "float32"
         if self.dtype == "auto":
             self.dtype = "float16" if torch.device(self.device).type == "cuda" else "float32"
         return self
 
     @model_validator(mode="after")
-    def _resolve_cpu_dtype(self) -> "EngineConfig":
-        bf16_instructions = cpu_has_bf16_instructions()
-        if self.cpu_dtype == "auto":
-            self.cpu_dtype = "bfloat16" if bf16_instructions else "float32"
-        elif self.cpu_dtype == "bfloat16" and not bf16_instructions and self.on_cpu:
+    def _cpu_has_what_cpu_dtype_needs(self) -> "EngineConfig":
+        if self.cpu_dtype == "bfloat16" and self.on_cpu and not cpu_has_bf16_instructions():
             raise ValueError(
                 "cpu_dtype 'bfloat16' needs a CPU with bf16 instructions (AVX-512 BF16 or AMX); "
                 "this one has neither, and emulated bf16 is slower than float32: use 'float32' or 'auto'"

@@ -23,7 +23,9 @@ from tests.support.models import save_random_whisper  # noqa: E402
 
 @pytest.fixture(scope="session")
 def tiny_en() -> LoadedModel:
-    return load_model(EngineConfig(model="tiny.en"))
+    """The bundled tiny.en in float32 throughout (engine.dtype float32 by name: no bf16 CPU path),
+    the precision the reference-parity tests compare with transformers and openai-whisper."""
+    return load_model(EngineConfig(model="tiny.en", dtype="float32"))
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,9 @@ import srt
 import webvtt
 
 from benchmarks.bench_load import metric_sum, run_load
+from engine.config import EngineConfig
 from engine.model.audio import load_audio_file
+from engine.model.loading import LoadedModel, load_model
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
 from tests.support.serving import default_app_args, replica_actor, running_app
@@ -56,10 +58,17 @@ def client(server_url) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def offline_texts(tiny_en) -> dict[str, str]:
+def served_model() -> LoadedModel:
+    """The offline API with the engine settings the default app serves with (engine.cpu_dtype
+    included): the text each served request must match."""
+    return load_model(EngineConfig.model_validate(default_app_args()["engine"]))
+
+
+@pytest.fixture(scope="module")
+def offline_texts(served_model) -> dict[str, str]:
     clips = english_clips()
     # The API's defaults: temperature 0 with openai-whisper's fallback.
-    transcriptions = Transcriber(loaded=tiny_en).transcribe(
+    transcriptions = Transcriber(loaded=served_model).transcribe(
         [clip.path for clip in clips], DecodeOptions(fallback=FallbackOptions())
     )
     return {clip.id: result.text for clip, result in zip(clips, transcriptions)}
@@ -77,10 +86,10 @@ def test_the_openai_client_gets_the_offline_apis_text_for_speech_set_clips(clien
         assert _transcribe(client, clip.path).text == offline_texts[clip_id], clip_id
 
 
-def test_beam_size_gives_the_offline_apis_beam_search_text_over_http(client, tiny_en):
+def test_beam_size_gives_the_offline_apis_beam_search_text_over_http(client, served_model):
     clips = [clip for clip in english_clips() if clip.id in ("jfk", "tts_05", "osr_list72")]
     options = DecodeOptions(fallback=FallbackOptions(), beam_size=5, patience=1.5)
-    expected = Transcriber(loaded=tiny_en).transcribe([clip.path for clip in clips], options)
+    expected = Transcriber(loaded=served_model).transcribe([clip.path for clip in clips], options)
     for clip, offline in zip(clips, expected):
         served = _transcribe(client, clip.path, extra_body={"beam_size": 5, "patience": 1.5})
         assert served.text == offline.text, clip.id
@@ -103,11 +112,11 @@ def _seconds(clock: str) -> float:
     return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
 
 
-def test_text_srt_vtt_and_verbose_json_formats(client, tiny_en, offline_texts):
+def test_text_srt_vtt_and_verbose_json_formats(client, served_model, offline_texts):
     path = SPEECH_DIR / "osr_list72.flac"  # 35.5 s: two windows, cut in a pause near 25 s
     assert _transcribe(client, path, response_format="text").strip() == offline_texts["osr_list72"]
     # Formats with times decode with Whisper's timestamp tokens, as the offline API does when asked.
-    offline = Transcriber(loaded=tiny_en).transcribe(
+    offline = Transcriber(loaded=served_model).transcribe(
         [path], DecodeOptions(timestamps=True, fallback=FallbackOptions())
     )[0]
     verbose = _transcribe(client, path, response_format="verbose_json")
@@ -159,9 +168,9 @@ def test_word_timestamps_come_in_verbose_json_inside_their_segments(client):
     assert all(any(s.start <= w.start <= w.end <= s.end for s in verbose.segments) for w in words)
 
 
-def test_sequential_long_form_over_http_matches_the_offline_sequential_transcript(client, tiny_en):
+def test_sequential_long_form_over_http_matches_the_offline_sequential_transcript(client, served_model):
     path = SPEECH_DIR / "osr_list72.flac"
-    offline = Transcriber(loaded=tiny_en).transcribe(
+    offline = Transcriber(loaded=served_model).transcribe(
         [path], DecodeOptions(fallback=FallbackOptions()), long_form="sequential"
     )[0]
     verbose = _transcribe(
@@ -175,7 +184,8 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     _transcribe(client, SPEECH_DIR / "osr72_02.flac")
     metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
     assert 'whisper_transfer_info{connector="nixl",payload="cross_kv",replica="0"} 1.0' in metrics
-    assert 'whisper_encoder_precision_info{precision="float32 on CPU",replica="0"} 1.0' in metrics
+    precision = EngineConfig.model_validate(default_app_args()["engine"]).encoder_precision
+    assert f'whisper_encoder_precision_info{{precision="{precision}",replica="0"}} 1.0' in metrics
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"

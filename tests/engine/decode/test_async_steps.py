@@ -179,7 +179,12 @@ def test_the_detected_language_is_fed_from_the_device_as_the_next_prompt_token(
     random_multilingual_whisper_folder, stepped_prompt_tokens
 ):
     loaded = load_model(
-        EngineConfig(model=str(random_multilingual_whisper_folder), block_size=8, kv_cache_memory_mb=64)
+        EngineConfig(
+            model=str(random_multilingual_whisper_folder),
+            dtype="float32",
+            block_size=8,
+            kv_cache_memory_mb=64,
+        )
     )
     kvs = cross_kvs_of(loaded, [SPEECH_DIR / "jfk.flac", SPEECH_DIR / "jfk.flac"])
     submissions = [

@@ -99,7 +99,7 @@ def test_beam_search_is_token_exact_with_openai_whisper_on_a_random_model(tmp_pa
     folder = save_random_whisper(
         tmp_path, seed=3, tokenizer="tiny.en", vocab_size=51864, encoder_ffn_dim=256, decoder_ffn_dim=256
     )
-    loaded = load_model(EngineConfig(model=str(folder)))
+    loaded = load_model(EngineConfig(model=str(folder), dtype="float32"))
     reference = openai_whisper_model(load_weights(str(folder)))
     cross_kvs = cross_kvs_of(loaded, [clip.path for clip in CLIPS[:2]])
     options = DecodeOptions(beam_size=beam_size, max_tokens=40)
@@ -271,7 +271,7 @@ def test_a_window_that_fails_the_thresholds_restarts_as_best_of_samples_on_its_o
 
 
 def test_word_timestamps_and_language_detection_work_with_beams(random_multilingual_whisper_folder):
-    loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder)))
+    loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder), dtype="float32"))
     engine = engine_with(loaded)
     cross_kv = cross_kvs_of(loaded, [CLIPS[0].path])[0]
     options = DecodeOptions(beam_size=3, timestamps=True, word_timestamps=True, max_tokens=24)

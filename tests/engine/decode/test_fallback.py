@@ -73,7 +73,9 @@ def test_a_window_just_below_the_threshold_is_retried_until_an_attempt_passes(ti
 
 
 def test_a_random_model_repeating_itself_falls_back_and_reports_the_hotter_temperature(random_whisper_folder):
-    loaded = load_model(EngineConfig(model=str(random_whisper_folder), block_size=8, kv_cache_memory_mb=64))
+    loaded = load_model(
+        EngineConfig(model=str(random_whisper_folder), dtype="float32", block_size=8, kv_cache_memory_mb=64)
+    )
     engine = DecoderEngine(loaded)
     kv = cross_kv_of(loaded, SPEECH_DIR / "jfk.flac")
     _, greedy, _ = decode(engine, kv, DecodeOptions(max_tokens=60))

@@ -23,7 +23,7 @@ from tests.support.speech import SPEECH_DIR
 
 @pytest.fixture(scope="module")
 def base():
-    return load_model(EngineConfig(model="base"))
+    return load_model(EngineConfig(model="base", dtype="float32"))
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +101,7 @@ def test_a_random_multilingual_model_detects_the_language_transformers_ranks_fir
     loaded = load_model(
         EngineConfig(
             model=str(random_multilingual_whisper_folder),
+            dtype="float32",
             block_size=8,
             kv_cache_memory_mb=64,
             gpu={"stepped_prompt_tokens": stepped_prompt_tokens},

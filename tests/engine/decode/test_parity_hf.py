@@ -18,7 +18,9 @@ from tests.support.speech import SPEECH_DIR, short_english_clips, windows_of
 
 @pytest.fixture(scope="module")
 def random_setup(random_whisper_folder):
-    loaded = load_model(EngineConfig(model=str(random_whisper_folder), block_size=8, kv_cache_memory_mb=64))
+    loaded = load_model(
+        EngineConfig(model=str(random_whisper_folder), dtype="float32", block_size=8, kv_cache_memory_mb=64)
+    )
     reference, _ = hf_model(str(random_whisper_folder))
     return loaded, reference
 

@@ -50,7 +50,7 @@ def test_a_tiny_en_encoder_in_fp8_transcribes_a_clip_as_the_float_encoder_does(t
     _, float_result = decode_one(
         DecoderEngine(tiny_en), CrossKVTensor(cross_kv_of(tiny_en, clip)), DecodeOptions()
     )
-    loaded = load_model(EngineConfig(model="tiny.en"))
+    loaded = load_model(EngineConfig(model="tiny.en", dtype="float32"))
     loaded.model.encoder.quantize_fp8()
     quantize_linears(loaded.model.decoder, ["cross_kv"])
     assert isinstance(loaded.model.encoder.layers[0].mlp.fc2, Fp8Linear)

@@ -130,7 +130,7 @@ def test_the_encoders_tanh_gelu_keeps_the_word_error_rate_and_nearly_every_trans
     """engine.fused_encoder_gelu, on a GPU in bf16, computes the encoder MLPs' GELU in its tanh
     form (cuBLASLt's epilogue); here the same function in fp32, where its error shows more."""
     clips = english_clips()
-    loaded = load_model(EngineConfig(model="tiny.en"))
+    loaded = load_model(EngineConfig(model="tiny.en", dtype="float32"))
     loaded.model.encoder.fuse_gelu()
     tanh = transcripts_of(loaded)
     tanh_wer = word_error_rate([clip.text for clip in clips], tanh)
@@ -167,22 +167,27 @@ def test_cpu_dtype_bf16_stays_within_half_a_point_of_float32(our_transcripts, ou
     assert identical >= 0.8 * len(clips)
 
 
-def test_cpu_dtype_auto_follows_the_cpus_instructions():
-    """'auto' takes bf16 exactly where the CPU multiplies it natively, and the logs' and /metrics'
-    words say which path runs; on a GPU the setting is ignored."""
-    config = EngineConfig(cpu_dtype="auto")
+def test_cpu_dtype_auto_follows_the_cpus_instructions_unless_float32_is_asked_for():
+    """'auto' (the default) takes bf16 exactly where the CPU multiplies it natively, and the logs'
+    and /metrics' words say which path runs; engine.dtype float32 by name keeps float32 throughout."""
+    config = EngineConfig()
     expected = "bfloat16" if cpu_has_bf16_instructions() else "float32"
     assert config.cpu_dtype == expected
     assert config.encoder_torch_dtype == getattr(torch, expected)
+    assert config.cpu_bf16_logits == (expected == "bfloat16")
     assert config.encoder_precision == f"{expected} on CPU"
-    assert EngineConfig().encoder_precision == "float32 on CPU"  # the default
+    pinned = EngineConfig(dtype="float32")
+    assert pinned.cpu_dtype == "float32" and pinned.encoder_precision == "float32 on CPU"
+    assert not pinned.cpu_bf16_logits
+    # Validated again as a replica does (the resolved values travel), the choice stays.
+    assert EngineConfig.model_validate(config.model_dump()).cpu_dtype == expected
 
 
 def test_without_bf16_instructions_auto_is_float32_and_bfloat16_is_refused_in_words(monkeypatch):
     import engine.config
 
     monkeypatch.setattr(engine.config, "cpu_has_bf16_instructions", lambda: False)
-    assert EngineConfig(cpu_dtype="auto").encoder_torch_dtype == torch.float32
+    assert EngineConfig().encoder_torch_dtype == torch.float32
     with pytest.raises(ValueError, match="needs a CPU with bf16 instructions"):
         EngineConfig(cpu_dtype="bfloat16")
     # On a GPU the setting is not the encoder's dtype: engine.dtype is.
