@@ -31,6 +31,14 @@ def transcripts_of(loaded) -> list[str]:
     return [t.text for t in Transcriber(loaded=loaded).transcribe([clip.path for clip in english_clips()])]
 
 
+def scored_against(texts: list[str], our_transcripts: list[str]) -> tuple[float, int]:
+    """A variant's speech-set WER, and how many of its transcripts equal the float32 engine's."""
+    references = [clip.text for clip in english_clips()]
+    return word_error_rate(references, texts), sum(
+        ours == theirs for ours, theirs in zip(our_transcripts, texts)
+    )
+
+
 @pytest.fixture(scope="module")
 def our_transcripts(tiny_en) -> list[str]:
     assert len(english_clips()) == 42
@@ -112,8 +120,7 @@ def test_an_fp8_kv_cache_stays_within_one_and_a_half_points_and_mostly_agrees_wo
     clips = english_clips()
     fp8_config = config_with(tiny_en, kv_cache_dtype="fp8_e4m3")
     fp8 = transcripts_of(dataclasses.replace(tiny_en, config=fp8_config))  # the same weights, an fp8 cache
-    fp8_wer = word_error_rate([clip.text for clip in clips], fp8)
-    identical = sum(ours == theirs for ours, theirs in zip(our_transcripts, fp8))
+    fp8_wer, identical = scored_against(fp8, our_transcripts)
     print(
         f"WER on {len(clips)} clips: KV cache {tiny_en.config.dtype} {our_word_error_rate:.2%}, "
         f"fp8_e4m3 {fp8_wer:.2%}; {identical} transcripts identical"
@@ -133,8 +140,7 @@ def test_the_encoders_tanh_gelu_keeps_the_word_error_rate_and_nearly_every_trans
     loaded = load_model(EngineConfig(model="tiny.en", dtype="float32"))
     loaded.model.encoder.fuse_gelu()
     tanh = transcripts_of(loaded)
-    tanh_wer = word_error_rate([clip.text for clip in clips], tanh)
-    identical = sum(ours == theirs for ours, theirs in zip(our_transcripts, tanh))
+    tanh_wer, identical = scored_against(tanh, our_transcripts)
     print(
         f"WER on {len(clips)} clips: exact GELU {our_word_error_rate:.2%}, tanh GELU {tanh_wer:.2%}; "
         f"{identical} transcripts identical"
@@ -157,8 +163,7 @@ def test_cpu_dtype_bf16_stays_within_half_a_point_of_float32(our_transcripts, ou
     assert loaded.model.decoder.norm.weight.dtype == torch.float32
     assert loaded.model.decoder.vocabulary_bf16 is not None
     bf16 = transcripts_of(loaded)
-    bf16_wer = word_error_rate([clip.text for clip in clips], bf16)
-    identical = sum(ours == theirs for ours, theirs in zip(our_transcripts, bf16))
+    bf16_wer, identical = scored_against(bf16, our_transcripts)
     print(
         f"WER on {len(clips)} clips: float32 {our_word_error_rate:.2%}, cpu_dtype bfloat16 {bf16_wer:.2%}; "
         f"{identical} transcripts identical"
