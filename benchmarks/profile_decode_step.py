@@ -29,7 +29,10 @@ from engine.model.weights import resolve_model_folder  # noqa: E402
 
 # Kernel-name fragments -> the part of the step they belong to; the first match wins.
 KINDS = (
-    ("attention (Triton paged)", ("_paged_attention_kernel", "_combine_splits_kernel")),
+    (
+        "attention (Triton paged)",
+        ("_paged_attention_kernel", "paged_decode_kernel", "_combine_splits_kernel"),
+    ),
     ("residual add + layer norm", ("_add_layer_norm_kernel", "layer_norm")),
     ("matrix products", ("gemm", "gemv", "nvjet", "cutlass", "splitK", "sm90_xmma", "addmm", "mm")),
     ("K/V write (index_put)", ("index_elementwise", "index_put", "scatter")),
