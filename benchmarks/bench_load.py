@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import re
 import sys
 import threading
 import time
@@ -50,6 +51,9 @@ class LoadReport:
     staged_at_end: float = float("nan")
     tokens_decoded: float = float("nan")  # by the decoders while the load ran (their counters)
     long_latencies_s: list[float] = field(default_factory=list)  # of clips over one 30 s window
+    # The app's own counters over the steady part of the run, from the end of the warm-up to the
+    # moment clients stop sending (no ramp-up, no drain): see steady_figures().
+    steady: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -83,8 +87,53 @@ def _serving_processes() -> dict[int, str]:
 
 def metric_sum(url: str, prefix: str) -> float:
     """The sum over replicas of one Prometheus metric the app exports at /metrics."""
+    return scrape(url).get(prefix, 0.0)
+
+
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as sums over replicas: by metric name, and by name and stage label
+    (``name[stage]``)."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix + "{"))
+    sums: dict[str, float] = {}
+    for sample in _SAMPLE.finditer(text):
+        name, labels, value = sample.groups()
+        stage = _STAGE.search(labels)
+        for key in (name, f"{name}[{stage.group(1)}]" if stage else None):
+            if key is not None:
+                sums[key] = sums.get(key, 0.0) + float(value)
+    return sums
+
+
+_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$", re.MULTILINE)
+_STAGE = re.compile(r'stage="(\w+)"')
+
+
+def steady_figures(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
+    """What the app's counters say about an interval: throughput, the decode batch and step, and
+    where a window's time went (means per window, in seconds)."""
+
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b else float("nan")
+
+    steps, windows = delta("whisper_decoder_steps"), delta("whisper_decoder_windows_timed")
+    encoded = delta("whisper_encoder_windows_encoded")
+    return {
+        "tokens_per_s": ratio(delta("whisper_decoder_tokens_generated"), seconds),
+        "decode_batch": ratio(delta("whisper_decoder_rows_stepped"), steps),
+        "step_ms": 1000 * ratio(delta("whisper_decoder_loop_busy_seconds"), steps),
+        "decoder_busy": ratio(delta("whisper_decoder_loop_busy_seconds"), seconds),
+        "encoder_batch": ratio(encoded, delta("whisper_encoder_batches")),
+        "encoder_busy": ratio(delta("whisper_encoder_busy_seconds"), seconds),
+        "encoder_queued_s": ratio(delta("whisper_encoder_window_seconds[queued]"), encoded),
+        "encoder_forward_s": ratio(delta("whisper_encoder_window_seconds[forward]"), encoded),
+        "decoder_queued_s": ratio(delta("whisper_decoder_window_seconds[queued]"), windows),
+        "kv_loading_s": ratio(delta("whisper_decoder_window_seconds[loading]"), windows),
+        "decoding_s": ratio(delta("whisper_decoder_window_seconds[decoding]"), windows),
+        "seconds": seconds,
+    }
 
 
 def run_load(
@@ -140,8 +189,11 @@ def run_load(
     for thread in threads:
         thread.start()
     time.sleep(min(warmup_s, duration_s))
+    steady_from, counters_from = time.monotonic(), scrape(url)
     processes = _serving_processes()
     while any(thread.is_alive() for thread in threads):
+        if not report.steady and time.monotonic() >= stop_at:
+            report.steady = steady_figures(counters_from, scrape(url), time.monotonic() - steady_from)
         for pid, name in processes.items():
             try:
                 report.rss_mb.setdefault(f"{name} ({pid})", []).append(
@@ -149,15 +201,42 @@ def run_load(
                 )
             except psutil.NoSuchProcess:
                 pass
-        time.sleep(5)
+        time.sleep(min(5.0, max(0.05, stop_at - time.monotonic())) if not report.steady else 5.0)
     for thread in threads:
         thread.join()
+    if not report.steady:
+        report.steady = steady_figures(counters_from, scrape(url), time.monotonic() - steady_from)
     report.wall_s = time.monotonic() - (stop_at - duration_s)
     time.sleep(2)  # releases of the last pulls are asynchronous
     report.kv_blocks_used_at_end = metric_sum(url, "whisper_decoder_kv_blocks_used")
     report.staged_at_end = metric_sum(url, "whisper_encoder_staged")
     report.tokens_decoded = metric_sum(url, "whisper_decoder_tokens_generated") - tokens_at_start
     return report
+
+
+def steady_rows(steady: dict[str, float]) -> list[list]:
+    """The table rows of steady_figures(): what the app's counters saw between warm-up and stop."""
+    if not steady:
+        return []
+    ms = {key: round(1000 * steady[key], 1) for key in steady if key.endswith("_s") and key != "seconds"}
+    return [
+        ["steady s (warm-up end to stop)", round(steady["seconds"], 1)],
+        ["steady tokens/s (decoder counters)", round(steady["tokens_per_s"], 1)],
+        [
+            "steady decode batch (rows a step) / step ms",
+            f"{steady['decode_batch']:.1f} / {steady['step_ms']:.2f}",
+        ],
+        [
+            "steady decode loop busy / encoder busy",
+            f"{steady['decoder_busy']:.0%} / {steady['encoder_busy']:.0%}",
+        ],
+        ["steady encoder batch", round(steady["encoder_batch"], 2)],
+        [
+            "a window's ms: encoder queue, forward; decoder queue, K/V load, decoding",
+            f"{ms['encoder_queued_s']}, {ms['encoder_forward_s']}; {ms['decoder_queued_s']}, "
+            f"{ms['kv_loading_s']}, {ms['decoding_s']}",
+        ],
+    ]
 
 
 def start_default_app(cpu_dtype: str | None = None) -> str:
@@ -219,10 +298,12 @@ def main() -> None:
         ["audio s transcribed", round(report.audio_s, 1)],
         ["wall s (to the last answer)", round(report.wall_s, 1)],
         ["throughput (audio s / wall s)", round(report.audio_s / report.wall_s, 2)],
+        ["latency mean s", round(sum(report.latencies_s) / max(1, len(report.latencies_s)), 3)],
         ["latency p50 s", round(report.percentile_s(0.5), 2)],
         ["latency p95 s", round(report.percentile_s(0.95), 2)],
         ["latency p50 s, clips over 30 s", round(report.percentile_s(0.5, report.long_latencies_s), 2)],
         ["tokens decoded / wall s (decoder counters)", round(report.tokens_per_s, 1)],
+        *steady_rows(report.steady),
         ["vendor fields", fields or "none"],
         ["engine.cpu_dtype", args.cpu_dtype or ("the server's" if args.url else "default (auto)")],
         ["max RSS growth after warm-up", f"{report.max_rss_growth:.1%}"],
@@ -257,6 +338,7 @@ def main() -> None:
             "kv_blocks_used_at_end": report.kv_blocks_used_at_end,
             "staged_at_end": report.staged_at_end,
             "tokens_per_s": report.tokens_per_s,
+            "steady": report.steady,
         }
         record(
             "Load test, default app on CPU (bench_load.py)",

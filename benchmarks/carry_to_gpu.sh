@@ -6,6 +6,8 @@
 # silero-vad, the openai client and its httpx2 stack).
 #
 #   bash benchmarks/carry_to_gpu.sh            # here, once: writes .gpu-w/p00 .. p0N (git-ignored)
+#   WEIGHTS=0 WHEELS="av>=12,<19" bash benchmarks/carry_to_gpu.sh   # the app on random weights needs only
+#                                               # PyAV: one part, carried with the run itself
 #
 # Then on the GPU machine, calls back to back (it goes back ~30 s after a call ends, and /tmp with it):
 #   1. carry [".gpu"]:   source .gpu/install.sh; cp benchmarks/gpu_env.sh /tmp/
@@ -23,13 +25,16 @@ PART_BYTES=${PART_BYTES:-58800000}  # + the working tree (~5 MB) stays under 64 
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tiny" "$stage/base" "$stage/whl"
-cp "$($PY -c 'from engine.model.weights import resolve_model_folder as r; print(r("tiny.en"))')"/* "$stage/tiny/"
-cp "$($PY -c 'from engine.model.weights import resolve_model_folder as r; print(r("base"))')"/* "$stage/base/"
+if [[ "${WEIGHTS:-1}" == 1 ]]; then
+  cp "$($PY -c 'from engine.model.weights import resolve_model_folder as r; print(r("tiny.en"))')"/* "$stage/tiny/"
+  cp "$($PY -c 'from engine.model.weights import resolve_model_folder as r; print(r("base"))')"/* "$stage/base/"
+fi
 download() {
   $PY -m pip download -q --no-deps --python-version 3.12 --only-binary=:all: \
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$stage/whl" "$@"
 }
-download "av>=12,<19" onnxruntime silero-vad openai jiter distro tqdm sniffio anyio httpx2 httpcore2 truststore idna h11
+# shellcheck disable=SC2086
+download ${WHEELS:-"av>=12,<19" onnxruntime silero-vad openai jiter distro tqdm sniffio anyio httpx2 httpcore2 truststore idna h11}
 tar -cf "$stage/all.tar" -C "$stage" tiny base whl
 rm -rf .gpu-w && mkdir -p .gpu-w
 split -b "$PART_BYTES" -d "$stage/all.tar" .gpu-w/part.

@@ -13,7 +13,7 @@ import itertools
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 import torch
@@ -22,6 +22,7 @@ from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TO
 from deployments.config import AppConfig
 from deployments.routing import KVRoutingStats
 from engine.decode.engine import DecoderEngine
+from engine.decode.timings import LoopTimings
 from engine.model.loading import load_model
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
@@ -47,6 +48,8 @@ class DecoderStats:
     kv_loads: int = 0  # cross-attention K/V pulls landed
     kv_load_p50_s: float = float("nan")  # of the recent pulls, from start to landing
     kv_load_p95_s: float = float("nan")
+    timings: LoopTimings = field(default_factory=LoopTimings)  # the engine's step and window sums
+    loop_busy_s: float = 0.0  # time the loop thread spent inside engine steps, since start
 
 
 class DecoderDeployment:
@@ -78,6 +81,7 @@ class DecoderDeployment:
         self.windows_decoded = 0
         self.windows_aborted = 0
         self.tokens_generated = 0
+        self.loop_busy_s = 0.0
         self._routing_reports = itertools.count()
         self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
         self._loop_thread.start()
@@ -136,6 +140,7 @@ class DecoderDeployment:
                 self._work.wait(timeout=0.5)
                 self._work.clear()
                 continue
+            started = time.perf_counter()
             try:
                 results = self.engine.step()
             except Exception:
@@ -144,6 +149,8 @@ class DecoderDeployment:
                 logger.exception("decoder step failed")
                 self._fail_all("the decoder step failed; see the replica log")
                 continue
+            finally:
+                self.loop_busy_s += time.perf_counter() - started
             for result in results:
                 if result.finish_reason == FinishReason.ABORTED:
                     self.windows_aborted += 1
@@ -204,6 +211,8 @@ class DecoderDeployment:
             kv_loads=stats.num_kv_loads,
             kv_load_p50_s=stats.kv_load_p50_s,
             kv_load_p95_s=stats.kv_load_p95_s,
+            timings=stats.timings,
+            loop_busy_s=self.loop_busy_s,
         )
 
     def __del__(self):

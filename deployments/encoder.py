@@ -66,6 +66,10 @@ class EncoderStats:
     connector: str  # the transfer connector really in use ("nixl", "object_store", "local")
     payload: str  # what is shipped: "cross_kv" or "encoder_states"
     precision: str  # the encoder's precision path, e.g. "bfloat16 on CPU" (EngineConfig.encoder_precision)
+    # Sums since start, for where a window's time goes (/metrics; benchmarks/bench_load.py):
+    queued_s: float = 0.0  # each window's wait in the queue, from arrival to its forward's start
+    window_forward_s: float = 0.0  # each window's forward (its batch's encode and staging time)
+    busy_s: float = 0.0  # forwards' time: how much of the replica's time it encodes
 
 
 class EncoderDeployment:
@@ -100,6 +104,7 @@ class EncoderDeployment:
         self.windows_encoded = 0
         self.batches = 0
         self.last_batch_size = 0
+        self.queued_s = self.window_forward_s = self.busy_s = 0.0
         self._queue: list[QueuedWindow] = []  # in arrival order
         self._in_forward = 0
         self._window_arrived: asyncio.Event | None = None  # made on the replica's event loop, at first use
@@ -133,6 +138,8 @@ class EncoderDeployment:
             while self._queue:
                 batch = self._next_batch(max_batch_size)
                 self._in_forward = len(batch)
+                started = time.monotonic()
+                self.queued_s += sum(started - window.arrived_s for window in batch)
                 try:
                     # In a worker thread, so this replica's event loop keeps answering health checks
                     # and queueing windows while the encoder computes.
@@ -142,6 +149,9 @@ class EncoderDeployment:
                     outcomes = [error] * len(batch)
                 finally:
                     self._in_forward = 0
+                    forward_s = time.monotonic() - started
+                    self.busy_s += forward_s
+                    self.window_forward_s += forward_s * len(batch)
                 for window, outcome in zip(batch, outcomes):
                     if window.done.cancelled() and isinstance(outcome, TransferHandle):
                         # Its caller went away during the forward (a client that hung up): no
@@ -232,6 +242,9 @@ class EncoderDeployment:
             connector=self.config.transfer.resolved_connector(),
             payload=self.payload,
             precision=self.config.engine.encoder_precision,
+            queued_s=self.queued_s,
+            window_forward_s=self.window_forward_s,
+            busy_s=self.busy_s,
         )
 
     async def __del__(self):

@@ -96,6 +96,57 @@ class ServingMetrics:
             registry=self.registry,
         )
 
+        # Where a window's time goes, summed since each replica started (differences over an
+        # interval give means: benchmarks/bench_load.py): the encoder's queue and forward, the
+        # decoder's queue, K/V load and steps, and the decode batch.
+        self.encoder_window_seconds = Gauge(
+            "whisper_encoder_window_seconds",
+            "windows' time in the encoder by stage (queued: arrival to forward; forward: its batch's "
+            "encode and staging), summed since start",
+            ["replica", "stage"],
+            registry=self.registry,
+        )
+        self.encoder_batches = Gauge(
+            "whisper_encoder_batches", "encoder forwards since start", ["replica"], registry=self.registry
+        )
+        self.encoder_busy_seconds = Gauge(
+            "whisper_encoder_busy_seconds",
+            "time spent in forwards since start",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.decoder_window_seconds = Gauge(
+            "whisper_decoder_window_seconds",
+            "decoded windows' time in the decoder by stage (queued: to admission; loading: to the K/V "
+            "landing; decoding: to the end), summed since start",
+            ["replica", "stage"],
+            registry=self.registry,
+        )
+        self.decoder_windows_timed = Gauge(
+            "whisper_decoder_windows_timed",
+            "decoded windows whose stages whisper_decoder_window_seconds sums",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.decoder_steps = Gauge(
+            "whisper_decoder_steps",
+            "decoder forwards launched since start",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.decoder_rows = Gauge(
+            "whisper_decoder_rows_stepped",
+            "sequences those forwards ran, summed: over whisper_decoder_steps, the mean decode batch",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.decoder_busy_seconds = Gauge(
+            "whisper_decoder_loop_busy_seconds",
+            "time the decode loop spent in steps since start: over whisper_decoder_steps, the mean step",
+            ["replica"],
+            registry=self.registry,
+        )
+
         # Realtime sessions (deployments/http/realtime.py), this ingress replica's own.
         self.realtime_sessions = Gauge(
             "whisper_realtime_sessions", "open realtime transcription sessions", registry=self.registry
@@ -144,6 +195,14 @@ class ServingMetrics:
             self.encoder_staged,
             self.encoder_precision,
             self.transfer,
+            self.encoder_window_seconds,
+            self.encoder_busy_seconds,
+            self.encoder_batches,
+            self.decoder_window_seconds,
+            self.decoder_windows_timed,
+            self.decoder_steps,
+            self.decoder_rows,
+            self.decoder_busy_seconds,
         ):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
         for index, stats in enumerate(decoder_stats):
@@ -157,6 +216,14 @@ class ServingMetrics:
             self.kv_loads.labels(replica).set(stats.kv_loads)
             self.kv_load_seconds.labels(replica, "0.5").set(stats.kv_load_p50_s)
             self.kv_load_seconds.labels(replica, "0.95").set(stats.kv_load_p95_s)
+            timings = stats.timings
+            self.decoder_window_seconds.labels(replica, "queued").set(timings.queued_s)
+            self.decoder_window_seconds.labels(replica, "loading").set(timings.loading_s)
+            self.decoder_window_seconds.labels(replica, "decoding").set(timings.decoding_s)
+            self.decoder_windows_timed.labels(replica).set(timings.windows)
+            self.decoder_steps.labels(replica).set(timings.steps)
+            self.decoder_rows.labels(replica).set(timings.rows)
+            self.decoder_busy_seconds.labels(replica).set(stats.loop_busy_s)
         for index, stats in enumerate(encoder_stats):
             replica = str(index)
             self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)
@@ -164,4 +231,8 @@ class ServingMetrics:
             self.encoder_staged.labels(replica).set(stats.num_staged)
             self.transfer.labels(replica, stats.connector, stats.payload).set(1)
             self.encoder_precision.labels(replica, stats.precision).set(1)
+            self.encoder_window_seconds.labels(replica, "queued").set(stats.queued_s)
+            self.encoder_window_seconds.labels(replica, "forward").set(stats.window_forward_s)
+            self.encoder_busy_seconds.labels(replica).set(stats.busy_s)
+            self.encoder_batches.labels(replica).set(stats.batches)
         return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import time
 from dataclasses import dataclass
 
 from engine.attention.registry import make_attention_backend
@@ -30,6 +31,7 @@ from engine.decode.request import Request, RequestStatus
 from engine.decode.results import ResultBuilder
 from engine.decode.runner import ModelRunner
 from engine.decode.scheduler import Scheduler
+from engine.decode.timings import LoopTimings
 from engine.errors import RetriableError
 from engine.kernels import triton_available
 from engine.kv.block_pool import BlockPool
@@ -58,6 +60,7 @@ class EngineStats:
     num_kv_loads: int = 0  # cross-attention K/V pulls landed beside the loop
     kv_load_p50_s: float = float("nan")  # of the recent pulls, from start to landing
     kv_load_p95_s: float = float("nan")
+    timings: LoopTimings = dataclasses.field(default_factory=LoopTimings)  # sums since start
 
 
 class DecoderEngine:
@@ -112,6 +115,7 @@ class DecoderEngine:
         self._inbox = Inbox()
         self._ids = itertools.count()
         self._by_id: dict[str, Request] = {}
+        self.timings = LoopTimings()
         # What one more window with default options reserves: for routing and autoscaling.
         self.blocks_per_window = self.scheduler.blocks_for(
             self.make_request(DecodeOptions(), None, "default")
@@ -149,6 +153,7 @@ class DecoderEngine:
         return request
 
     def submit(self, request: Request) -> None:
+        request.submitted_s = time.monotonic()
         self._inbox.submit(request)
 
     def abort(self, request_id: str) -> None:
@@ -191,6 +196,8 @@ class DecoderEngine:
         finished += self._load_cross_kv(scheduled.admitted)
         self.storage.copy_blocks(scheduled.block_copies)
         launched = self.pipeline.launch(scheduled.batch)
+        if launched is not None:
+            self.timings.count_step(len(launched.batch))
         # A search chooses its hypotheses' next tokens on the host: while one runs, no step runs
         # ahead of reading.
         for to_read in self.pipeline.steps_to_read(launched, overlap=not self.scheduler.has_searches):
@@ -245,7 +252,9 @@ class DecoderEngine:
     def _load_cross_kv(self, admitted: list[Request]) -> list[DecodeResult]:
         """K/V that travels starts loading beside the loop; in-process K/V is written now."""
         failed: list[DecodeResult] = []
+        now = time.monotonic()
         for request in admitted:
+            request.admitted_s = request.runnable_s = now  # runnable again when a pull lands
             if request.cross_source.travels:
                 self.loader.start(request)
                 continue
@@ -264,6 +273,7 @@ class DecoderEngine:
         idle = not self.scheduler.has_runnable and self.pipeline.in_flight is None
         failed = []
         for request, error in self.loader.take_landed(LANDING_WAIT_S if idle else 0.0):
+            request.runnable_s = time.monotonic()
             if error is not None and request.status != RequestStatus.FINISHED:
                 failed.append(self._fail_load(request, error))
         self.scheduler.release_held()  # blocks of requests that ended while their K/V was loading
@@ -285,6 +295,10 @@ class DecoderEngine:
         still holds its blocks (word alignment reads its K/V); one that ends before admission gives
         its source's K/V up unloaded (an encoder's staging would otherwise wait for its timeout)."""
         decoded = reason in (FinishReason.STOP, FinishReason.LENGTH)
+        if decoded:
+            self.timings.count_window(
+                request.submitted_s, request.admitted_s, request.runnable_s, time.monotonic()
+            )
         if request.search is not None:
             self._end_search(request, keep_prompt=False)
         result = self.results.build(request, reason) if decoded else None
@@ -305,6 +319,7 @@ class DecoderEngine:
             num_waiting=len(scheduler.waiting),
             num_waiting_interactive=scheduler.num_waiting_of(Priority.INTERACTIVE),
             waiting_blocks=sum(scheduler.blocks_for(request) for request in scheduler.waiting),
+            timings=self.timings.snapshot(),
         )
 
 

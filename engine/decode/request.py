@@ -69,6 +69,11 @@ class Request:
     # A hypothesis: the search it belongs to; its self-attention blocks change as hypotheses fork.
     hypothesis_of: Search | None = field(default=None, repr=False, compare=False)
     tables_changed: bool = False  # its blocks changed since its block-table row was written
+    # time.monotonic() when it was submitted, admitted, and could first step (its K/V landed): the
+    # engine sums the stretches between them (engine/decode/timings.py).
+    submitted_s: float = 0.0
+    admitted_s: float = 0.0
+    runnable_s: float = 0.0
 
     @property
     def fed_from_row(self) -> int:

@@ -18,7 +18,7 @@ import soundfile
 import srt
 import webvtt
 
-from benchmarks.bench_load import metric_sum, run_load
+from benchmarks.bench_load import metric_sum, run_load, scrape, steady_figures
 from engine.config import EngineConfig
 from engine.model.audio import load_audio_file
 from engine.model.loading import LoadedModel, load_model
@@ -189,6 +189,30 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
+
+
+def test_metrics_account_for_a_windows_time_in_the_encoder_and_the_decoder(client, server_url):
+    before = scrape(server_url)
+    started = time.monotonic()
+    _transcribe(client, SPEECH_DIR / "osr72_02.flac")  # one 30 s window
+    latency_s = time.monotonic() - started
+    after = scrape(server_url)
+    figures = steady_figures(before, after, latency_s)
+
+    def delta(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert delta("whisper_decoder_windows_timed") == 1 and delta("whisper_encoder_windows_encoded") == 1
+    assert delta("whisper_encoder_batches") == 1
+    # Each sampled token took a row of a step; one window alone runs one row a step.
+    assert delta("whisper_decoder_steps") >= delta("whisper_decoder_tokens_generated") > 0
+    assert figures["decode_batch"] == 1 and figures["step_ms"] > 0
+    stages = [figures[key] for key in ("encoder_queued_s", "encoder_forward_s", "decoder_queued_s")]
+    stages += [figures["kv_loading_s"], figures["decoding_s"]]
+    assert (
+        all(stage >= 0 for stage in stages) and figures["encoder_forward_s"] > 0 and figures["decoding_s"] > 0
+    )
+    assert sum(stages) <= latency_s, "the stages are parts of the request's own time"
 
 
 def test_ready_is_503_until_a_warm_up_window_has_gone_through_encoder_and_decoder_then_200(server_url):

@@ -1,0 +1,40 @@
+"""Where the decode loop's time goes, summed since start: how many sequences each step ran, and
+how long each decoded window waited for admission, for its K/V, and then decoded.
+
+A served app gives its engine's throughput away in two ways: steps that run fewer sequences than
+they could (windows spend their time elsewhere: in the encoder, in transit, queued), and steps that
+take longer (the GPU or the process shared with other work). These sums tell the two apart:
+rows per step is the first, loop-busy seconds per step the second. Deployments export them at
+/metrics; benchmarks/bench_load.py turns their differences over a run into means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass
+class LoopTimings:
+    steps: int = 0  # decoder forwards launched
+    rows: int = 0  # sequences those forwards ran, summed (a search's hypotheses each count)
+    windows: int = 0  # decoded windows (stopped or at their length) the three sums below cover
+    queued_s: float = 0.0  # submitted -> admitted: waiting for a slot or KV blocks
+    loading_s: float = 0.0  # admitted -> its cross-attention K/V landed in its blocks
+    decoding_s: float = 0.0  # landed -> finished: the steps it ran in
+
+    def count_step(self, rows: int) -> None:
+        self.steps += 1
+        self.rows += rows
+
+    def count_window(
+        self, submitted_s: float, admitted_s: float, runnable_s: float, finished_s: float
+    ) -> None:
+        """One decoded window's times (time.monotonic() readings)."""
+        self.windows += 1
+        self.queued_s += admitted_s - submitted_s
+        self.loading_s += runnable_s - admitted_s
+        self.decoding_s += finished_s - runnable_s
+
+    def snapshot(self) -> LoopTimings:
+        return dataclasses.replace(self)
