@@ -54,6 +54,8 @@ class LoadReport:
     # The app's own counters over the steady part of the run, from the end of the warm-up to the
     # moment clients stop sending (no ramp-up, no drain): see steady_figures().
     steady: dict[str, float] = field(default_factory=dict)
+    # Sums of the ingress's phases (its Server-Timing header, ms) over the answered requests.
+    server_phases_ms: Counter = field(default_factory=Counter)
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +108,16 @@ def scrape(url: str) -> dict[str, float]:
 
 _SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$", re.MULTILINE)
 _STAGE = re.compile(r'stage="(\w+)"')
+
+
+def server_timing_ms(headers) -> dict[str, float]:
+    """The phases of a ``Server-Timing`` header (``name;dur=ms, ...``)."""
+    phases = {}
+    for entry in headers.get("server-timing", "").split(","):
+        name, _, duration = entry.strip().partition(";dur=")
+        if name and duration:
+            phases[name] = float(duration)
+    return phases
 
 
 def steady_figures(before: dict[str, float], after: dict[str, float], seconds: float) -> dict[str, float]:
@@ -179,6 +191,7 @@ def run_load(
                     report.statuses[response.status_code] += 1
                     if response.status_code == 200:
                         report.latencies_s.append(time.perf_counter() - started)
+                        report.server_phases_ms.update(server_timing_ms(response.headers))
                         report.audio_s += audio_s
                         if audio_s > 30:
                             report.long_latencies_s.append(report.latencies_s[-1])
@@ -236,6 +249,23 @@ def steady_rows(steady: dict[str, float]) -> list[list]:
             f"{ms['encoder_queued_s']}, {ms['encoder_forward_s']}; {ms['decoder_queued_s']}, "
             f"{ms['kv_loading_s']}, {ms['decoding_s']}",
         ],
+    ]
+
+
+def server_phase_rows(report: LoadReport) -> list[list]:
+    """Mean ms of each ingress phase, and of the rest of a request's latency as its client saw it
+    (the HTTP proxy, the network, the client itself)."""
+    answered = len(report.latencies_s)
+    if not answered or not report.server_phases_ms:
+        return []
+    means = {phase: total / answered for phase, total in report.server_phases_ms.items()}
+    outside = 1000 * sum(report.latencies_s) / answered - sum(means.values())
+    return [
+        [
+            "a request's mean ms in the ingress: " + ", ".join(means),
+            ", ".join(f"{ms:.1f}" for ms in means.values()),
+        ],
+        ["a request's mean ms outside the ingress (proxy, network, client)", round(outside, 1)],
     ]
 
 
@@ -304,6 +334,7 @@ def main() -> None:
         ["latency p50 s, clips over 30 s", round(report.percentile_s(0.5, report.long_latencies_s), 2)],
         ["tokens decoded / wall s (decoder counters)", round(report.tokens_per_s, 1)],
         *steady_rows(report.steady),
+        *server_phase_rows(report),
         ["vendor fields", fields or "none"],
         ["engine.cpu_dtype", args.cpu_dtype or ("the server's" if args.url else "default (auto)")],
         ["max RSS growth after warm-up", f"{report.max_rss_growth:.1%}"],

@@ -5,6 +5,7 @@
 #
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
+#     [PLACEMENT=colocated|disaggregated] [MPS=1] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
 #     bash benchmarks/run_app_on_gpu.sh
@@ -17,6 +18,9 @@
 # concurrencies (benchmarks/engine_alone.py). With REALTIME_STREAMS set, instead: live streams at
 # real-time pace on /v1/realtime (benchmarks/bench_realtime.py), every pass decoding REALTIME_TOKENS
 # tokens (random weights never stop on their own; realtime.fixed_output_tokens).
+# PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1
+# runs the app under CUDA MPS (started here, stopped at the end), so the two processes of a
+# disaggregated app share the GPU instead of taking turns on it.
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
@@ -32,7 +36,7 @@ STARTUP_S=${STARTUP_S:-300}
 WORK=${WORK:-/tmp/whisper-app}
 mkdir -p "$WORK"
 
-python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" <<'EOF'
+python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" "${PLACEMENT:-}" <<'EOF'
 import shutil, sys
 from pathlib import Path
 
@@ -49,15 +53,23 @@ config = yaml.safe_load(Path(f"configs/{model}-one-gpu.yaml").read_text())
 config["applications"][0]["args"]["engine"]["model"] = str(work / model)
 if sys.argv[4]:  # live streams: every pass decodes a fixed number of tokens
     config["applications"][0]["args"]["realtime"] = {"fixed_output_tokens": int(sys.argv[4])}
+if sys.argv[5]:
+    config["applications"][0]["args"]["placement"] = sys.argv[5]
 (work / "app.yaml").write_text(yaml.safe_dump(config))
 EOF
 
+if [[ "${MPS:-0}" == 1 ]]; then
+  export CUDA_MPS_PIPE_DIRECTORY=$WORK/mps CUDA_MPS_LOG_DIRECTORY=$WORK/mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d && echo "MPS started"
+fi
+stop_mps() { if [[ "${MPS:-0}" == 1 ]]; then echo quit | nvidia-cuda-mps-control || true; fi; }
 # Without the dashboard: the GPU machine's trimmed ray has no dashboard build (../shared/gpu/README.md).
 python3 -m ray.scripts.scripts start --head --include-dashboard=false --num-gpus=1 > "$WORK/ray.log" 2>&1
 started=$(date +%s.%N)
 python3 -m ray.serve.scripts run --address=auto "$WORK/app.yaml" > "$WORK/serve.log" 2>&1 &
 serve_pid=$!
-trap 'kill $serve_pid 2>/dev/null || true; python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true' EXIT
+trap 'kill $serve_pid 2>/dev/null || true; python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true; stop_mps' EXIT
 ready() { python3 -c "import urllib.request; urllib.request.urlopen('http://localhost:8000/ready', timeout=5)" 2>/dev/null; }
 until ready; do
   if (( $(date +%s) - ${started%.*} > STARTUP_S )); then
@@ -103,6 +115,7 @@ fi
 grep -hE "prepared in|ready:" "$WORK/serve.log" /tmp/ray/session_latest/logs/serve/*.log 2>/dev/null | tail -5 || true
 kill $serve_pid 2>/dev/null || true
 python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+stop_mps
 if [[ "$ENGINE_ALONE" == 1 ]]; then
   echo "== the engine alone on the same weights"
   python3 benchmarks/engine_alone.py --model "$WORK/$MODEL" --max-num-seqs "${CLIENTS// /,}"

@@ -83,6 +83,8 @@ def build_whisper_app(config: AppConfig) -> Application:
     )
     ingress = serve.deployment(Ingress).options(**_deployment_options("WhisperIngress", config.ingress))
     decoders = decoder.bind(config)
+    if config.colocated:  # the decoder replicas encode their own windows
+        return ingress.bind(config, None, decoders)
     return ingress.bind(config, encoder.bind(config, decoders), decoders)
 
 

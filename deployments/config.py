@@ -7,7 +7,7 @@ field instead of failing the first request.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -266,6 +266,13 @@ class AppConfig(BaseModel):
         default_factory=lambda: ["whisper-1"],
         description="names clients may send as `model`; the engine's model is always accepted too",
     )
+    placement: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="disaggregated: encoder and decoder replicas are deployments of their own, scaled "
+        "apart, the K/V moving between them (`transfer`); colocated: each decoder replica encodes its own "
+        "windows, in one process on two CUDA streams (on one GPU two processes' kernels take turns: "
+        "README, 'One GPU'); `encoder` then sets only its batching, `decoder` the replicas",
+    )
     engine: EngineConfig = Field(default_factory=EngineConfig)
     transfer: TransferConfig = Field(default_factory=TransferConfig)
     encoder: EncoderOptions = Field(default_factory=EncoderOptions)
@@ -315,6 +322,10 @@ class AppConfig(BaseModel):
     def largest_beam_size(self) -> int:
         """The largest beam_size (or best_of) a request may ask for: each beam is a decoder sequence."""
         return min(self.http.max_beam_size, self.engine.max_num_seqs)
+
+    @property
+    def colocated(self) -> bool:
+        return self.placement == "colocated"
 
     @property
     def accepted_model_names(self) -> set[str]:

@@ -4,6 +4,14 @@ Requests arrive on the replica's event loop with a transfer handle; the loop thr
 at its next step (pulling their cross-attention K/V into freshly allocated blocks) and hands each
 finished result back to the waiting coroutine. A caller that goes away (client disconnect,
 timeout) cancels its coroutine, which aborts the request and frees its blocks.
+
+Colocated (``placement: colocated``), the replica also encodes: windows arrive as audio, are
+batched (deployments/window_batcher.py) and encoded on a CUDA stream of their own beside the decode
+loop's, and their encoder states go to the engine in process, which projects them into
+cross-attention K/V at admission. On one GPU that is the difference between kernels that run side
+by side (two streams of one process) and kernels that take turns (two processes without MPS), and
+nothing travels. A forward starts only while few encoded windows wait for admission, so encoded
+states never pile up in GPU memory; the audio waits instead.
 """
 
 from __future__ import annotations
@@ -15,14 +23,21 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import ray
 import torch
 
 from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TOTAL_BLOCKS
 from deployments.config import AppConfig
+from deployments.encoder import EncoderStats
 from deployments.routing import KVRoutingStats
+from deployments.window_batcher import WindowBatcher, WindowJob
 from engine.decode.engine import DecoderEngine
 from engine.decode.timings import LoopTimings
+from engine.encode.overlap import OverlappedEncoder
+from engine.encode.runner import EncoderRunner
+from engine.kv.sources import CrossKVSource, EncoderStates
+from engine.model.audio import pad_or_trim
 from engine.model.loading import load_model
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
@@ -57,21 +72,39 @@ class DecoderDeployment:
         if config.decoder.torch_threads:
             torch.set_num_threads(config.decoder.torch_threads)
         started = time.perf_counter()
+        self.config = config
         self.loaded = load_model(config.engine)
         loaded_s = time.perf_counter() - started
-        # Encoding happens in the encoder replicas: free the encoder's weights here (for large-v3,
-        # 1.3 GB of GPU memory this replica would hold and never use).
-        self.loaded.model.encoder = None
-        if config.engine.torch_device.type == "cuda":
-            torch.cuda.empty_cache()  # back to the GPU, which an encoder replica may share
+        if not config.colocated:
+            # Encoding happens in the encoder replicas: free the encoder's weights here (for
+            # large-v3, 1.3 GB of GPU memory this replica would hold and never use).
+            self.loaded.model.encoder = None
+            if config.engine.torch_device.type == "cuda":
+                torch.cuda.empty_cache()  # back to the GPU, which an encoder replica may share
         self.engine = DecoderEngine(self.loaded)  # sizes the KV cache, captures decode CUDA graphs
-        self.receiver = make_receiver(config.transfer, storage=self.engine.storage)
+        self.receiver = (
+            None if config.colocated else make_receiver(config.transfer, storage=self.engine.storage)
+        )
+        self.encoder: OverlappedEncoder | None = None
+        self.batcher: WindowBatcher | None = None
+        if config.colocated:
+            # Compiles and warms the encoder where it is compiled.
+            self.encoder = OverlappedEncoder(EncoderRunner(self.loaded), project_cross_kv=False)
+            self.batcher = WindowBatcher(
+                self._encode_windows,
+                config.encoder.max_batch_size,
+                config.engine.batch_aging_s,
+                fill_wait_ms=self._fill_wait_ms,
+                may_start=self._may_encode,
+            )
         logger.info(
-            "decoder replica prepared in %.1f s: %s loaded in %.1f s, engine and %s receiver in %.1f s",
+            "decoder replica prepared in %.1f s: %s loaded in %.1f s, engine and %s in %.1f s",
             time.perf_counter() - started,
             config.engine.model,
             loaded_s,
-            config.transfer.resolved_connector(),
+            f"encoder ({config.engine.encoder_precision})"
+            if config.colocated
+            else f"{config.transfer.resolved_connector()} receiver",
             time.perf_counter() - started - loaded_s,
         )
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
@@ -94,13 +127,17 @@ class DecoderDeployment:
     async def occupancy(self) -> float:
         """Running and waiting windows over ``max_num_seqs``: at or above the encoder's
         ``decoder_busy_occupancy`` it waits for fuller batches."""
+        return self._occupancy()
+
+    def _occupancy(self) -> float:
         stats = self.engine.stats()
         return (stats.num_running + stats.num_waiting) / self.engine.scheduler.max_num_seqs
 
     async def discard(self, handle: TransferHandle) -> None:
         """Free the staged K/V ``handle`` points at, which no decoder will pull (its caller went away
         before a decoder took it); any decoder replica can tell the sender. Best effort."""
-        self.receiver.discard(handle)
+        if self.receiver is not None:
+            self.receiver.discard(handle)
 
     async def decode(
         self,
@@ -111,12 +148,46 @@ class DecoderDeployment:
     ) -> DecodeResult:
         """Decode one window whose cross-attention K/V (or states) the handle points at;
         ``audio_duration_s``: how much of the window is audio (word timestamps look only there)."""
+        source = TransferredCrossKV(handle, self.receiver)
+        return await self._decode(source, handle.request_id, options, audio_duration_s, priority)
+
+    async def transcribe_window(
+        self,
+        job: WindowJob,
+        options: DecodeOptions,
+        audio_duration_s: float | None = None,
+        priority: Priority = Priority.INTERACTIVE,
+    ) -> DecodeResult:
+        """Colocated: encode one window here (batched with others waiting) and decode it."""
+        if self.batcher is None:
+            raise RuntimeError("transcribe_window is for colocated replicas (placement: colocated)")
+        states = await self.batcher.submit(job)
+        return await self._decode(EncoderStates(states), job.request_id, options, audio_duration_s, priority)
+
+    def _encode_windows(self, jobs: list[WindowJob]) -> list[torch.Tensor]:
+        """A batch's encoder states, one [1500, d] view per window (on a worker thread)."""
+        audio = torch.from_numpy(np.stack([pad_or_trim(job.samples) for job in jobs]))
+        return list(self.encoder.encode_blocking(audio))
+
+    def _fill_wait_ms(self) -> float:
+        encoder = self.config.encoder
+        busy = self._occupancy() >= encoder.decoder_busy_occupancy
+        return encoder.busy_batch_wait_ms if busy else encoder.batch_wait_timeout_ms
+
+    def _may_encode(self) -> bool:
+        """Encode more only while fewer than a batch of encoded windows wait for admission."""
+        return self.engine.stats().num_waiting < self.config.encoder.max_batch_size
+
+    async def _decode(
+        self,
+        source: CrossKVSource,
+        request_id: str,
+        options: DecodeOptions,
+        audio_duration_s: float | None,
+        priority: Priority,
+    ) -> DecodeResult:
         request = self.engine.make_request(
-            options,
-            TransferredCrossKV(handle, self.receiver),
-            request_id=handle.request_id,
-            audio_duration_s=audio_duration_s,
-            priority=priority,
+            options, source, request_id=request_id, audio_duration_s=audio_duration_s, priority=priority
         )
         loop = asyncio.get_running_loop()
         future = loop.create_future()
@@ -195,6 +266,10 @@ class DecoderDeployment:
             waiting_blocks=stats.waiting_blocks,
             blocks_per_window=self.engine.blocks_per_window,
         ).as_dict()
+
+    def encoder_stats(self) -> EncoderStats:
+        """Colocated: the in-process encoder's figures, as an encoder replica reports its own."""
+        return EncoderStats.of(self.batcher, self.config, 0, "none", "encoder_states")
 
     def stats(self) -> DecoderStats:
         stats = self.engine.stats()

@@ -1,17 +1,14 @@
-"""EncoderDeployment: batches 30 s windows from many requests into one encoder forward, then
-stages each window's cross-attention K/V (or encoder states) with the transfer layer.
+"""EncoderDeployment: batches 30 s windows from many requests into one encoder forward
+(deployments/window_batcher.py), then stages each window's cross-attention K/V (or encoder states)
+with the transfer layer.
 
-Windows wait in a queue inside the replica where interactive ones go first (Serve's own
-``serve.batch`` is first come, first served); batch windows fill the room interactive ones leave in
-a forward, since a window that waits for a later forward holds its request back and spends the GPU
-on one more small batch.
-
-How long a forward waits to fill follows the decoders: encoder and decoder replicas may share a GPU
-(two processes, so CUDA stream priorities cannot order them, and MPS is not something a replica can
-turn on), and there an encoder forward's cost per window falls steeply with its size. While the
-emptiest decoder replica is busy (``encoder.decoder_busy_occupancy``), a new window would join a
-decode batch of many and wait there anyway, so the forward waits up to ``busy_batch_wait_ms`` for
-more windows; while the decoders have room, ``batch_wait_timeout_ms`` keeps short requests fast.
+How long a forward waits to fill follows the decoders: encoder and decoder replicas may share a GPU,
+and there an encoder forward's cost per window falls steeply with its size. While the emptiest
+decoder replica is busy (``encoder.decoder_busy_occupancy``), a new window would join a decode batch
+of many and wait there anyway, so the forward waits up to ``busy_batch_wait_ms`` for more windows;
+while the decoders have room, ``batch_wait_timeout_ms`` keeps short requests fast. Two replicas on
+one GPU are two processes whose kernels take turns on it (no MPS): ``placement: colocated`` runs
+both halves in one process instead (README, "One GPU").
 """
 
 from __future__ import annotations
@@ -28,30 +25,14 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
+from deployments.window_batcher import WindowBatcher, WindowJob
 from engine.encode.runner import EncoderRunner
 from engine.model.audio import pad_or_trim
 from engine.model.loading import load_model
-from engine.types import Priority, is_promoted
 from kv_transfer import make_sender
 from kv_transfer.base import TransferHandle
 
 logger = logging.getLogger("ray.serve")
-
-
-@dataclass(frozen=True)
-class WindowJob:
-    """One window to encode: what crosses from the ingress to the encoder."""
-
-    request_id: str  # unique per window; the transfer handle carries it to the decoder
-    samples: np.ndarray  # float32, 16 kHz mono, at most 30 s
-    priority: Priority = Priority.INTERACTIVE
-
-
-@dataclass(eq=False)  # compared by identity: the queue removes exactly this window
-class QueuedWindow:
-    job: WindowJob
-    done: asyncio.Future  # the staged handle, or the exception that failed this window
-    arrived_s: float  # time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -63,13 +44,35 @@ class EncoderStats:
     num_staged: int
     num_pending: int  # windows queued or in the forward now
     node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
-    connector: str  # the transfer connector really in use ("nixl", "object_store", "local")
-    payload: str  # what is shipped: "cross_kv" or "encoder_states"
+    connector: (
+        str  # the transfer connector really in use ("nixl", "object_store", "local"; "none": colocated)
+    )
+    payload: str  # what is shipped: "cross_kv" or "encoder_states" (colocated: handed over in process)
     precision: str  # the encoder's precision path, e.g. "bfloat16 on CPU" (EngineConfig.encoder_precision)
     # Sums since start, for where a window's time goes (/metrics; benchmarks/bench_load.py):
     queued_s: float = 0.0  # each window's wait in the queue, from arrival to its forward's start
     window_forward_s: float = 0.0  # each window's forward (its batch's encode and staging time)
     busy_s: float = 0.0  # forwards' time: how much of the replica's time it encodes
+
+    @classmethod
+    def of(
+        cls, batcher: WindowBatcher, config: AppConfig, num_staged: int, connector: str, payload: str
+    ) -> EncoderStats:
+        return cls(
+            windows_encoded=batcher.windows_encoded,
+            batches=batcher.batches,
+            last_batch_size=batcher.last_batch_size,
+            mean_batch_size=batcher.mean_batch_size,
+            num_staged=num_staged,
+            num_pending=batcher.num_pending,
+            node_id=ray.get_runtime_context().get_node_id(),
+            connector=connector,
+            payload=payload,
+            precision=config.engine.encoder_precision,
+            queued_s=batcher.queued_s,
+            window_forward_s=batcher.window_forward_s,
+            busy_s=batcher.busy_s,
+        )
 
 
 class EncoderDeployment:
@@ -101,86 +104,30 @@ class EncoderDeployment:
             config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device
         )
         logger.info("encoder: %s transfer, shipping %s", config.transfer.resolved_connector(), self.payload)
-        self.windows_encoded = 0
-        self.batches = 0
-        self.last_batch_size = 0
-        self.queued_s = self.window_forward_s = self.busy_s = 0.0
-        self._queue: list[QueuedWindow] = []  # in arrival order
-        self._in_forward = 0
-        self._window_arrived: asyncio.Event | None = None  # made on the replica's event loop, at first use
-        self._batch_loop: asyncio.Task | None = None
+        self.batcher = WindowBatcher(
+            self._encode_and_stage,
+            config.encoder.max_batch_size,
+            config.engine.batch_aging_s,
+            fill_wait_ms=self._fill_wait_ms,
+            discard=lambda handle: self.sender.release(handle.request_id),
+        )
         self._decoder = decoder  # read for its load only; windows reach it through the ingress
         self._decoder_occupancy = 0.0  # as last read; 0 (room) until read, or when the read fails
         self._load_watch: asyncio.Task | None = None
 
     async def encode(self, job: WindowJob) -> TransferHandle:
         """Encode one window (batched with others waiting meanwhile) and stage its payload."""
-        if self._batch_loop is None:
-            self._window_arrived = asyncio.Event()
-            self._batch_loop = asyncio.create_task(self._run_batches())
-            if self._decoder is not None:
-                self._load_watch = asyncio.create_task(self._watch_decoder_load())
-        window = QueuedWindow(job, asyncio.get_running_loop().create_future(), time.monotonic())
-        self._queue.append(window)
-        self._window_arrived.set()
-        try:
-            return await window.done
-        finally:
-            if window in self._queue:  # the caller went away before its forward: drop the window
-                self._queue.remove(window)
-
-    async def _run_batches(self) -> None:
-        max_batch_size = self.config.encoder.max_batch_size
-        while True:
-            await self._window_arrived.wait()
-            self._window_arrived.clear()
-            await self._let_batch_fill(max_batch_size)
-            while self._queue:
-                batch = self._next_batch(max_batch_size)
-                self._in_forward = len(batch)
-                started = time.monotonic()
-                self.queued_s += sum(started - window.arrived_s for window in batch)
-                try:
-                    # In a worker thread, so this replica's event loop keeps answering health checks
-                    # and queueing windows while the encoder computes.
-                    outcomes = await asyncio.to_thread(self._encode_and_stage, [w.job for w in batch])
-                except Exception as error:  # the forward failed: every window of it fails, loudly
-                    logger.exception("encoder forward failed")
-                    outcomes = [error] * len(batch)
-                finally:
-                    self._in_forward = 0
-                    forward_s = time.monotonic() - started
-                    self.busy_s += forward_s
-                    self.window_forward_s += forward_s * len(batch)
-                for window, outcome in zip(batch, outcomes):
-                    if window.done.cancelled() and isinstance(outcome, TransferHandle):
-                        # Its caller went away during the forward (a client that hung up): no
-                        # decoder will pull this; free it now rather than when the unclaimed
-                        # timeout expires.
-                        self.sender.release(outcome.request_id)
-                        continue
-                    if window.done.done():
-                        continue
-                    if isinstance(outcome, Exception):
-                        window.done.set_exception(outcome)
-                    else:
-                        window.done.set_result(outcome)
+        if self._load_watch is None and self._decoder is not None:
+            self._load_watch = asyncio.create_task(self._watch_decoder_load())
+        return await self.batcher.submit(job)
 
     @property
     def decoders_busy(self) -> bool:
         return self._decoder_occupancy >= self.config.encoder.decoder_busy_occupancy
 
-    async def _let_batch_fill(self, max_batch_size: int) -> None:
-        """Wait until the queue holds a full batch or the fill time (set by the decoders' load) passes."""
+    def _fill_wait_ms(self) -> float:
         encoder = self.config.encoder
-        wait_ms = encoder.busy_batch_wait_ms if self.decoders_busy else encoder.batch_wait_timeout_ms
-        deadline = time.monotonic() + wait_ms / 1000
-        while len(self._queue) < max_batch_size and (left_s := deadline - time.monotonic()) > 0:
-            self._window_arrived.clear()
-            try:
-                await asyncio.wait_for(self._window_arrived.wait(), timeout=left_s)
-            except asyncio.TimeoutError:
-                break
+        return encoder.busy_batch_wait_ms if self.decoders_busy else encoder.batch_wait_timeout_ms
 
     async def _watch_decoder_load(self) -> None:
         while True:
@@ -191,19 +138,6 @@ class EncoderDeployment:
                 self._decoder_occupancy = 0.0
             await asyncio.sleep(self.config.encoder.decoder_load_poll_ms / 1000)
 
-    def _next_batch(self, max_batch_size: int) -> list[QueuedWindow]:
-        """The oldest interactive (or aged batch) windows waiting, then the oldest batch ones."""
-        now = time.monotonic()
-        aging_s = self.config.engine.batch_aging_s
-
-        def rank(window: QueuedWindow) -> int:
-            return 0 if is_promoted(window.job.priority, now - window.arrived_s, aging_s) else 1
-
-        batch = sorted(self._queue, key=rank)[:max_batch_size]  # a stable sort: arrival order in a rank
-        for window in batch:
-            self._queue.remove(window)
-        return batch
-
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve calls this every metrics interval; deployments/autoscaling.py reads it."""
         return {PENDING_WINDOWS: self.num_pending}
@@ -211,7 +145,7 @@ class EncoderDeployment:
     @property
     def num_pending(self) -> int:
         """Windows queued or in the forward now."""
-        return len(self._queue) + self._in_forward
+        return self.batcher.num_pending
 
     def _encode_and_stage(self, jobs: list[WindowJob]) -> list[TransferHandle | Exception]:
         started = time.perf_counter()
@@ -224,27 +158,16 @@ class EncoderDeployment:
                 handles.append(self.sender.stage(job.request_id, payload, self.payload))
             except Exception as error:  # back-pressure or a transport error fails this window only
                 handles.append(error)
-        self.windows_encoded += len(jobs)
-        self.batches += 1
-        self.last_batch_size = len(jobs)
         logger.debug("encoded %d windows in %.3f s", len(jobs), time.perf_counter() - started)
         return handles
 
     def stats(self) -> EncoderStats:
-        return EncoderStats(
-            windows_encoded=self.windows_encoded,
-            batches=self.batches,
-            last_batch_size=self.last_batch_size,
-            mean_batch_size=self.windows_encoded / self.batches if self.batches else 0.0,
-            num_staged=self.sender.num_staged,
-            num_pending=self.num_pending,
-            node_id=ray.get_runtime_context().get_node_id(),
-            connector=self.config.transfer.resolved_connector(),
-            payload=self.payload,
-            precision=self.config.engine.encoder_precision,
-            queued_s=self.queued_s,
-            window_forward_s=self.window_forward_s,
-            busy_s=self.busy_s,
+        return EncoderStats.of(
+            self.batcher,
+            self.config,
+            self.sender.num_staged,
+            self.config.transfer.resolved_connector(),
+            self.payload,
         )
 
     async def __del__(self):

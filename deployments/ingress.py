@@ -49,6 +49,25 @@ add_exception_handlers(app)
 logger = logging.getLogger("ray.serve")
 
 
+class ServerTiming:
+    """A request's phases in the ingress, sent back as a ``Server-Timing`` header (milliseconds; the
+    W3C header browsers' developer tools show): where a request's time went on the server, against
+    what its client saw (benchmarks/bench_load.py averages them)."""
+
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._phases: list[tuple[str, float]] = []
+
+    def mark(self, phase: str) -> None:
+        """``phase`` ended now; it began where the last one ended."""
+        now = time.perf_counter()
+        self._phases.append((phase, now - self._last))
+        self._last = now
+
+    def header(self) -> str:
+        return ", ".join(f"{phase};dur={seconds * 1000:.1f}" for phase, seconds in self._phases)
+
+
 def _model_object(name: str) -> dict:
     """OpenAI's model object."""
     return {"id": name, "object": "model", "created": 0, "owned_by": "whisper-disagg"}
@@ -56,7 +75,8 @@ def _model_object(name: str) -> dict:
 
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, config: AppConfig, encoder: DeploymentHandle, decoder: DeploymentHandle):
+    def __init__(self, config: AppConfig, encoder: DeploymentHandle | None, decoder: DeploymentHandle):
+        """``encoder`` None: colocated, the decoder replicas encode their own windows."""
         self.config = config
         self.encoder = encoder
         self.decoder = decoder
@@ -170,9 +190,11 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        encoder_stats = await self.encoder.broadcast("stats").results_async(
-            timeout_s=5, return_exceptions=True
+        # Colocated, the decoder replicas report their encoders' figures too.
+        encoders, method = (
+            (self.decoder, "encoder_stats") if self.encoder is None else (self.encoder, "stats")
         )
+        encoder_stats = await encoders.broadcast(method).results_async(timeout_s=5, return_exceptions=True)
         decoder_stats = await self.decoder.broadcast("stats").results_async(
             timeout_s=5, return_exceptions=True
         )
@@ -201,11 +223,15 @@ class Ingress:
     async def _transcription_response(
         self, request: Request, task: str, route: str, started: float
     ) -> Response:
+        phases = ServerTiming()
         try:
             self._authorize(request)
             form = await parse_transcription_form(request, task, self.config)
+            phases.mark("upload")
             await self.decoder.check_options.remote(form.options)
+            phases.mark("options")
             samples, windows = await asyncio.to_thread(self._ingest, form)
+            phases.mark("audio")
             form = self._prioritize(form, len(samples) / SAMPLE_RATE)
             cursor = long_form_cursor(samples, form.options, form.long_form, windows)
             if form.stream:
@@ -219,6 +245,7 @@ class Ingress:
                 )
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await self.pipeline.transcribe(cursor, form.priority)
+            phases.mark("windows")
             response = to_response(
                 transcription,
                 form.response_format,
@@ -226,6 +253,8 @@ class Ingress:
                 form.timestamp_granularities,
                 form.options.token_logprobs,
             )
+            phases.mark("format")
+            response.headers["server-timing"] = phases.header()
         except Exception as error:  # every failure answers, in OpenAI's error format
             api_error = api_error_of(error)
             self._observe(route, started, api_error.status, 0.0)

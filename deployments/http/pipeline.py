@@ -1,6 +1,7 @@
 """A request's windows through the encoder and decoder deployments: the windows its long-form
 cursor (engine/transcribe/windows.py) hands out, a sliding window of them in flight, and a window
-whose replica is lost or whose K/V transfer failed sent through the encoder again.
+whose replica is lost or whose K/V transfer failed sent through the encoder again. Colocated
+(``placement: colocated``), a window is one call to a replica that encodes and decodes it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from collections.abc import AsyncIterator
 
 from ray.serve.handle import DeploymentHandle
 
-from deployments.encoder import WindowJob
 from deployments.http.errors import REPLICA_LOST
+from deployments.window_batcher import WindowJob
 from engine.errors import RetriableError
 from engine.model.audio import SAMPLE_RATE
 from engine.transcribe.windows import LongFormCursor, PendingWindow, Transcription
@@ -28,7 +29,10 @@ WINDOW_ATTEMPTS = 3
 
 
 class WindowPipeline:
-    def __init__(self, encoder: DeploymentHandle, decoder: DeploymentHandle, max_windows_in_flight: int):
+    def __init__(
+        self, encoder: DeploymentHandle | None, decoder: DeploymentHandle, max_windows_in_flight: int
+    ):
+        """``encoder`` None: the decoder replicas encode their own windows (colocated)."""
         self.encoder = encoder
         self.decoder = decoder
         self.max_windows_in_flight = max_windows_in_flight
@@ -79,8 +83,11 @@ class WindowPipeline:
         for attempt in range(WINDOW_ATTEMPTS):
             try:
                 job = WindowJob(f"{window_id}-a{attempt}", samples, priority)
-                handle = await self.encoder.encode.remote(job)
-                result: DecodeResult = await self._decode(handle, options, duration_s, priority)
+                if self.encoder is None:
+                    result = await self.decoder.transcribe_window.remote(job, options, duration_s, priority)
+                else:
+                    handle = await self.encoder.encode.remote(job)
+                    result = await self._decode(handle, options, duration_s, priority)
             except REPLICA_LOST as error:
                 failure = f"a replica was lost ({type(error).__name__})"
                 logger.warning("window %s: %s; trying again (attempt %d)", window_id, failure, attempt + 1)

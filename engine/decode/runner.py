@@ -101,7 +101,8 @@ class ModelRunner:
     def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
         """One window's encoder states [frames, d_model] -> its cross-attention K/V [layers, 2, frames,
         H, D]."""
-        states = states.to(self.device, next(self.model.parameters()).dtype)
+        # The decoder's dtype: a model that still holds its encoder (colocated) may run that in bf16.
+        states = states.to(self.device, next(self.model.decoder.parameters()).dtype)
         return self.model.decoder.project_cross_kv(states.unsqueeze(0))[0]
 
     def release(self, request_id: str) -> None:

@@ -62,7 +62,7 @@ class OverlappedEncoder:
             done.set_result(self._encode(windows))
             self._in_flight = done
             return
-        self._in_flight = self._worker.submit(self._encode_on_stream, windows)
+        self._in_flight = self._worker.submit(self.encode_blocking, windows)
 
     def take(self, wait: bool = False) -> torch.Tensor | None:
         """The in-flight batch's output once its kernels have finished (``wait``: block until then);
@@ -76,7 +76,10 @@ class OverlappedEncoder:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
 
-    def _encode_on_stream(self, windows: torch.Tensor) -> torch.Tensor:
+    def encode_blocking(self, windows: torch.Tensor) -> torch.Tensor:
+        """Encode on the calling thread, on the encoder's stream where there is one, and return once
+        the kernels have finished: for a caller that is itself a worker thread (a colocated
+        replica's forwards, deployments/decoder.py)."""
         if self._stream is None:
             return self._encode(windows)
         with torch.cuda.stream(self._stream):

@@ -18,13 +18,18 @@ import soundfile
 import srt
 import webvtt
 
-from benchmarks.bench_load import metric_sum, run_load, scrape, steady_figures
+from benchmarks.bench_load import metric_sum, run_load, scrape, server_timing_ms, steady_figures
 from engine.config import EngineConfig
 from engine.model.audio import load_audio_file
 from engine.model.loading import LoadedModel, load_model
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
-from tests.support.serving import default_app_args, replica_actor, running_app
+from tests.support.serving import (
+    default_app_args,
+    hang_up_once_decoding,
+    running_app,
+    statuses_with_a_replica_killed,
+)
 from tests.support.speech import SPEECH_DIR, english_clips
 
 pytestmark = pytest.mark.ray
@@ -191,13 +196,24 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
 
 
-def test_metrics_account_for_a_windows_time_in_the_encoder_and_the_decoder(client, server_url):
+def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
     before = scrape(server_url)
     started = time.monotonic()
-    _transcribe(client, SPEECH_DIR / "osr72_02.flac")  # one 30 s window
+    response = httpx.post(
+        f"{server_url}/v1/audio/transcriptions",
+        headers=AUTH,
+        data={"model": "whisper-1"},
+        files={"file": ("osr72_02.flac", (SPEECH_DIR / "osr72_02.flac").read_bytes())},  # one 30 s window
+        timeout=120,
+    )
     latency_s = time.monotonic() - started
     after = scrape(server_url)
     figures = steady_figures(before, after, latency_s)
+    assert response.status_code == 200
+    # The ingress's own phases come back as a Server-Timing header, within what the client saw.
+    phases = server_timing_ms(response.headers)
+    assert list(phases) == ["upload", "options", "audio", "windows", "format"]
+    assert all(ms >= 0 for ms in phases.values()) and sum(phases.values()) <= 1000 * latency_s
 
     def delta(name: str) -> float:
         return after[name] - before.get(name, 0.0)
@@ -402,25 +418,8 @@ def test_a_short_load_of_sixteen_looping_clients_loses_nothing_and_frees_everyth
 
 
 def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their_blocks(server_url):
-    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
-    request = httpx.Request(
-        "POST",
-        url,
-        headers=AUTH,
-        data={"model": "whisper-1"},
-        files={"file": ("multilingual.flac", (SPEECH_DIR / "multilingual.flac").read_bytes())},
-    )
-    head = f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
-    head += "".join(
-        f"{name}: {value}\r\n" for name, value in request.headers.items() if name.lower() != "host"
-    )
     aborted_before = metric_sum(server_url, "whisper_decoder_windows_aborted")
-    with socket.create_connection((url.host, url.port)) as connection:
-        connection.sendall(head.encode() + b"\r\n" + request.read())
-        deadline = time.monotonic() + 60
-        while metric_sum(server_url, "whisper_decoder_running") == 0:  # its windows are decoding now
-            assert time.monotonic() < deadline, "the request never reached the decoder"
-            time.sleep(0.05)
+    hang_up_once_decoding(server_url, AUTH, SPEECH_DIR / "multilingual.flac")
     # The connection is closed: Serve cancels the request, the decoder aborts and frees its windows.
     deadline = time.monotonic() + 30
     while (
@@ -482,25 +481,8 @@ def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks
     client, server_url, deployment
 ):
     """Runs last in this module: it kills a replica of the shared server (Serve replaces it)."""
-    import ray
 
-    clips = [c for c in english_clips() if c.duration_s <= 30][:12] + [
-        c for c in english_clips() if c.duration_s > 30
-    ]
-
-    def attempt(clip) -> int:
-        try:
-            _transcribe(client, clip.path)
-            return 200
-        except openai.APIStatusError as error:
-            assert error.response.json()["error"]["message"]
-            return error.status_code
-
-    with ThreadPoolExecutor(len(clips)) as pool:
-        statuses = pool.map(attempt, clips)
-        time.sleep(1.0)  # requests are in the encoder's batches and the decoder's loop now
-        ray.kill(replica_actor(deployment), no_restart=True)
-        statuses = list(statuses)
+    statuses = statuses_with_a_replica_killed(client, deployment)
     assert set(statuses) <= {200, 503}, statuses  # every request answered: a result or a clean 503
     # The replacement replica serves, and nothing is left holding KV blocks or staging.
     assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text

@@ -4,13 +4,21 @@ and Serve, runs the app and shuts both down."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import yaml
 
+from benchmarks.bench_load import metric_sum
 from tests.support.network import free_port
 from tests.support.paths import CONFIGS_DIR
+from tests.support.speech import english_clips
 
 
 def default_app_args() -> dict[str, Any]:
@@ -48,3 +56,51 @@ def replica_actor(deployment: str):
     ]
     assert len(names) == 1, names
     return ray.get_actor(names[0], namespace="serve")
+
+
+def hang_up_once_decoding(server_url: str, headers: dict[str, str], clip: Path) -> None:
+    """Send a transcription request for ``clip`` over a raw socket and close the connection as soon
+    as a decoder runs a window: a client that goes away mid-decode."""
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    request = httpx.Request(
+        "POST",
+        url,
+        headers=headers,
+        data={"model": "whisper-1"},
+        files={"file": (clip.name, clip.read_bytes())},
+    )
+    head = f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+    head += "".join(
+        f"{name}: {value}\r\n" for name, value in request.headers.items() if name.lower() != "host"
+    )
+    with socket.create_connection((url.host, url.port)) as connection:
+        connection.sendall(head.encode() + b"\r\n" + request.read())
+        deadline = time.monotonic() + 60
+        while metric_sum(server_url, "whisper_decoder_running") == 0:  # its windows are decoding now
+            assert time.monotonic() < deadline, "the request never reached the decoder"
+            time.sleep(0.05)
+
+
+def statuses_with_a_replica_killed(client: openai.OpenAI, deployment: str) -> list[int]:
+    """Thirteen requests at once (one of them two windows long), and one replica of ``deployment``
+    killed while they run (Serve replaces it): each request's HTTP status."""
+    import ray
+
+    clips = [c for c in english_clips() if c.duration_s <= 30][:12] + [
+        c for c in english_clips() if c.duration_s > 30
+    ]
+
+    def attempt(clip) -> int:
+        try:
+            with open(clip.path, "rb") as audio:
+                client.audio.transcriptions.create(model="whisper-1", file=audio)
+            return 200
+        except openai.APIStatusError as error:
+            assert error.response.json()["error"]["message"]
+            return error.status_code
+
+    with ThreadPoolExecutor(len(clips)) as pool:
+        statuses = pool.map(attempt, clips)
+        time.sleep(1.0)  # requests are in the encoder's batches and the decoder's loop now
+        ray.kill(replica_actor(deployment), no_restart=True)
+        return list(statuses)

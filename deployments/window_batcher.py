@@ -1,0 +1,164 @@
+"""Windows waiting for an encoder forward, batched: used by encoder replicas and by colocated
+workers (an encoder and a decoder in one replica, deployments/decoder.py).
+
+Windows queue inside the replica where interactive ones go first (Serve's own ``serve.batch`` is
+first come, first served); batch windows fill the room interactive ones leave in a forward, since a
+window that waits for a later forward holds its request back and spends the GPU on one more small
+batch. How long a forward waits to fill is the owner's call (``fill_wait_ms``, read before each
+forward), and so is whether one may start at all (``may_start``: a colocated worker holds windows
+back while its decoder has a queue, so encoded windows never pile up in GPU memory).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from engine.types import Priority, is_promoted
+
+logger = logging.getLogger("ray.serve")
+
+Outcome = TypeVar("Outcome")
+
+# How often a forward that may not start yet (``may_start``) asks again.
+START_POLL_S = 0.002
+
+
+@dataclass(frozen=True)
+class WindowJob:
+    """One window to encode: what crosses from the ingress to an encoder."""
+
+    request_id: str  # unique per window; a transfer handle carries it to the decoder
+    samples: np.ndarray  # float32, 16 kHz mono, at most 30 s
+    priority: Priority = Priority.INTERACTIVE
+
+
+@dataclass(eq=False)  # compared by identity: the queue removes exactly this window
+class QueuedWindow:
+    job: WindowJob
+    done: asyncio.Future  # the forward's outcome for this window, or the exception that failed it
+    arrived_s: float  # time.monotonic()
+
+
+class WindowBatcher(Generic[Outcome]):
+    def __init__(
+        self,
+        forward: Callable[[list[WindowJob]], list[Outcome | Exception]],
+        max_batch_size: int,
+        batch_aging_s: float,
+        fill_wait_ms: Callable[[], float],
+        may_start: Callable[[], bool] = lambda: True,
+        discard: Callable[[Outcome], None] = lambda outcome: None,
+    ):
+        """``forward``: encodes a batch in a worker thread, one outcome (or exception) per window;
+        ``discard``: frees an outcome whose caller went away during its forward."""
+        self.forward = forward
+        self.max_batch_size = max_batch_size
+        self.batch_aging_s = batch_aging_s
+        self.fill_wait_ms = fill_wait_ms
+        self.may_start = may_start
+        self.discard = discard
+        self.windows_encoded = 0
+        self.batches = 0
+        self.last_batch_size = 0
+        # Sums since start (/metrics): each window's wait from arrival to its forward's start, each
+        # window's forward (its batch's time), and the forwards' own time.
+        self.queued_s = self.window_forward_s = self.busy_s = 0.0
+        self._queue: list[QueuedWindow] = []  # in arrival order
+        self._in_forward = 0
+        self._window_arrived: asyncio.Event | None = None  # made on the replica's event loop, at first use
+        self._batch_loop: asyncio.Task | None = None
+
+    @property
+    def num_pending(self) -> int:
+        """Windows queued or in the forward now."""
+        return len(self._queue) + self._in_forward
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.windows_encoded / self.batches if self.batches else 0.0
+
+    async def submit(self, job: WindowJob) -> Outcome:
+        """Encode one window, batched with others waiting meanwhile; its outcome, or its exception."""
+        if self._batch_loop is None:
+            self._window_arrived = asyncio.Event()
+            self._batch_loop = asyncio.create_task(self._run_batches())
+        window = QueuedWindow(job, asyncio.get_running_loop().create_future(), time.monotonic())
+        self._queue.append(window)
+        self._window_arrived.set()
+        try:
+            return await window.done
+        finally:
+            if window in self._queue:  # the caller went away before its forward: drop the window
+                self._queue.remove(window)
+
+    async def _run_batches(self) -> None:
+        while True:
+            await self._window_arrived.wait()
+            self._window_arrived.clear()
+            await self._let_batch_fill()
+            while self._queue:
+                while not self.may_start():
+                    await asyncio.sleep(START_POLL_S)
+                if not self._queue:  # every waiting caller went away meanwhile
+                    break
+                await self._forward(self._next_batch())
+
+    async def _forward(self, batch: list[QueuedWindow]) -> None:
+        self._in_forward = len(batch)
+        started = time.monotonic()
+        self.queued_s += sum(started - window.arrived_s for window in batch)
+        try:
+            # In a worker thread, so the replica's event loop keeps answering health checks and
+            # queueing windows while the encoder computes.
+            outcomes = await asyncio.to_thread(self.forward, [window.job for window in batch])
+        except Exception as error:  # the forward failed: every window of it fails, loudly
+            logger.exception("encoder forward failed")
+            outcomes = [error] * len(batch)
+        finally:
+            self._in_forward = 0
+            forward_s = time.monotonic() - started
+            self.busy_s += forward_s
+            self.window_forward_s += forward_s * len(batch)
+        self.windows_encoded += len(batch)
+        self.batches += 1
+        self.last_batch_size = len(batch)
+        for window, outcome in zip(batch, outcomes):
+            if window.done.cancelled() and not isinstance(outcome, Exception):
+                # Its caller went away during the forward (a client that hung up): free what the
+                # forward made now rather than when a timeout would.
+                self.discard(outcome)
+            elif window.done.done():
+                continue
+            elif isinstance(outcome, Exception):
+                window.done.set_exception(outcome)
+            else:
+                window.done.set_result(outcome)
+
+    async def _let_batch_fill(self) -> None:
+        """Wait until the queue holds a full batch or the fill time passes."""
+        deadline = time.monotonic() + self.fill_wait_ms() / 1000
+        while len(self._queue) < self.max_batch_size and (left_s := deadline - time.monotonic()) > 0:
+            self._window_arrived.clear()
+            try:
+                await asyncio.wait_for(self._window_arrived.wait(), timeout=left_s)
+            except asyncio.TimeoutError:
+                break
+
+    def _next_batch(self) -> list[QueuedWindow]:
+        """The oldest interactive (or aged batch) windows waiting, then the oldest batch ones."""
+        now = time.monotonic()
+
+        def rank(window: QueuedWindow) -> int:
+            return 0 if is_promoted(window.job.priority, now - window.arrived_s, self.batch_aging_s) else 1
+
+        batch = sorted(self._queue, key=rank)[: self.max_batch_size]  # a stable sort: arrival order in a rank
+        for window in batch:
+            self._queue.remove(window)
+        return batch
