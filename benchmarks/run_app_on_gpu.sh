@@ -5,7 +5,7 @@
 #
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
-#     [PLACEMENT=colocated|disaggregated] [MPS=1] \
+#     [PLACEMENT=colocated|disaggregated] [MPS=1] [OVERRIDES='{"decoder": {"num_replicas": 1}}'] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
 #     bash benchmarks/run_app_on_gpu.sh
@@ -20,7 +20,8 @@
 # tokens (random weights never stop on their own; realtime.fixed_output_tokens).
 # PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1
 # runs the app under CUDA MPS (started here, stopped at the end), so the two processes of a
-# disaggregated app share the GPU instead of taking turns on it.
+# disaggregated app share the GPU instead of taking turns on it. OVERRIDES (JSON) is merged into the
+# app's args, section by section.
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
@@ -36,8 +37,9 @@ STARTUP_S=${STARTUP_S:-300}
 WORK=${WORK:-/tmp/whisper-app}
 mkdir -p "$WORK"
 
-python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" "${PLACEMENT:-}" <<'EOF'
-import shutil, sys
+python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" "${PLACEMENT:-}" \
+  "${OVERRIDES:-{\}}" <<'EOF'
+import json, shutil, sys
 from pathlib import Path
 
 import torch
@@ -53,8 +55,12 @@ config = yaml.safe_load(Path(f"configs/{model}-one-gpu.yaml").read_text())
 config["applications"][0]["args"]["engine"]["model"] = str(work / model)
 if sys.argv[4]:  # live streams: every pass decodes a fixed number of tokens
     config["applications"][0]["args"]["realtime"] = {"fixed_output_tokens": int(sys.argv[4])}
+args = config["applications"][0]["args"]
 if sys.argv[5]:
-    config["applications"][0]["args"]["placement"] = sys.argv[5]
+    args["placement"] = sys.argv[5]
+for section, values in json.loads(sys.argv[6]).items():
+    args[section] = {**args.get(section, {}), **values} if isinstance(values, dict) else values
+print("app args:", json.dumps({k: v for k, v in args.items() if k != "served_model_names"}))
 (work / "app.yaml").write_text(yaml.safe_dump(config))
 EOF
 

@@ -30,6 +30,7 @@ from deployments.http.errors import (
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
 from deployments.http.live_turn import PartialPassSlots
+from deployments.http.option_checks import AcceptedOptions
 from deployments.http.pipeline import WindowPipeline
 from deployments.http.readiness import Readiness
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
@@ -82,6 +83,7 @@ class Ingress:
         self.decoder = decoder
         self.pipeline = WindowPipeline(encoder, decoder, config.http.max_windows_in_flight)
         self.readiness = Readiness(self.pipeline)
+        self.accepted_options = AcceptedOptions(lambda options: self.decoder.check_options.remote(options))
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
@@ -228,7 +230,7 @@ class Ingress:
             self._authorize(request)
             form = await parse_transcription_form(request, task, self.config)
             phases.mark("upload")
-            await self.decoder.check_options.remote(form.options)
+            await self.accepted_options.check(form.options)
             phases.mark("options")
             samples, windows = await asyncio.to_thread(self._ingest, form)
             phases.mark("audio")
