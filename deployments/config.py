@@ -150,13 +150,6 @@ class DecoderOptions(ReplicaOptions):
         gt=0,
         description="how often each replica reports its free KV blocks to the router",
     )
-    gil_switch_interval_ms: float = Field(
-        0.5,
-        gt=0,
-        description="the replica process's GIL switch interval (Python's default is 5 ms): the decode loop "
-        "is a Python thread whose every step needs the GIL, so another thread holding it (the replica's "
-        "event loop, K/V pulls, a colocated encoder launching kernels) delays a step by up to this long",
-    )
 
 
 class HTTPLimits(BaseModel):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -72,7 +71,6 @@ class DecoderDeployment:
     def __init__(self, config: AppConfig):
         if config.decoder.torch_threads:
             torch.set_num_threads(config.decoder.torch_threads)
-        sys.setswitchinterval(config.decoder.gil_switch_interval_ms / 1000)
         started = time.perf_counter()
         self.config = config
         self.loaded = load_model(config.engine)
