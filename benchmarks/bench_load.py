@@ -136,6 +136,7 @@ def steady_figures(before: dict[str, float], after: dict[str, float], seconds: f
         "tokens_per_s": ratio(delta("whisper_decoder_tokens_generated"), seconds),
         "decode_batch": ratio(delta("whisper_decoder_rows_stepped"), steps),
         "step_ms": 1000 * ratio(delta("whisper_decoder_loop_busy_seconds"), steps),
+        "read_wait_ms": 1000 * ratio(delta("whisper_decoder_read_wait_seconds"), steps),
         "decoder_busy": ratio(delta("whisper_decoder_loop_busy_seconds"), seconds),
         "encoder_batch": ratio(encoded, delta("whisper_encoder_batches")),
         "encoder_busy": ratio(delta("whisper_encoder_busy_seconds"), seconds),
@@ -236,8 +237,8 @@ def steady_rows(steady: dict[str, float]) -> list[list]:
         ["steady s (warm-up end to stop)", round(steady["seconds"], 1)],
         ["steady tokens/s (decoder counters)", round(steady["tokens_per_s"], 1)],
         [
-            "steady decode batch (rows a step) / step ms",
-            f"{steady['decode_batch']:.1f} / {steady['step_ms']:.2f}",
+            "steady decode batch (rows a step) / step ms (of it, reading tokens back)",
+            f"{steady['decode_batch']:.1f} / {steady['step_ms']:.2f} ({steady['read_wait_ms']:.2f})",
         ],
         [
             "steady decode loop busy / encoder busy",

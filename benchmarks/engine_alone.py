@@ -53,7 +53,7 @@ def closed_loop(
     started = time.perf_counter()
     steady_from, stop_at = started + warmup_s, started + warmup_s + seconds
     tokens, mark, busy_s = 0, None, 0.0
-    while (now := time.perf_counter()) < stop_at:
+    while (now := time.perf_counter()) < stop_at or mark is None:
         if mark is None and now >= steady_from:
             mark = (now, engine.timings.snapshot())
         if not encoder.busy and to_encode:
@@ -74,13 +74,17 @@ def closed_loop(
     elapsed = time.perf_counter() - mark[0]
     steps = engine.timings.steps - mark[1].steps
     rows = engine.timings.rows - mark[1].rows
+    read_wait_s = engine.timings.read_wait_s - mark[1].read_wait_s
     if encoder.busy:
         encoder.take(wait=True)
     encoder.close()
     del engine, encoder
     bench_gpu.release_memory(str(device))
     return dict(
-        tokens_per_s=tokens / elapsed, mean_batch=rows / max(steps, 1), step_ms=1000 * busy_s / max(steps, 1)
+        tokens_per_s=tokens / elapsed,
+        mean_batch=rows / max(steps, 1),
+        step_ms=1000 * busy_s / max(steps, 1),
+        read_wait_ms=1000 * read_wait_s / max(steps, 1),
     )
 
 
@@ -95,6 +99,11 @@ def main() -> None:
         "--closed-loop-s", type=float, default=30.0, help="closed-loop run after warm-up (0: none)"
     )
     parser.add_argument("--warmup-s", type=float, default=8.0)
+    parser.add_argument(
+        "--closed-loop-encoder-batches",
+        default="64",
+        help="most windows an encoder forward takes in the closed loop, one run each (the app's are small)",
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script itself")
     args = parser.parse_args()
     bench_gpu.OUTPUT_TOKENS = args.tokens  # what bench_gpu's requests decode (its default is shorter)
@@ -117,15 +126,18 @@ def main() -> None:
         )
     if args.closed_loop_s <= 0:
         return
-    print("\n| closed-loop clients (= max_num_seqs) | tokens/s | mean decode batch | step ms |")
-    print("|---|---|---|---|")
+    print(
+        "\n| closed-loop clients | encoder batch up to | tokens/s | decode batch | step ms | reading back |"
+    )
+    print("|---|---|---|---|---|---|")
     for clients in (int(n) for n in args.max_num_seqs.split(",")):
-        result = closed_loop(loaded, runner, clients, args.encoder_batch, args.warmup_s, args.closed_loop_s)
-        print(
-            f"| {clients} | {result['tokens_per_s']:,.0f} | {result['mean_batch']:.1f} "
-            f"| {result['step_ms']:.2f} |",
-            flush=True,
-        )
+        for encoder_batch in (int(n) for n in args.closed_loop_encoder_batches.split(",")):
+            result = closed_loop(loaded, runner, clients, encoder_batch, args.warmup_s, args.closed_loop_s)
+            print(
+                f"| {clients} | {encoder_batch} | {result['tokens_per_s']:,.0f} | {result['mean_batch']:.1f} "
+                f"| {result['step_ms']:.2f} | {result['read_wait_ms']:.2f} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -140,6 +140,12 @@ class ServingMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.decoder_read_wait_seconds = Gauge(
+            "whisper_decoder_read_wait_seconds",
+            "of the loop's time in steps, reading steps' tokens back (mostly waiting for the device)",
+            ["replica"],
+            registry=self.registry,
+        )
         self.decoder_busy_seconds = Gauge(
             "whisper_decoder_loop_busy_seconds",
             "time the decode loop spent in steps since start: over whisper_decoder_steps, the mean step",
@@ -203,6 +209,7 @@ class ServingMetrics:
             self.decoder_steps,
             self.decoder_rows,
             self.decoder_busy_seconds,
+            self.decoder_read_wait_seconds,
         ):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
         for index, stats in enumerate(decoder_stats):
@@ -224,6 +231,7 @@ class ServingMetrics:
             self.decoder_steps.labels(replica).set(timings.steps)
             self.decoder_rows.labels(replica).set(timings.rows)
             self.decoder_busy_seconds.labels(replica).set(stats.loop_busy_s)
+            self.decoder_read_wait_seconds.labels(replica).set(timings.read_wait_s)
         for index, stats in enumerate(encoder_stats):
             replica = str(index)
             self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)

@@ -207,7 +207,9 @@ class DecoderEngine:
 
     def _read(self, launched: LaunchedStep) -> list[DecodeResult]:
         """Read a launched step's tokens; return the requests that finished (fallback restarts do not)."""
+        started = time.perf_counter()
         output = self.pipeline.read(launched)
+        self.timings.count_read(time.perf_counter() - started)
         self.scheduler.step_read(output.step_id)
         finished = []
         for request, reason in self.scheduler.update_from_output(output):

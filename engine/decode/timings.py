@@ -4,8 +4,11 @@ how long each decoded window waited for admission, for its K/V, and then decoded
 A served app gives its engine's throughput away in two ways: steps that run fewer sequences than
 they could (windows spend their time elsewhere: in the encoder, in transit, queued), and steps that
 take longer (the GPU or the process shared with other work). These sums tell the two apart:
-rows per step is the first, loop-busy seconds per step the second. Deployments export them at
-/metrics; benchmarks/bench_load.py turns their differences over a run into means.
+rows per step is the first, loop-busy seconds per step the second; and of a step's time, how much
+the loop waited for the device to hand a step's tokens back (a GPU shared with other kernels shows
+there) rather than doing its own host work (a process whose other threads hold the GIL shows
+there). Deployments export them at /metrics; benchmarks/bench_load.py turns their differences
+over a run into means.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 class LoopTimings:
     steps: int = 0  # decoder forwards launched
     rows: int = 0  # sequences those forwards ran, summed (a search's hypotheses each count)
+    read_wait_s: float = 0.0  # reading steps' tokens back: mostly waiting for the device to finish them
     windows: int = 0  # decoded windows (stopped or at their length) the three sums below cover
     queued_s: float = 0.0  # submitted -> admitted: waiting for a slot or KV blocks
     loading_s: float = 0.0  # admitted -> its cross-attention K/V landed in its blocks
@@ -26,6 +30,9 @@ class LoopTimings:
     def count_step(self, rows: int) -> None:
         self.steps += 1
         self.rows += rows
+
+    def count_read(self, seconds: float) -> None:
+        self.read_wait_s += seconds
 
     def count_window(
         self, submitted_s: float, admitted_s: float, runnable_s: float, finished_s: float

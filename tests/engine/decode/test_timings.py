@@ -43,6 +43,7 @@ def test_steps_rows_and_window_stages_add_up_to_what_the_loop_did(tiny_en):
     assert timings.queued_s > 0 and timings.decoding_s > 0
     assert timings.loading_s == 0  # in-process K/V is written at admission
     assert timings.queued_s + timings.loading_s + timings.decoding_s <= 4 * wall_s
+    assert 0 < timings.read_wait_s <= wall_s  # every launched step was read back, within the run
 
 
 def test_a_window_whose_kv_travels_counts_its_load_apart_from_its_decoding(tiny_en):
