@@ -32,17 +32,20 @@ def attention_by_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     out = torch.empty(batch, frames, heads, head_dim, dtype=q.dtype, device=q.device)
     # Scaled up front: 1/sqrt(64) is a power of two, so this is exact in bf16 (Whisper's heads are 64).
     scaled_q = q * head_dim**-0.5
-    keys_t = k.transpose(-1, -2)
     chunk = min(QUERY_CHUNK, frames)
     scores_buffer = q.new_empty(heads * chunk * frames)
     attended_buffer = q.new_empty(heads * chunk * head_dim)
     for window in range(batch):
+        # Laid out once per window as the products read them (given strided, each product of a
+        # slice would copy its operand again).
+        keys_t = k[window].transpose(-1, -2).contiguous()
+        values = v[window].contiguous()
         for start in range(0, frames, chunk):
             rows = min(chunk, frames - start)
             scores = scores_buffer[: heads * rows * frames].view(heads, rows, frames)
-            torch.matmul(scaled_q[window, :, start : start + rows], keys_t[window], out=scores)
+            torch.matmul(scaled_q[window, :, start : start + rows], keys_t, out=scores)
             torch.softmax(scores, dim=-1, out=scores)  # row by row: safe in place
             attended = attended_buffer[: heads * rows * head_dim].view(heads, rows, head_dim)
-            torch.matmul(scores, v[window], out=attended)
+            torch.matmul(scores, values, out=attended)
             out[window, start : start + rows] = attended.transpose(0, 1)
     return out
