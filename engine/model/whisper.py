@@ -243,6 +243,17 @@ class TextDecoder(nn.Module):
         d_model] matrix, bound by memory bandwidth, and half the bytes take half the time."""
         self.vocabulary_bf16 = self.embed_tokens.weight.detach().to(torch.bfloat16)
 
+    def store_widening_weights_column_major(self) -> None:
+        """On a CPU: the products that widen the stream (QKV, the MLP's first) keep their weights
+        column-major, [in, out] contiguous. At a decode step's few rows the float32 product is a
+        matrix-vector product, which MKL runs on one core over the row-major [out, in] layout and
+        about 1.7x faster over this one (measured: benchmarks/RESULTS.md). The same weights and the
+        same function; only the memory order changes (nn.Linear reads either)."""
+        for layer in self.layers:
+            for linear in (layer.self_qkv, layer.mlp.fc1):
+                column_major = linear.weight.detach().t().contiguous().t()
+                linear.weight = nn.Parameter(column_major, requires_grad=False)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the final hidden states, through the output projection tied to the
         embedding. In half precision the product still accumulates in fp32 but comes out in fp32:
