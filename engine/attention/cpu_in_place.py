@@ -5,13 +5,14 @@ every layer, at every step) into one padded tensor before attending: a copy as l
 that follow it. Here a request's blocks are attended in place. A run of consecutive block ids is
 one strided view [blocks, block_size, H * D] of the block-major cache (the pool hands a window
 its cross blocks as one run where it can: engine/kv/block_pool.py), and a few matrix products
-over that view attend every head at once: the queries are laid out block-diagonally, [H x n_q,
-H * D] with query (h, i) nonzero only in head h's columns, so one product gives every head's
-scores against every key; the off-diagonal products are wasted work (H times the useful
-multiply-adds), cheaper here than one product per head. A table of several runs is attended run
-by run, the scores of all its runs softmaxed together.
+over that view attend a group of G heads at once: the queries are laid out block-diagonally,
+[G x n_q, G * D] with query (h, i) nonzero only in head h's columns, so one product gives each
+head's scores against every key. The off-diagonal products are wasted work (G times the useful
+multiply-adds), cheaper than a product per head up to about six heads a product (measured:
+benchmarks/RESULTS.md). A table of several runs is attended run by run, the scores of all its runs
+softmaxed together. Requests that share a table (a window's beams) are attended together.
 
-Self-attention (causal, a few blocks) and prompt steps keep the reference's gather.
+Self-attention (causal, a few blocks) and an fp8 cache keep the reference's gather.
 """
 
 from __future__ import annotations

@@ -285,7 +285,8 @@ class TextDecoder(nn.Module):
     def project_cross_kv_in_bf16(self) -> None:
         """On a CPU with bf16 instructions: the cross-K/V projection's weights in bf16. Its input,
         the bf16 encoder's states, is already bf16-exact; in float32 this one product over 1500
-        frames cost about as much as a fifth of the bf16 encoder (measured: benchmarks/RESULTS.md)."""
+        frames took an eighth as long as the whole bf16 encoder, in bf16 half that (measured:
+        benchmarks/RESULTS.md)."""
         self.cross_kv.to(torch.bfloat16)
         self.cross_kv_in_bf16 = True
 
