@@ -21,11 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.arith import ceil_div
 from engine.attention.base import PagedAttentionBatch
 from engine.attention.torch_ref import TorchReferenceBackend
 
 
-@dataclass(frozen=True)
+@dataclass
 class _KeyGroup:
     """Requests that read one block table (a window's beams share theirs) and what they read."""
 
@@ -79,7 +80,7 @@ class CpuInPlaceBackend(TorchReferenceBackend):
         tables = batch.block_tables.tolist()
         by_table: dict[tuple, _KeyGroup] = {}
         for request, seq_len in enumerate(seq_lens):
-            table = tuple(tables[request][: -(-seq_len // block_size)])
+            table = tuple(tables[request][: ceil_div(seq_len, block_size)])
             rows = list(range(starts[request], starts[request + 1]))
             group = by_table.get((table, seq_len))
             if group is None:
