@@ -51,6 +51,9 @@ class AttentionBackend(ABC):
     name: str
     # Safe to capture in a CUDA graph: no host synchronization, no host-side reads of device data.
     graph_safe: bool = False
+    # Reads a request's blocks faster where their ids are consecutive: the scheduler then asks the
+    # pool for a window's cross-attention blocks as one run where it can.
+    prefers_consecutive_blocks: bool = False
 
     def max_key_readers(self, num_heads: int, head_dim: int) -> int:
         """The most requests one group of ``PagedAttentionBatch.key_readers`` may hold; 1: the

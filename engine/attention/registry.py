@@ -80,14 +80,20 @@ def make_attention_backend(
     """Build the named backend for ``device``.
 
     "auto" picks flash_attn if it imports and the device is CUDA, else triton if it imports and
-    the device is CUDA, else the torch reference. ``block_size`` and ``dtype`` (optional, the KV
-    cache's) let "auto" skip flash_attn where flash-attn would refuse them (block sizes that are
-    not a multiple of 256, float32, fp8), and let an explicit "flash_attn" (or "triton" with an fp8
-    cache on a GPU older than sm_89) fail at construction rather than at the first step. Asking
-    explicitly for a backend that cannot run raises ValueError saying what is missing.
+    the device is CUDA, else torch: on a CPU the torch reference with cross-attention read in place
+    (engine/attention/cpu_in_place.py), elsewhere the reference itself. ``block_size`` and
+    ``dtype`` (optional, the KV cache's) let "auto" skip flash_attn where flash-attn would refuse
+    them (block sizes that are not a multiple of 256, float32, fp8), and let an explicit
+    "flash_attn" (or "triton" with an fp8 cache on a GPU older than sm_89) fail at construction
+    rather than at the first step. Asking explicitly for a backend that cannot run raises
+    ValueError saying what is missing.
     """
     device = torch.device(device)
     if name == "torch":
+        if device.type == "cpu":
+            from engine.attention.cpu_in_place import CpuInPlaceBackend
+
+            return CpuInPlaceBackend()
         from engine.attention.torch_ref import TorchReferenceBackend
 
         return TorchReferenceBackend()

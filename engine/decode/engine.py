@@ -91,6 +91,7 @@ class DecoderEngine:
             config.batch_aging_s,
             eot=self.tokenizer.special.eot,
             n_text_ctx=dims.n_text_ctx,
+            consecutive_cross_blocks=self.runner.backend.prefers_consecutive_blocks,
         )
         self.rules = LogitRules(
             self.tokenizer,

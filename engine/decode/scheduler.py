@@ -81,8 +81,12 @@ class Scheduler:
         eot: int | None = None,
         n_text_ctx: int = 448,
         clock: Callable[[], float] = time.monotonic,
+        consecutive_cross_blocks: bool = False,
     ):
+        """``consecutive_cross_blocks``: take each window's cross-attention blocks as one run of
+        consecutive ids where the pool has one (the attention backend reads runs in place)."""
         self.pool = pool
+        self.consecutive_cross_blocks = consecutive_cross_blocks
         self.eot = eot  # end of text: a sampled eot stops a request (None: only length stops)
         self.n_text_ctx = n_text_ctx
         self.clock = clock
@@ -161,7 +165,8 @@ class Scheduler:
         return ScheduledStep(admitted=admitted, batch=batch, block_copies=copies)
 
     def _allocate(self, request: Request, needed_blocks: int) -> None:
-        request.blocks.cross_block_ids = self.pool.allocate(self.cross_blocks_per_request)
+        allocate = self.pool.allocate_consecutive if self.consecutive_cross_blocks else self.pool.allocate
+        request.blocks.cross_block_ids = allocate(self.cross_blocks_per_request)
         self_block_ids = self.pool.allocate(needed_blocks - self.cross_blocks_per_request)
         # One table's worth as the request's own; the rest held for the hypotheses of a search.
         table_size = blocks_needed(request.max_total_tokens, self.pool.block_size)

@@ -58,6 +58,26 @@ class BlockPool:
         self._allocated.update(block_ids)
         return block_ids
 
+    def allocate_consecutive(self, count: int) -> list[int]:
+        """``count`` blocks with consecutive ids (the lowest such free run), or where no run of
+        ``count`` is free, any ``count`` blocks as ``allocate`` gives them. An attention backend that
+        reads a run of blocks as one strided view asks for this (AttentionBackend.
+        prefers_consecutive_blocks). Sorts the free ids: meant for pools of a CPU's size (hundreds
+        to thousands of blocks), not once per step."""
+        if count > len(self._free):
+            raise CacheFullError(f"asked for {count} KV blocks, {len(self._free)} free")
+        free = sorted(self._free)
+        for index in range(len(free) - count + 1):
+            if free[index + count - 1] - free[index] == count - 1:  # distinct and sorted: a run
+                block_ids = free[index : index + count]
+                break
+        else:
+            return self.allocate(count)
+        taken = set(block_ids)
+        self._free = deque(block_id for block_id in self._free if block_id not in taken)
+        self._allocated.update(block_ids)
+        return block_ids
+
     def free(self, block_ids: list[int]) -> None:
         for block_id in block_ids:
             # A double free would hand one block to two requests; fail loudly instead.

@@ -29,8 +29,13 @@ def load_model(config: EngineConfig, weights: LoadedWeights | None = None) -> Lo
     model = model.to_empty(device=config.torch_device).to(config.torch_dtype)
     model.load_canonical_state_dict(weights.state_dict)
     model.encoder.to(config.encoder_torch_dtype)  # a CPU's bf16 encoder beside a float32 decoder
+    if config.on_cpu and config.encoder_torch_dtype == torch.bfloat16:
+        model.encoder.attend_by_products()
+    if config.on_cpu and config.torch_dtype == torch.float32:
+        model.decoder.store_widening_weights_column_major()
     if config.cpu_bf16_logits:
         model.decoder.project_vocabulary_in_bf16()
+        model.decoder.project_cross_kv_in_bf16()
     model.eval()
     weights.state_dict = {}  # the model holds the (fused) weights now; free the loader's copy
     return LoadedModel(

@@ -17,6 +17,7 @@ from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kernels import triton_available
 from engine.kernels.gelu_quantize import gelu_quantize_rows_op
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
+from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import quantize_linears
 from engine.model.weights import ModelDims
 
@@ -88,13 +89,17 @@ class EncoderLayer(nn.Module):
         self.attn_out = nn.Linear(d_model, d_model)
         self.mlp_norm = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
+        self.attention_by_products = False  # see AudioEncoder.attend_by_products
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, frames, d_model = x.shape
         qkv = self.qkv(self.attn_norm(x)).view(batch, frames, 3, self.num_heads, -1)
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [N, H, frames, D]
-        attended = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.attn_out(attended.transpose(1, 2).reshape(batch, frames, d_model))
+        if self.attention_by_products:
+            attended = attention_by_products(q, k, v).view(batch, frames, d_model)
+        else:
+            attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, frames, d_model)
+        x = x + self.attn_out(attended)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -119,6 +124,12 @@ class AudioEncoder(nn.Module):
         unfused (measured: benchmarks/RESULTS.md). Not for fp32, where it would not be."""
         for layer in self.layers:
             layer.mlp.fused_gelu = True
+
+    def attend_by_products(self) -> None:
+        """On a CPU in bf16: each layer's self-attention as explicit bf16 matrix products
+        (engine/model/cpu_attention.py), faster there than torch's SDPA."""
+        for layer in self.layers:
+            layer.attention_by_products = True
 
     def quantize_fp8(self) -> None:
         """Every layer's four products (QKV, attention output, the MLP's two) in FP8
@@ -205,6 +216,7 @@ class TextDecoder(nn.Module):
         self.cross_kv = nn.Linear(dims.d_model, dims.decoder_layers * 2 * dims.d_model)
         self.add_norm = add_layer_norm
         self.vocabulary_bf16: torch.Tensor | None = None  # see project_vocabulary_in_bf16
+        self.cross_kv_in_bf16 = False  # see project_cross_kv_in_bf16
 
     def fuse_residual_norms(self) -> None:
         """Run each residual add and the layer norm after it as one Triton kernel (CUDA)."""
@@ -230,6 +242,17 @@ class TextDecoder(nn.Module):
         (engine.cpu_dtype). At a few decode rows the projection is a pass over the whole [vocab,
         d_model] matrix, bound by memory bandwidth, and half the bytes take half the time."""
         self.vocabulary_bf16 = self.embed_tokens.weight.detach().to(torch.bfloat16)
+
+    def store_widening_weights_column_major(self) -> None:
+        """On a CPU: the products that widen the stream (QKV, the MLP's first) keep their weights
+        column-major, [in, out] contiguous. At a decode step's few rows the float32 product is a
+        matrix-vector product, which MKL runs on one core over the row-major [out, in] layout and
+        about 1.7x faster over this one (measured: benchmarks/RESULTS.md). The same weights and the
+        same function; only the memory order changes (nn.Linear reads either)."""
+        for layer in self.layers:
+            for linear in (layer.self_qkv, layer.mlp.fc1):
+                column_major = linear.weight.detach().t().contiguous().t()
+                linear.weight = nn.Parameter(column_major, requires_grad=False)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits of the final hidden states, through the output projection tied to the
@@ -259,11 +282,22 @@ class TextDecoder(nn.Module):
         the decoder (for large-v3, 1.6 of its 1.8 GB)."""
         self.layers = self.embed_tokens = self.norm = self.positions = None
 
+    def project_cross_kv_in_bf16(self) -> None:
+        """On a CPU with bf16 instructions: the cross-K/V projection's weights in bf16. Its input,
+        the bf16 encoder's states, is already bf16-exact; in float32 this one product over 1500
+        frames took an eighth as long as the whole bf16 encoder, in bf16 half that (measured:
+        benchmarks/RESULTS.md)."""
+        self.cross_kv.to(torch.bfloat16)
+        self.cross_kv_in_bf16 = True
+
     def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
         """Encoder states [N, frames, d] -> cross-attention K/V [N, layers, 2, frames, H, D] (a
-        strided view of one [N, frames, layers * 2 * d] product)."""
+        strided view of one [N, frames, layers * 2 * d] product), in the projection's dtype (the
+        caller casts to the KV cache's)."""
         batch, frames, _ = states.shape
         dims = self.dims
+        if self.cross_kv_in_bf16:
+            states = states.to(torch.bfloat16)
         kv = self.cross_kv(states).view(
             batch, frames, dims.decoder_layers, 2, dims.decoder_heads, dims.head_dim
         )

@@ -184,3 +184,24 @@ def test_rows_of_a_window_restarted_since_its_step_was_launched_are_ignored():
         computed_after=[4],
     )
     assert scheduler.update_from_output(output) == [] and request.output_tokens == []
+
+
+def test_with_consecutive_cross_blocks_each_window_reads_one_run_of_blocks_after_others_finish():
+    """What the CPU's in-place cross-attention asks for: windows admitted after others finished still
+    get their cross-attention blocks as one run of consecutive ids, and all blocks come back."""
+    scheduler, _ = scheduler_with(num_blocks=12, consecutive_cross_blocks=True)
+    names = iter("abcdefgh")
+    for _ in range(3):
+        scheduler.add(window(next(names)))
+    scheduler.schedule()
+    for _ in range(3):
+        scheduler.finish(scheduler.running[1 if len(scheduler.running) > 1 else 0], FinishReason.STOP)
+        scheduler.add(window(next(names)))
+        scheduler.schedule()
+    assert len(scheduler.running) == 3
+    for request in scheduler.running:
+        first = request.blocks.cross_block_ids[0]
+        assert request.blocks.cross_block_ids == [first, first + 1], request.request_id
+    for request in list(scheduler.running):
+        scheduler.finish(request, FinishReason.STOP)
+    assert scheduler.pool.num_free_blocks == 12
