@@ -89,6 +89,17 @@ def _file_text(client: openai.OpenAI, pcm16: bytes) -> str:
     return client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav.getvalue())).text
 
 
+def _words_apart(live_text: str, file_text: str) -> int:
+    """Word edits between a live turn's text and the file endpoint's for the same audio. They may
+    differ by a word where tiny.en is near a tie ("asked" or "ask" in jfk): the turn holds the
+    silence before it too, and its partial passes, over audio cut mid-turn, commit words that the
+    final pass cannot take back (deltas never retract)."""
+    import jiwer
+
+    reference = normalize_english(file_text)
+    return round(jiwer.wer(reference, normalize_english(live_text)) * len(reference.split()))
+
+
 def metric_sum_plain(server_url: str, name: str) -> float:
     """A metric without labels, as this ingress replica reports it."""
     lines = httpx.get(f"{server_url}/metrics", timeout=30).text.splitlines()
@@ -150,8 +161,7 @@ def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(clien
     assert len(turns) == 2 and len(record.of_type("input_audio_buffer.committed")) == 2
     for turn, pcm16 in zip(turns, utterances):
         assert "".join(delta for _, delta in turn["deltas"]) == turn["text"]
-        # The turn holds the silence before it too, which changes only the case of a word or two.
-        assert normalize_english(turn["text"]) == normalize_english(_file_text(client, pcm16))
+        assert _words_apart(turn["text"], _file_text(client, pcm16)) <= 1
     first_delta_at = turns[0]["deltas"][0][0]
     assert first_delta_at < record.speech_ends_s[0] - 3, "partial text comes while the speaker is speaking"
     assert len(turns[0]["deltas"]) >= 3, "and grows as they go on"
@@ -319,5 +329,6 @@ def test_a_replica_killed_mid_turn_is_replaced_and_the_turn_still_completes(clie
     assert replica_actor(deployment)._actor_id != killed._actor_id, "Serve replaced the replica"
     assert not record.of_type("conversation.item.input_audio_transcription.failed")
     (turn,) = record.turns()
-    assert "ask not what your country" in normalize_english(turn["text"])
+    # The replacement's final pass gives the file endpoint's text for the same audio.
+    assert _words_apart(turn["text"], _file_text(client, utterance)) <= 1
     _assert_everything_is_free(server_url, within_s=60)
