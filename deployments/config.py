@@ -127,6 +127,12 @@ class EncoderOptions(ReplicaOptions):
         "this share of engine.max_num_seqs",
     )
     decoder_load_poll_ms: float = Field(100.0, gt=0, description="how often the decoders' load is read")
+
+    def fill_wait_ms(self, decoder_occupancy: float) -> float:
+        """How long a forward waits to fill, given the emptiest decoder's occupancy."""
+        busy = decoder_occupancy >= self.decoder_busy_occupancy
+        return self.busy_batch_wait_ms if busy else self.batch_wait_timeout_ms
+
     target_pending_windows: float = Field(
         16.0,
         gt=0,

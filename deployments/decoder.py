@@ -94,7 +94,7 @@ class DecoderDeployment:
                 self._encode_windows,
                 config.encoder.max_batch_size,
                 config.engine.batch_aging_s,
-                fill_wait_ms=self._fill_wait_ms,
+                fill_wait_ms=lambda: config.encoder.fill_wait_ms(self._occupancy()),
                 may_start=self._may_encode,
             )
         logger.info(
@@ -168,11 +168,6 @@ class DecoderDeployment:
         """A batch's encoder states, one [1500, d] view per window (on a worker thread)."""
         audio = torch.from_numpy(np.stack([pad_or_trim(job.samples) for job in jobs]))
         return list(self.encoder.encode_blocking(audio))
-
-    def _fill_wait_ms(self) -> float:
-        encoder = self.config.encoder
-        busy = self._occupancy() >= encoder.decoder_busy_occupancy
-        return encoder.busy_batch_wait_ms if busy else encoder.batch_wait_timeout_ms
 
     def _may_encode(self) -> bool:
         """Encode more only while fewer than a batch of encoded windows wait for admission."""

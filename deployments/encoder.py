@@ -44,9 +44,7 @@ class EncoderStats:
     num_staged: int
     num_pending: int  # windows queued or in the forward now
     node_id: str  # the Ray node the replica runs on (placement by resources is checked with it)
-    connector: (
-        str  # the transfer connector really in use ("nixl", "object_store", "local"; "none": colocated)
-    )
+    connector: str  # the transfer connector in use ("nixl", "object_store", "local"; colocated: "none")
     payload: str  # what is shipped: "cross_kv" or "encoder_states" (colocated: handed over in process)
     precision: str  # the encoder's precision path, e.g. "bfloat16 on CPU" (EngineConfig.encoder_precision)
     # Sums since start, for where a window's time goes (/metrics; benchmarks/bench_load.py):
@@ -108,7 +106,7 @@ class EncoderDeployment:
             self._encode_and_stage,
             config.encoder.max_batch_size,
             config.engine.batch_aging_s,
-            fill_wait_ms=self._fill_wait_ms,
+            fill_wait_ms=lambda: config.encoder.fill_wait_ms(self._decoder_occupancy),
             discard=lambda handle: self.sender.release(handle.request_id),
         )
         self._decoder = decoder  # read for its load only; windows reach it through the ingress
@@ -120,14 +118,6 @@ class EncoderDeployment:
         if self._load_watch is None and self._decoder is not None:
             self._load_watch = asyncio.create_task(self._watch_decoder_load())
         return await self.batcher.submit(job)
-
-    @property
-    def decoders_busy(self) -> bool:
-        return self._decoder_occupancy >= self.config.encoder.decoder_busy_occupancy
-
-    def _fill_wait_ms(self) -> float:
-        encoder = self.config.encoder
-        return encoder.busy_batch_wait_ms if self.decoders_busy else encoder.batch_wait_timeout_ms
 
     async def _watch_decoder_load(self) -> None:
         while True:

@@ -28,6 +28,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
+from engine.kv.block_pool import block_runs
 from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
@@ -75,10 +76,10 @@ def _block_runs(block_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """Runs of consecutive cache block ids: (first staged block, first cache block, length) each.
     A pool hands out mostly consecutive ids, and posting a READ costs CPU per descriptor
     (measured: benchmarks/RESULTS.md)."""
-    ids = np.asarray(block_ids, dtype=np.int64)
-    starts = np.flatnonzero(np.diff(ids, prepend=ids[0] - 2) != 1)
-    lengths = np.diff(np.append(starts, len(ids)))
-    return starts, ids[starts], lengths
+    runs = block_runs(block_ids)
+    lengths = np.array([count for _, count in runs], dtype=np.int64)
+    staged_starts = np.cumsum(lengths) - lengths
+    return staged_starts, np.array([first for first, _ in runs], dtype=np.int64), lengths
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import torch
 from engine.arith import ceil_div
 from engine.attention.base import PagedAttentionBatch
 from engine.attention.torch_ref import TorchReferenceBackend
+from engine.kv.block_pool import block_runs
 
 
 @dataclass
@@ -33,17 +34,6 @@ class _KeyGroup:
     query_rows: list[int]  # rows of the packed query tensor, in order
     runs: list[tuple[int, int]]  # (first block id, number of blocks): consecutive ids, in table order
     seq_len: int
-
-
-def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
-    """[5, 6, 7, 2, 3] -> [(5, 3), (2, 2)]: maximal runs of consecutive ids, in order."""
-    runs: list[tuple[int, int]] = []
-    for block_id in block_ids:
-        if runs and runs[-1][0] + runs[-1][1] == block_id:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((block_id, 1))
-    return runs
 
 
 class CpuInPlaceBackend(TorchReferenceBackend):

@@ -14,6 +14,18 @@ from engine.arith import ceil_div
 from engine.errors import CacheFullError
 
 
+def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    """[5, 6, 7, 2, 3] -> [(5, 3), (2, 2)]: maximal runs of consecutive ids, in order (a run of a
+    block-major cache is one contiguous region: one strided view, one transfer descriptor)."""
+    runs: list[tuple[int, int]] = []
+    for block_id in block_ids:
+        if runs and runs[-1][0] + runs[-1][1] == block_id:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((block_id, 1))
+    return runs
+
+
 def blocks_needed(num_tokens: int, block_size: int) -> int:
     return ceil_div(num_tokens, block_size)
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention.cpu_in_place import CpuInPlaceBackend, block_runs, heads_per_product
+from engine.attention.cpu_in_place import CpuInPlaceBackend, heads_per_product
 from engine.attention.registry import make_attention_backend
 from engine.attention.torch_ref import TorchReferenceBackend
+from engine.kv.block_pool import block_runs
 from tests.engine.attention.test_attention_backends import SHAPES, Case, assert_close
 
 
