@@ -156,6 +156,12 @@ class DecoderOptions(ReplicaOptions):
         gt=0,
         description="how often each replica reports its free KV blocks to the router",
     )
+    engine_process: bool = Field(
+        True,
+        description="run the engine (and, colocated, the encoder) in a process of its own, so that "
+        "the replica's handling of Serve's calls never takes the decode loop's interpreter; false "
+        "keeps everything in the replica's process",
+    )
 
 
 class HTTPLimits(BaseModel):

@@ -1,0 +1,223 @@
+"""A decoder replica's engine in a process of its own, called from the replica's event loop.
+
+Why: a replica's process answers Serve's calls (about a millisecond of Python under the GIL each,
+benchmarks/bench_serve_call.py) and its decode loop is a thread beside them, so every call the
+replica answers is host time the loop's steps wait for. In a child process the loop shares its
+interpreter only with the cheap message handling below (vLLM runs its engine core apart from its
+API server for the same reason). benchmarks/RESULTS.md has what it bought.
+
+The child builds the object (``factory(*args)``) and answers calls by method name on an asyncio
+loop of its own, so the object's coroutines (a window waiting for its encoder batch and its
+decode) run there as they would in the replica. Messages over one pipe:
+
+    parent -> child   (call_id, method, args)          call a method (async or not)
+                      (call_id, CANCEL, ())            the caller went away: cancel that call
+    child -> parent   (call_id, ok, value or error)    its outcome
+
+The child exits when the pipe closes: the replica was stopped or killed, and nothing may outlive
+it holding the GPU. The parent fails every call in flight when the child exits, so no request
+waits for an answer that cannot come, and ``alive`` turns false for the replica's health check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import inspect
+import itertools
+import logging
+import multiprocessing
+import os
+import pickle
+import threading
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger("ray.serve")
+
+CANCEL = "__cancel__"
+READY = -1  # the call id of the child's first message: the object is built (or why not)
+
+
+class EngineProcessExited(RuntimeError):
+    """The engine's process is gone; the replica cannot serve until Serve replaces it."""
+
+
+class InProcessEngine:
+    """The same calls as EngineProcess on an object in this process (``decoder.engine_process:
+    false``): for comparing the two, and for debugging with everything in one process."""
+
+    def __init__(self, target: Any):
+        self.target = target
+
+    @property
+    def alive(self) -> bool:
+        return True
+
+    async def call(self, method: str, *args: Any) -> Any:
+        value = getattr(self.target, method)(*args)
+        return await value if inspect.isawaitable(value) else value
+
+    def call_blocking(self, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
+        return getattr(self.target, method)(*args)
+
+    def close(self) -> None:
+        close = getattr(self.target, "close", None)
+        if close is not None:
+            close()
+
+
+class EngineProcess:
+    def __init__(self, factory: Callable[..., Any], *args: Any, start_timeout_s: float = 1800.0):
+        """Starts the child and waits until ``factory(*args)`` is built there; raises
+        EngineProcessExited with the child's reason if it could not be."""
+        context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
+        self._conn, child_conn = context.Pipe()
+        self._process = context.Process(
+            target=_child_main, args=(child_conn, factory, args), name="engine", daemon=True
+        )
+        self._process.start()
+        child_conn.close()  # the child's end lives in the child only: its exit closes the pipe here
+        if not self._conn.poll(start_timeout_s):
+            self._process.kill()
+            raise EngineProcessExited(f"the engine process was not ready within {start_timeout_s:.0f} s")
+        try:
+            _, ok, value = self._conn.recv()
+        except EOFError:
+            ok, value = False, "it exited while starting; see the replica's log"
+        if not ok:
+            self._process.join(timeout=5)
+            raise EngineProcessExited(f"the engine process could not start: {value}")
+        self.ready_info = value
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, concurrent.futures.Future] = {}
+        self._pending_lock = threading.Lock()
+        self._call_ids = itertools.count()
+        self._exited = False
+        self._reader = threading.Thread(target=self._read_answers, name="engine-answers", daemon=True)
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return not self._exited and self._process.is_alive()
+
+    async def call(self, method: str, *args: Any) -> Any:
+        call_id, future = self._send_call(method, args)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self._send((call_id, CANCEL, ()))
+            raise
+
+    def call_blocking(self, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
+        _, future = self._send_call(method, args)
+        return future.result(timeout=timeout_s)
+
+    def close(self) -> None:
+        """Ends the child: its pipe closes and it exits; killed if it does not within 10 s."""
+        self._conn.close()
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+
+    def _send_call(self, method: str, args: tuple) -> tuple[int, concurrent.futures.Future]:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._pending_lock:
+            if self._exited:
+                raise EngineProcessExited("the engine process has exited")
+            call_id = next(self._call_ids)
+            self._pending[call_id] = future
+        self._send((call_id, method, args))
+        return call_id, future
+
+    def _send(self, message: tuple) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except (OSError, ValueError) as error:
+            self._fail_pending(
+                EngineProcessExited(f"the engine process has exited ({error.strerror or error})")
+            )
+
+    def _read_answers(self) -> None:
+        while True:
+            try:
+                call_id, ok, value = self._conn.recv()
+            except (EOFError, OSError):
+                break
+            with self._pending_lock:
+                future = self._pending.pop(call_id, None)
+            if future is None or future.done():
+                continue  # cancelled by its caller
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(value)
+        code = self._process.exitcode if not self._process.is_alive() else None
+        logger.error("the engine process exited (exit code %s); failing the calls in flight", code)
+        self._fail_pending(EngineProcessExited("the engine process exited; the replica is being replaced"))
+
+    def _fail_pending(self, error: Exception) -> None:
+        with self._pending_lock:
+            self._exited = True
+            pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(error)
+
+
+def _child_main(conn, factory: Callable[..., Any], args: tuple) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s engine process: %(message)s")
+    try:
+        target = factory(*args)
+    except BaseException as error:  # noqa: BLE001 - every reason reaches the replica, in words
+        logger.exception("the engine could not be built")
+        conn.send((READY, False, f"{type(error).__name__}: {error}"))
+        return
+    conn.send((READY, True, getattr(target, "ready_info", None)))
+    asyncio.run(_answer_calls(conn, target))
+
+
+async def _answer_calls(conn, target: Any) -> None:
+    loop = asyncio.get_running_loop()
+    running: dict[int, asyncio.Task] = {}
+
+    async def answer(call_id: int, method: str, args: tuple) -> None:
+        try:
+            value = getattr(target, method)(*args)
+            if inspect.isawaitable(value):
+                value = await value
+            outcome = (call_id, True, value)
+        except asyncio.CancelledError:
+            return  # the caller went away; nothing waits for an answer
+        except Exception as error:  # noqa: BLE001 - the caller gets it, as a call in process would
+            outcome = (call_id, False, _sendable(error))
+        finally:
+            running.pop(call_id, None)
+        conn.send(outcome)
+
+    def read_calls() -> None:
+        while conn.poll():
+            try:
+                call_id, method, args = conn.recv()
+            except (EOFError, OSError):
+                # The replica is gone: nothing may outlive it holding the GPU, and no one waits.
+                os._exit(0)
+            if method == CANCEL:
+                task = running.get(call_id)
+                if task is not None:
+                    task.cancel()
+            else:
+                running[call_id] = loop.create_task(answer(call_id, method, args))
+
+    loop.add_reader(conn.fileno(), read_calls)
+    await asyncio.Event().wait()  # served until the pipe closes
+
+
+def _sendable(error: Exception) -> Exception:
+    """``error`` if it survives pickling (the replica raises the same type), else its words."""
+    try:
+        pickle.loads(pickle.dumps(error))
+        return error
+    except Exception:  # noqa: BLE001
+        return RuntimeError(f"{type(error).__name__}: {error}")
