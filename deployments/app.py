@@ -80,6 +80,9 @@ def build_whisper_app(config: AppConfig) -> Application:
             request_router_class=MostFreeKVBlocksRouter,
             request_routing_stats_period_s=config.decoder.routing_stats_period_s,
         ),
+        # The check is whether the engine's process lives: cheap, and a replica without one
+        # answers nothing but errors until it is replaced.
+        health_check_period_s=2.0,
     )
     ingress = serve.deployment(Ingress).options(**_deployment_options("WhisperIngress", config.ingress))
     decoders = decoder.bind(config)

@@ -33,14 +33,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from engine.errors import RetriableError
+
 logger = logging.getLogger("ray.serve")
 
 CANCEL = "__cancel__"
 READY = -1  # the call id of the child's first message: the object is built (or why not)
 
 
-class EngineProcessExited(RuntimeError):
-    """The engine's process is gone; the replica cannot serve until Serve replaces it."""
+class EngineProcessExited(RetriableError):
+    """The engine's process is gone; the replica cannot serve until Serve replaces it (its health
+    check fails), so the window is worth trying again."""
 
 
 class InProcessEngine:

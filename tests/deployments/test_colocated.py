@@ -19,6 +19,7 @@ from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
 from tests.support.serving import (
     default_app_args,
+    engine_process,
     hang_up_once_decoding,
     running_app,
     statuses_with_a_replica_killed,
@@ -90,6 +91,29 @@ def test_a_client_that_disconnects_mid_decode_frees_its_windows(server_url):
     while metric_sum(server_url, "whisper_decoder_kv_blocks_used") > 0:
         assert time.monotonic() < deadline, "blocks still held"
         time.sleep(0.2)
+
+
+def test_killing_the_engine_process_mid_request_answers_every_request_and_the_replica_is_replaced(
+    client, server_url
+):
+    """The engine's own process dies (an out-of-memory kill, a crash in a kernel): every call in
+    flight fails at once rather than waiting for an answer, and the replica's health check fails,
+    so Serve replaces it."""
+    killed = engine_process()
+    statuses = statuses_with_a_replica_killed(client, "WhisperDecoder", engine_process_only=True)
+    assert not killed.is_running() or killed.status() == "zombie"
+    assert set(statuses) <= {200, 503}, statuses
+    deadline = time.monotonic() + 120
+    while True:  # 503s until Serve has replaced the replica
+        try:
+            with open(SPEECH_DIR / "jfk.flac", "rb") as audio:
+                text = client.audio.transcriptions.create(model="whisper-1", file=audio).text
+            break
+        except openai.APIStatusError as error:
+            assert error.status_code == 503 and time.monotonic() < deadline, error
+            time.sleep(1)
+    assert "ask not what your country" in text
+    assert engine_process().pid != killed.pid
 
 
 def test_killing_the_replica_mid_request_answers_every_request(client, server_url):

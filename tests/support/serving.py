@@ -81,9 +81,32 @@ def hang_up_once_decoding(server_url: str, headers: dict[str, str], clip: Path) 
             time.sleep(0.05)
 
 
-def statuses_with_a_replica_killed(client: openai.OpenAI, deployment: str) -> list[int]:
+def engine_process(deployment: str = "WhisperDecoder"):
+    """The engine's own process (deployments/engine_process.py) under the one replica of
+    ``deployment``, found by the replica's process title, which Ray sets."""
+    import psutil
+
+    replicas = [
+        p
+        for p in psutil.process_iter(["cmdline"])
+        if f"ServeReplica:whisper:{deployment}" in " ".join(p.info["cmdline"] or [])
+    ]
+    assert len(replicas) == 1, replicas
+    engines = [
+        child
+        for child in replicas[0].children()
+        if "spawn_main" in " ".join(child.cmdline()) and "resource_tracker" not in " ".join(child.cmdline())
+    ]
+    assert len(engines) == 1, engines
+    return engines[0]
+
+
+def statuses_with_a_replica_killed(
+    client: openai.OpenAI, deployment: str, engine_process_only: bool = False
+) -> list[int]:
     """Thirteen requests at once (one of them two windows long), and one replica of ``deployment``
-    killed while they run (Serve replaces it): each request's HTTP status."""
+    killed while they run (Serve replaces it), or with ``engine_process_only`` only its engine's
+    process (the replica's health check then fails and Serve replaces it): each request's HTTP status."""
     import ray
 
     clips = [c for c in english_clips() if c.duration_s <= 30][:12] + [
@@ -102,5 +125,8 @@ def statuses_with_a_replica_killed(client: openai.OpenAI, deployment: str) -> li
     with ThreadPoolExecutor(len(clips)) as pool:
         statuses = pool.map(attempt, clips)
         time.sleep(1.0)  # requests are in the encoder's batches and the decoder's loop now
-        ray.kill(replica_actor(deployment), no_restart=True)
+        if engine_process_only:
+            engine_process(deployment).kill()
+        else:
+            ray.kill(replica_actor(deployment), no_restart=True)
         return list(statuses)
