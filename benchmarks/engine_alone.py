@@ -108,7 +108,8 @@ def main() -> None:
     args = parser.parse_args()
     bench_gpu.OUTPUT_TOKENS = args.tokens  # what bench_gpu's requests decode (its default is shorter)
     loaded = load_model(EngineConfig(model=args.model, device=args.device, dtype="bfloat16"))
-    runner = EncoderRunner(loaded)
+    largest_batch = max(args.encoder_batch, *map(int, args.closed_loop_encoder_batches.split(",")))
+    runner = EncoderRunner(loaded, graph_batch_size=largest_batch)  # as the app's replicas run it
     print(
         "| burst, max_num_seqs | requests | tokens/s | requests/s | decode batch | step ms | p50 latency s |"
     )

@@ -90,7 +90,10 @@ class DecoderCore:
         self.batcher: WindowBatcher | None = None
         if config.colocated:
             # Compiles and warms the encoder where it is compiled.
-            self.encoder = OverlappedEncoder(EncoderRunner(self.loaded), project_cross_kv=False)
+            self.encoder = OverlappedEncoder(
+                EncoderRunner(self.loaded, graph_batch_size=config.encoder.max_batch_size),
+                project_cross_kv=False,
+            )
             self.batcher = WindowBatcher(
                 self._encode_windows,
                 config.encoder.max_batch_size,

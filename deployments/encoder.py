@@ -86,7 +86,8 @@ class EncoderDeployment:
         self.loaded.model.decoder.keep_only_cross_kv()
         if config.engine.torch_device.type == "cuda":
             torch.cuda.empty_cache()
-        self.runner = EncoderRunner(self.loaded)  # compiles and warms the encoder where it is compiled
+        # Compiles and warms the encoder where it is compiled, and captures its graphs.
+        self.runner = EncoderRunner(self.loaded, graph_batch_size=config.encoder.max_batch_size)
         logger.info(
             "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder (%s, compiled: %s) "
             "ready in %.1f s",

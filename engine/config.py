@@ -33,6 +33,7 @@ class ResolvedGPUSwitches:
     async_steps: bool
     stepped_prompt_tokens: int
     compile_encoder: bool
+    encoder_cuda_graphs: bool
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
     fp8_encoder: bool
@@ -68,6 +69,12 @@ class GPUSwitches(BaseModel):
         description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
         "between the matrix products); start-up takes ~1 min longer",
     )
+    encoder_cuda_graphs: bool = Field(
+        True,
+        description="replay the encoder's forward from CUDA graphs captured at power-of-two batch sizes "
+        "up to the replica's encoder.max_batch_size (engine/encode/graphs.py): one launch a batch "
+        "instead of hundreds, which a decode loop in the same process would otherwise hold up",
+    )
     fused_encoder_gelu: bool = Field(
         True,
         description="in bf16 or fp16, apply the encoder MLPs' GELU in the first product's cuBLASLt "
@@ -100,6 +107,7 @@ class GPUSwitches(BaseModel):
             async_steps=self.async_steps if self.async_steps is not None else graphs,
             stepped_prompt_tokens=stepped,
             compile_encoder=on_cuda and self.compile_encoder,
+            encoder_cuda_graphs=on_cuda and self.encoder_cuda_graphs,
             fused_encoder_gelu=on_cuda
             and self.fused_encoder_gelu
             and dtype in (torch.bfloat16, torch.float16),

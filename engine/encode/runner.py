@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from engine.encode.graphs import EncoderGraphs
 from engine.kv.storage import to_cache_dtype
-from engine.model.audio import N_SAMPLES, log_mel_spectrogram
+from engine.model.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model.fp8 import fp8_supported, quantize_linears
 from engine.model.loading import LoadedModel
 
@@ -32,7 +33,10 @@ def quantize_encoder_fp8(loaded: LoadedModel) -> None:
 class EncoderRunner:
     """Batches of 30 s windows -> encoder states -> each window's cross-attention K/V."""
 
-    def __init__(self, loaded: LoadedModel):
+    def __init__(self, loaded: LoadedModel, graph_batch_size: int = 0):
+        """``graph_batch_size``: with engine.gpu.encoder_cuda_graphs on a GPU, the largest batch to
+        capture CUDA graphs for (the replica's encoder.max_batch_size); larger batches and 0 run
+        without."""
         self.model = loaded.model
         self.dims = loaded.weights.dims
         self.device = loaded.config.torch_device
@@ -50,12 +54,19 @@ class EncoderRunner:
             # Compile now, not in a request: a second batch size makes the graph batch-dynamic.
             for batch in (1, 2):
                 self.encode(torch.zeros(batch, N_SAMPLES))
+        self.graphs: EncoderGraphs | None = None
+        if switches.encoder_cuda_graphs and graph_batch_size > 0:
+            self.graphs = EncoderGraphs(
+                self.model.encoder, (self.dims.n_mels, N_FRAMES), graph_batch_size, self.device
+            )
 
     @torch.inference_mode()
     def encode(self, windows: torch.Tensor) -> torch.Tensor:
         """windows [N, 480000] float32 samples (padded) -> encoder states [N, 1500, d_model]."""
         mels = log_mel_spectrogram(windows.to(self.device), self.dims.n_mels)
         # In the model's dtype: a CPU's bf16 encoder hands float32 states to the float32 decoder.
+        if self.graphs is not None and len(mels) <= self.graphs.max_batch_size:
+            return self.graphs(mels).to(self.dtype)
         return self.model.encoder(mels).to(self.dtype)
 
     @torch.inference_mode()

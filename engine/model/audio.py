@@ -24,6 +24,7 @@ N_FFT = 400
 HOP_LENGTH = 160
 CHUNK_LENGTH_S = 30
 N_SAMPLES = CHUNK_LENGTH_S * SAMPLE_RATE  # 480000 samples in one encoder window
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000 log-mel frames in one window
 
 
 def pad_or_trim(samples: np.ndarray, length: int = N_SAMPLES) -> np.ndarray:

@@ -97,3 +97,21 @@ def test_fp32_language_detection_in_replayed_steps_equals_transformers():
     <|startoftranscript|> come from a replayed step and pick transformers' language."""
     ours, theirs = decode_both("large-v3-turbo", torch.float32, language=None)
     assert ours == theirs
+
+
+def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states():
+    """Batches replayed from a bucket's graph (3 windows in the bucket of 4, 8 in 8's) and one
+    larger than any bucket (run without) give the states the compiled encoder gives on its own."""
+    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
+    config = EngineConfig(model="large-v3-turbo", device="cuda", dtype="float16", kv_cache_memory_mb=256)
+    loaded = engine_model(hf, bundled_tokenizer("base"), config)
+    plain, graphed = EncoderRunner(loaded), EncoderRunner(loaded, graph_batch_size=8)
+    assert plain.graphs is None and graphed.graphs is not None and graphed.graphs.sizes == [1, 2, 4, 8]
+    audio = windows_of([clip.path for clip in short_english_clips()[:9]]).cuda()
+    for count in (3, 8, 9, 1):
+        expected, states = plain.encode(audio[:count]), graphed.encode(audio[:count])
+        assert states.shape == expected.shape
+        torch.testing.assert_close(states, expected, atol=2e-2, rtol=2e-2)
+    first = graphed.encode(audio[:2])
+    graphed.encode(audio[2:4])  # a later replay of the same bucket must not change what was handed out
+    torch.testing.assert_close(first, plain.encode(audio[:2]), atol=2e-2, rtol=2e-2)
