@@ -28,6 +28,7 @@ def bucket_sizes(max_batch_size: int) -> list[int]:
 
 
 class EncoderGraphs:
+    @torch.inference_mode()
     def __init__(
         self, encoder: nn.Module, mel_shape: tuple[int, int], max_batch_size: int, device: torch.device
     ):

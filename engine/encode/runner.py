@@ -43,6 +43,7 @@ class EncoderRunner:
         self.dtype = loaded.config.torch_dtype
         self.kv_cache_dtype = loaded.config.kv_cache_torch_dtype
         switches = loaded.config.gpu_switches()
+        self.graphs: EncoderGraphs | None = None
         if switches.fp8_encoder:
             quantize_encoder_fp8(loaded)
         elif switches.fused_encoder_gelu:
@@ -54,7 +55,6 @@ class EncoderRunner:
             # Compile now, not in a request: a second batch size makes the graph batch-dynamic.
             for batch in (1, 2):
                 self.encode(torch.zeros(batch, N_SAMPLES))
-        self.graphs: EncoderGraphs | None = None
         if switches.encoder_cuda_graphs and graph_batch_size > 0:
             self.graphs = EncoderGraphs(
                 self.model.encoder, (self.dims.n_mels, N_FRAMES), graph_batch_size, self.device
