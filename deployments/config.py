@@ -157,10 +157,11 @@ class DecoderOptions(ReplicaOptions):
         description="how often each replica reports its free KV blocks to the router",
     )
     engine_process: bool = Field(
-        True,
+        False,
         description="run the engine (and, colocated, the encoder) in a process of its own, so that "
-        "the replica's handling of Serve's calls never takes the decode loop's interpreter; false "
-        "keeps everything in the replica's process",
+        "the replica's handling of Serve's calls never takes the decode loop's interpreter. Off by "
+        "default: its decode steps were faster, but its encoder thread then waited behind the decode "
+        "loop and a colocated turbo replica served fewer tokens a second (benchmarks/RESULTS.md)",
     )
 
 

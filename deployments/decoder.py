@@ -1,7 +1,7 @@
 """DecoderDeployment: the decoder replica Serve runs. It answers Serve's calls and forwards each to
 its DecoderCore (deployments/decoder_core.py: the engine, its loop and, colocated, the encoder),
-which runs in a process of its own (deployments/engine_process.py) unless
-``decoder.engine_process`` is false, so that Serve's per-call Python never shares the decode loop's
+which runs in the replica's process or, with ``decoder.engine_process``, in a process of its own
+(deployments/engine_process.py), where Serve's per-call Python never shares the decode loop's
 interpreter.
 
 A caller that goes away cancels its call here, and the cancellation reaches the core, which aborts

@@ -70,10 +70,12 @@ class GPUSwitches(BaseModel):
         "between the matrix products); start-up takes ~1 min longer",
     )
     encoder_cuda_graphs: bool = Field(
-        True,
+        False,
         description="replay the encoder's forward from CUDA graphs captured at power-of-two batch sizes "
         "up to the replica's encoder.max_batch_size (engine/encode/graphs.py): one launch a batch "
-        "instead of hundreds, which a decode loop in the same process would otherwise hold up",
+        "instead of hundreds, which a decode loop in the same process would otherwise hold up. Off by "
+        "default: beside a colocated decode loop under load, a replayed batch never finished on an "
+        "H200 (benchmarks/RESULTS.md); alone it matches the compiled forward",
     )
     fused_encoder_gelu: bool = Field(
         True,

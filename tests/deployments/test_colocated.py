@@ -33,7 +33,14 @@ pytestmark = pytest.mark.ray
 def server_url():
     args = default_app_args()
     with running_app(
-        {**args, "placement": "colocated", "http": {**args["http"], "max_windows_in_flight": 1}}
+        {
+            **args,
+            "placement": "colocated",
+            "http": {**args["http"], "max_windows_in_flight": 1},
+            # The engine in a process of its own here (deployments/engine_process.py); the other
+            # serving tests run it in the replica's process, the default.
+            "decoder": {**args.get("decoder", {}), "engine_process": True},
+        }
     ) as url:
         yield url
 
