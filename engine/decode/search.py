@@ -108,10 +108,12 @@ class Search:
         copies: list[BlockCopy] = []
         for hypothesis in self.hypotheses:
             table = hypothesis.blocks.self_block_ids
-            before = list(table)
+            size = len(table)
             start = hypothesis.num_computed_tokens
-            copies += self.blocks.prepare_write(table, start, start + len(hypothesis.pending_tokens))
-            hypothesis.tables_changed |= table != before
+            made = self.blocks.prepare_write(table, start, start + len(hypothesis.pending_tokens))
+            if made or len(table) != size:  # a block copied, or one more taken
+                hypothesis.tables_changed = True
+                copies += made
         return copies
 
     def _parents_of(self, hypotheses: list[Request]) -> list[int] | range:
