@@ -23,37 +23,35 @@ class BeamSearch(Search):
     def candidates_wanted(self, hypothesis: Request) -> int:
         return self.beam_size + 1
 
-    def update(self, candidates: list[tuple[Request, Candidates]]) -> bool:
-        ignore_eot = self.window.options.ignore_eot
-        index_of = self._index_of()
+    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),
         # so a sequence is its parent and token. All of a step's candidates are ranked at once:
         # float32 sums (openai-whisper's), best first, equal sums in the order offered.
-        parent_of = [index_of[id(hypothesis)] for hypothesis, _ in candidates]
-        tokens = [offer.tokens for _, offer in candidates]
-        logprobs = np.stack([offer.logprobs for _, offer in candidates])
-        sums_before = np.array([hypothesis.sum_logprob for hypothesis, _ in candidates], dtype=np.float32)
+        parent_of = self._parents_of(hypotheses)
+        width = self.beam_size + 1
+        logprobs = offers.logprobs[:, :width]
+        sums_before = np.array([hypothesis.sum_logprob for hypothesis in hypotheses], dtype=np.float32)
         sums = sums_before[:, None] + logprobs
-        width = sums.shape[1]
+        order = np.argsort(-sums.ravel(), kind="stable").tolist()
+        # Python numbers, read once: indexing numpy arrays element by element costs more.
+        tokens = offers.tokens[:, :width].ravel().tolist()
+        logprob_of, sum_of = logprobs.ravel().tolist(), sums.ravel().tolist()
+        eot = None if self.window.options.ignore_eot else self.eot
         chosen: list[Choice] = []
         newly_finished: list[Choice] = []
-        for flat in np.argsort(-sums.ravel(), kind="stable").tolist():
-            row, column = divmod(flat, width)
-            choice = Choice(
-                parent_of[row], tokens[row][column], float(logprobs[row, column]), float(sums[row, column])
-            )
-            if choice.token == self.eot and not ignore_eot:
+        for flat in order:
+            choice = Choice(parent_of[flat // width], tokens[flat], logprob_of[flat], sum_of[flat])
+            if choice.token == eot:
                 newly_finished.append(choice)
             else:
                 chosen.append(choice)
                 if len(chosen) == self.beam_size:
                     break
-        parents = self._snapshots()
         for choice in newly_finished:
             if len(self.finished) >= self.max_finished:
                 break
-            self._finish_sequence(choice, parents)
-        at_length = self._continue_with(chosen, parents)
+            self._finish_sequence(choice)
+        at_length = self._continue_with(chosen)
         return len(self.finished) >= self.max_finished or at_length
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:

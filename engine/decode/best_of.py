@@ -5,6 +5,7 @@ length), and the best by the same ranking as beam search is the window's text.""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.decode.prompt import FALLBACK_SEED
@@ -31,18 +32,24 @@ class BestOfSamples(Search):
         # The prompt's first token is drawn once per sample; afterwards each sample draws its own.
         return self.samples if not hypothesis.output_tokens and len(self.hypotheses) == 1 else 1
 
-    def update(self, candidates: list[tuple[Request, Candidates]]) -> bool:
-        ignore_eot = self.window.options.ignore_eot
-        index_of = self._index_of()
-        parents = self._snapshots()
+    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
+        eot = None if self.window.options.ignore_eot else self.eot
+        parent_of = self._parents_of(hypotheses)
+        wanted = self.candidates_wanted(hypotheses[0])  # as at launch: nothing has changed since
+        logprobs = offers.logprobs[:, :wanted]
+        sums_before = np.array([hypothesis.sum_logprob for hypothesis in hypotheses], dtype=np.float32)
+        # float32 sums, as openai-whisper keeps them: the same rounding keeps near-ties alike.
+        sums = (sums_before[:, None] + logprobs).tolist()
         chosen: list[Choice] = []
-        for hypothesis, draws in candidates:
-            for choice in draws.choices(index_of[id(hypothesis)], hypothesis.sum_logprob):
-                if choice.token == self.eot and not ignore_eot:
-                    self._finish_sequence(choice, parents)
+        for row, parent in enumerate(parent_of):
+            draws = zip(offers.tokens[row, :wanted].tolist(), logprobs[row].tolist(), sums[row])
+            for token, logprob, sum_logprob in draws:
+                choice = Choice(parent, token, logprob, sum_logprob)
+                if token == eot:
+                    self._finish_sequence(choice)
                 else:
                     chosen.append(choice)
-        at_length = self._continue_with(chosen, parents)
+        at_length = self._continue_with(chosen)
         for hypothesis, generator in zip(self.hypotheses, self.generators):
             hypothesis.generator = generator  # the samples that go on keep drawing independently
         return not chosen or at_length

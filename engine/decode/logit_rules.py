@@ -124,13 +124,10 @@ class LogitRules:
         begin = self.special.timestamp_begin
         histories = []
         for tokens in texts:
-            stamps = [token for token in tokens if token >= begin]
+            # From the end: a step restores every hypothesis's history, and a text only grows.
+            last_stamp = next((token for token in reversed(tokens) if token >= begin), -1)
             histories.append(
-                [
-                    int(tokens[-1] >= begin),
-                    int(len(tokens) < 2 or tokens[-2] >= begin),
-                    stamps[-1] if stamps else -1,
-                ]
+                [int(tokens[-1] >= begin), int(len(tokens) < 2 or tokens[-2] >= begin), last_stamp]
             )
         values = upload(histories, torch.long, self.device).T
         self._history[:, upload(slots, torch.long, self.device)] = values

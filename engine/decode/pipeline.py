@@ -47,7 +47,6 @@ class LaunchedStep:
     computed_after: list[int]  # each row's tokens in the cache once this step has run
     readback: PendingDownload  # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH
     hypothesis_rows: list[int] = field(default_factory=list)  # rows of a search's hypotheses that sampled
-    candidates_wanted: list[int] = field(default_factory=list)  # how many candidates each of them offers
     # [2, len(hypothesis_rows), width] float32: their candidate tokens and log-probabilities.
     candidates: PendingDownload | None = None
     # Per request that sampled with its own generator: the generator's state before this step's draw.
@@ -155,7 +154,6 @@ class StepPipeline:
             readback=PendingDownload(readback),
             generator_states=sampled.generator_states if sampled else {},
             hypothesis_rows=sampled.hypothesis_rows if sampled else [],
-            candidates_wanted=sampled.candidates_wanted if sampled else [],
             candidates=PendingDownload(sampled.candidates) if sampled and sampled.hypothesis_rows else None,
         )
 
@@ -249,14 +247,12 @@ class StepPipeline:
     def read(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's tokens."""
         values = step.readback.wait()
-        tokens = [int(token) for token in values[_TOKEN].tolist()]
-        candidates = {}
+        tokens = values[_TOKEN].astype(np.int64).tolist()
+        candidates = None
         if step.candidates is not None:
             offered = step.candidates.wait()
-            offered_tokens = offered[0].astype(np.int64).tolist()
-            offered_logprobs = offered[1].astype(np.float32)  # a copy: the pinned buffer goes back
-            for index, (row, wanted) in enumerate(zip(step.hypothesis_rows, step.candidates_wanted)):
-                candidates[row] = Candidates(offered_tokens[index][:wanted], offered_logprobs[index, :wanted])
+            # Copies: the pinned buffer goes back for reuse.
+            candidates = Candidates(offered[0].astype(np.int64), offered[1].astype(np.float32))
         return StepOutput(
             step_id=step.step_id,
             batch=step.batch,
@@ -268,4 +264,5 @@ class StepPipeline:
             languages={row: self._language_of_token[tokens[row]] for row in step.detect_rows},
             computed_after=step.computed_after,
             candidates=candidates,
+            candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)},
         )

@@ -78,7 +78,8 @@ class Request:
     @property
     def fed_from_row(self) -> int:
         """The row of the last launched step whose token the first pending token is, or -1 (known here)."""
-        return self.pending_source_row if self.pending_tokens[:1] == [FROM_LAST_STEP] else -1
+        pending = self.pending_tokens
+        return self.pending_source_row if pending and pending[0] == FROM_LAST_STEP else -1
 
     @property
     def num_hypotheses(self) -> int:

@@ -25,9 +25,10 @@ from engine.kv.storage import PagedKVStorage
 from engine.model.whisper import DecoderStepMetadata, Whisper
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class StepRow:
-    """What the runner needs of one request in a step (never the request itself)."""
+    """What the runner needs of one request in a step (never the request itself). Not frozen: a
+    step makes one per row, and a frozen data class costs several times as much to make."""
 
     slot: int  # its block-table row
     tokens: list[int]  # fed this step; the first may be FROM_LAST_STEP
@@ -168,10 +169,16 @@ class ModelRunner:
             fed = row.tokens
             if row.sot_offset >= 0:
                 sot_rows[index] = len(token_ids) + row.sot_offset
-            token_ids.extend(fed)
-            token_sources.extend([row.source_row] + [-1] * (len(fed) - 1))
-            positions.extend(range(start, start + len(fed)))
-            token_rows.extend([index] * len(fed))
+            if len(fed) == 1:  # a decode step's every row: appends, not lists made to extend with
+                token_ids.append(fed[0])
+                token_sources.append(row.source_row)
+                positions.append(start)
+                token_rows.append(index)
+            else:
+                token_ids.extend(fed)
+                token_sources.extend([row.source_row] + [-1] * (len(fed) - 1))
+                positions.extend(range(start, start + len(fed)))
+                token_rows.extend([index] * len(fed))
             query_start.append(len(token_ids))
             self_lens.append(start + len(fed))
             last_index.append(len(token_ids) - 1)

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from engine.decode.beam_search import BeamSearch
 from engine.decode.best_of import BestOfSamples
 from engine.decode.request import Request, RequestStatus
-from engine.decode.search import Candidates, Search
+from engine.decode.search import Search
 from engine.decode.step_output import StepOutput
 from engine.errors import CacheFullError, RequestRejectedError
 from engine.kv.block_pool import BlockPool, RequestBlocks, blocks_needed
@@ -214,7 +214,7 @@ class Scheduler:
     def update_from_output(self, output: StepOutput) -> list[tuple[Request, FinishReason]]:
         """Append a read step's tokens to their requests; return the requests that reached a stop."""
         stopped: list[tuple[Request, FinishReason]] = []
-        offered: dict[Search, list[tuple[Request, Candidates]]] = {}
+        offered: dict[Search, list[int]] = {}  # a search's rows that offered candidates
         for row, request in enumerate(output.batch):
             if request.status == RequestStatus.FINISHED or request.epoch != output.epochs[row]:
                 continue  # ended, or started again, since: the row is stale
@@ -238,7 +238,7 @@ class Scheduler:
                     stopped.append((window, FinishReason.ERROR))
                 continue
             if request.hypothesis_of is not None:
-                offered.setdefault(request.hypothesis_of, []).append((request, output.candidates[row]))
+                offered.setdefault(request.hypothesis_of, []).append(row)
                 continue
             request.sum_logprob += output.logprobs[row]
             if token == self.eot and not request.options.ignore_eot:
@@ -249,8 +249,11 @@ class Scheduler:
             full = output.computed_after[row] + 1 >= self.n_text_ctx
             if len(request.output_tokens) >= request.max_tokens or full:
                 stopped.append((request, FinishReason.LENGTH))
-        for search, candidates in offered.items():
-            if search.window.error is None and search.update(candidates):
+        for search, rows in offered.items():
+            if search.window.error is not None:
+                continue
+            offers = output.candidates.select([output.candidate_index[row] for row in rows])
+            if search.update([output.batch[row] for row in rows], offers):
                 stopped.append((search.window, search.finish()))
         return stopped
 

@@ -20,7 +20,9 @@ next is launched (the engine does not run a step ahead while a search runs).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,45 +34,28 @@ from engine.types import FinishReason
 
 @dataclass(frozen=True)
 class Candidates:
-    """What a step read back for one hypothesis: tokens it offers to go on with, and their
-    log-probabilities (its likeliest tokens best first, or its draws)."""
+    """What a step read back for hypotheses, one row each: the tokens each offers to go on with
+    (its likeliest tokens best first, or its draws) and their log-probabilities. A hypothesis that
+    offers fewer than ``width`` uses its row's first ones."""
 
-    tokens: list[int]
-    logprobs: np.ndarray  # float32
+    tokens: np.ndarray  # [rows, width] int64
+    logprobs: np.ndarray  # [rows, width] float32
 
-    def sums_after(self, sum_logprob: float) -> list[float]:
-        """``sum_logprob`` plus each candidate's log-probability. openai-whisper keeps the sums in
-        a float32 tensor: the same rounding keeps near-ties alike."""
-        return (np.float32(sum_logprob) + self.logprobs).tolist()
-
-    def choices(self, parent: int, sum_logprob: float) -> list[Choice]:
-        """Each candidate as a continuation of hypothesis ``parent`` (whose sum is ``sum_logprob``)."""
-        sums = self.sums_after(sum_logprob)
-        return [
-            Choice(parent, token, logprob, total)
-            for token, logprob, total in zip(self.tokens, self.logprobs.tolist(), sums)
-        ]
+    def select(self, rows: list[int]) -> Candidates:
+        """The rows ``rows`` (increasing); a view when they are consecutive (a search's hypotheses are)."""
+        if rows[-1] - rows[0] == len(rows) - 1:
+            return Candidates(self.tokens[rows[0] : rows[-1] + 1], self.logprobs[rows[0] : rows[-1] + 1])
+        return Candidates(self.tokens[rows], self.logprobs[rows])
 
 
-@dataclass(frozen=True)
-class Choice:
-    """A sequence the search may go on with: a parent hypothesis's tokens and one more."""
+class Choice(NamedTuple):
+    """A sequence the search may go on with: a parent hypothesis's tokens and one more. (A tuple,
+    not a data class: a step makes several per hypothesis, on the host's critical path.)"""
 
     parent: int  # index of the hypothesis it continues
     token: int
     logprob: float  # of ``token``
     sum_logprob: float
-
-
-@dataclass(frozen=True)
-class _Snapshot:
-    """A hypothesis's text and blocks as the step found them. Hypotheses are reassigned every step,
-    each to new lists, so the snapshot holds the old lists rather than copies."""
-
-    tokens: list[int]
-    logprobs: list[float]
-    sum_logprob: float
-    self_block_ids: list[int]
 
 
 class Search:
@@ -94,8 +79,9 @@ class Search:
         """How many candidate tokens the hypothesis offers this step."""
         raise NotImplementedError
 
-    def update(self, candidates: list[tuple[Request, Candidates]]) -> bool:
-        """Take a step's candidates; returns whether the search is over."""
+    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
+        """Take a step's candidates (row i offered by ``hypotheses[i]``); returns whether the
+        search is over."""
         raise NotImplementedError
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:
@@ -122,56 +108,77 @@ class Search:
         copies: list[BlockCopy] = []
         for hypothesis in self.hypotheses:
             table = hypothesis.blocks.self_block_ids
-            before = list(table)
+            size = len(table)
             start = hypothesis.num_computed_tokens
-            copies += self.blocks.prepare_write(table, start, start + len(hypothesis.pending_tokens))
-            hypothesis.tables_changed |= table != before
+            made = self.blocks.prepare_write(table, start, start + len(hypothesis.pending_tokens))
+            if made or len(table) != size:  # a block copied, or one more taken
+                hypothesis.tables_changed = True
+                copies += made
         return copies
 
-    def _index_of(self) -> dict[int, int]:
-        return {id(hypothesis): index for index, hypothesis in enumerate(self.hypotheses)}
+    def _parents_of(self, hypotheses: list[Request]) -> list[int] | range:
+        """Each offering hypothesis's index in ``self.hypotheses`` (usually all of them, in order)."""
+        if len(hypotheses) == len(self.hypotheses) and all(map(operator.is_, hypotheses, self.hypotheses)):
+            return range(len(hypotheses))
+        index_of = {id(hypothesis): index for index, hypothesis in enumerate(self.hypotheses)}
+        return [index_of[id(hypothesis)] for hypothesis in hypotheses]
 
-    def _snapshots(self) -> list[_Snapshot]:
-        return [
-            _Snapshot(h.output_tokens, h.output_logprobs, h.sum_logprob, h.blocks.self_block_ids)
-            for h in self.hypotheses
-        ]
-
-    def _finish_sequence(self, choice: Choice, parents: list[_Snapshot]) -> None:
-        parent = parents[choice.parent]
-        self.finished[(*parent.tokens, choice.token)] = (
+    def _finish_sequence(self, choice: Choice) -> None:
+        """Call before ``_continue_with``: it reuses the parents' lists."""
+        parent = self.hypotheses[choice.parent]
+        self.finished[(*parent.output_tokens, choice.token)] = (
             choice.sum_logprob,
-            (*parent.logprobs, choice.logprob),
+            (*parent.output_logprobs, choice.logprob),
         )
 
-    def _continue_with(self, chosen: list[Choice], parents: list[_Snapshot]) -> bool:
+    def _continue_with(self, chosen: list[Choice]) -> bool:
         """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
         whether the search has reached the window's length."""
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
             self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)
+        parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in self.hypotheses]
+        # A parent's first continuation takes over its lists (appending to them) and its hold on its
+        # blocks; any other continuation copies them, before anything is appended. Copying every
+        # hypothesis's text every step would cost the host time in proportion to its length.
+        continued: set[int] = set()
+        copied: list[tuple[list[int], list[float], list[int]] | None] = []
+        for choice in chosen:
+            tokens, logprobs, table = parents[choice.parent]
+            if choice.parent in continued:
+                copied.append(([*tokens, choice.token], [*logprobs, choice.logprob], self.blocks.fork(table)))
+            else:
+                continued.add(choice.parent)
+                copied.append(None)
+        for index, (_, _, table) in enumerate(parents):
+            if index not in continued:
+                self.blocks.drop(table)
         while len(self.hypotheses) < len(chosen):
             self.hypotheses.append(self._hypothesis(len(self.hypotheses), self.hypotheses[0]))
-        tables = [self.blocks.fork(parents[choice.parent].self_block_ids) for choice in chosen]
-        for parent in parents:
-            self.blocks.drop(parent.self_block_ids)
         computed = self.hypotheses[0].num_computed_tokens
-        for hypothesis, choice, table in zip(self.hypotheses, chosen, tables):
-            # New lists, never appended to in place: the step's snapshots hold the old ones.
-            hypothesis.output_tokens = [*parents[choice.parent].tokens, choice.token]
-            hypothesis.output_logprobs = [*parents[choice.parent].logprobs, choice.logprob]
+        for hypothesis, choice, copy in zip(self.hypotheses, chosen, copied):
+            if copy is None:
+                tokens, logprobs, table = parents[choice.parent]
+                tokens.append(choice.token)
+                logprobs.append(choice.logprob)
+            else:
+                tokens, logprobs, table = copy
+            hypothesis.output_tokens, hypothesis.output_logprobs = tokens, logprobs
             hypothesis.sum_logprob = choice.sum_logprob
+            # Its block-table row is rewritten only if its blocks are not the ones already there.
+            previous = hypothesis.blocks.self_block_ids
+            hypothesis.tables_changed |= table is not previous and table != previous
             hypothesis.blocks.self_block_ids = table
-            hypothesis.tables_changed = True
             hypothesis.num_computed_tokens = computed
             hypothesis.pending_tokens = [choice.token]
             hypothesis.unread_tokens = 0
         for hypothesis in self.hypotheses[len(chosen) :]:
             hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
             hypothesis.blocks.self_block_ids = []
+            hypothesis.output_tokens, hypothesis.output_logprobs = [], []  # their lists may be taken over
         self.retired += self.hypotheses[len(chosen) :]
         del self.hypotheses[len(chosen) :]
-        length = len(parents[chosen[0].parent].tokens) + 1 if chosen else 0
+        length = len(self.hypotheses[0].output_tokens) if chosen else 0
         return length >= self.window.max_tokens or len(self.window.prompt_tokens) + length >= self.n_text_ctx
 
     def finish(self) -> FinishReason:

@@ -21,4 +21,6 @@ class StepOutput:
     no_speech_probs: dict[int, float]  # rows that fed <|startoftranscript|>
     languages: dict[int, str]  # rows whose language was detected
     computed_after: list[int]
-    candidates: dict[int, Candidates] = field(default_factory=dict)  # hypotheses' rows
+    # What the hypotheses' rows offered: row ``candidate_index[row]`` of ``candidates``.
+    candidates: Candidates | None = None
+    candidate_index: dict[int, int] = field(default_factory=dict)

@@ -52,11 +52,14 @@ class DeviceBlockTables:
         if not rows:
             return
         width = self.self_tables.shape[1]
-        padded = np.full((len(rows), width), self.null_block, dtype=np.int32)
-        for index, block_ids in enumerate(rows.values()):
+        # One flat list, one array: filling a numpy row from a list costs more than the list's work.
+        padded: list[int] = []
+        for block_ids in rows.values():
             if len(block_ids) > width:
                 raise ValueError(f"{len(block_ids)} blocks do not fit a table row of {width}")
-            padded[index, : len(block_ids)] = block_ids
+            padded += block_ids
+            padded += [self.null_block] * (width - len(block_ids))
+        padded = np.array(padded, dtype=np.int32).reshape(len(rows), width)
         device = self.self_tables.device
         self.self_tables.index_copy_(
             0, upload(list(rows), torch.long, device), upload(padded, torch.int32, device)
