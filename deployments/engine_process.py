@@ -97,6 +97,7 @@ class EngineProcess:
         self._pending_lock = threading.Lock()
         self._call_ids = itertools.count()
         self._exited = False
+        self._closing = False
         self._reader = threading.Thread(target=self._read_answers, name="engine-answers", daemon=True)
         self._reader.start()
 
@@ -118,6 +119,7 @@ class EngineProcess:
 
     def close(self) -> None:
         """Ends the child: its pipe closes and it exits; killed if it does not within 10 s."""
+        self._closing = True
         self._conn.close()
         self._process.join(timeout=10)
         if self._process.is_alive():
@@ -156,8 +158,9 @@ class EngineProcess:
                 future.set_result(value)
             else:
                 future.set_exception(value)
-        code = self._process.exitcode if not self._process.is_alive() else None
-        logger.error("the engine process exited (exit code %s); failing the calls in flight", code)
+        if not self._closing:
+            code = self._process.exitcode if not self._process.is_alive() else None
+            logger.error("the engine process exited (exit code %s); failing the calls in flight", code)
         self._fail_pending(EngineProcessExited("the engine process exited; the replica is being replaced"))
 
     def _fail_pending(self, error: Exception) -> None:
