@@ -37,6 +37,7 @@ class ResolvedGPUSwitches:
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
     fp8_encoder: bool
+    decode_stream_first: bool
 
 
 class GPUSwitches(BaseModel):
@@ -74,8 +75,14 @@ class GPUSwitches(BaseModel):
         description="replay the encoder's forward from CUDA graphs captured at power-of-two batch sizes "
         "up to the replica's encoder.max_batch_size (engine/encode/graphs.py): one launch a batch "
         "instead of hundreds, which a decode loop in the same process would otherwise hold up. Off by "
-        "default: beside a colocated decode loop under load, a replayed batch never finished on an "
-        "H200 (benchmarks/RESULTS.md); alone it matches the compiled forward",
+        "default: beside a colocated decode loop it served no more tokens a second on an H200 "
+        "(benchmarks/RESULTS.md)",
+    )
+    decode_stream_first: bool = Field(
+        False,
+        description="a colocated replica steps the decoder on a CUDA stream of the highest priority, so "
+        "that while the encoder runs beside it on the same GPU, the GPU schedules a decode step's "
+        "kernels ahead of the encoder's (a step's latency is every live window's)",
     )
     fused_encoder_gelu: bool = Field(
         True,
@@ -115,6 +122,7 @@ class GPUSwitches(BaseModel):
             and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
             fp8_encoder=on_cuda and self.fp8_encoder,
+            decode_stream_first=on_cuda and self.decode_stream_first,
         )
 
 

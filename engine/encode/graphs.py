@@ -10,6 +10,13 @@ that holds it; the rows past the batch hold whatever the bucket's input last hel
 harmless: the encoder treats each window on its own. The output is copied out of the graph's
 memory, because the next replay writes over it while a decoder may still read these states. All
 buckets share one memory pool (they never run at once: one encoder stream replays them in turn).
+
+They are captured on a stream of their own, not torch's default capture stream. cuBLAS gives each
+stream its own workspace, and a captured product keeps the workspace of the stream it was captured
+on. Captured on the default capture stream, the encoder's products would share a workspace with
+the decode step's graphs (engine/decode/cuda_graphs.py). Replayed at the same time on two streams,
+the two would write over each other's split-K partial sums and counters. On an H200 that hung the
+GPU at 100% busy, with both streams waiting, until the decode graphs were turned off.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ class EncoderGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         warmup = torch.cuda.Stream(device=device)
         warmup.wait_stream(torch.cuda.current_stream(device))
+        capture = torch.cuda.Stream(device=device)  # its own cuBLAS workspace: see the module's doc
         pool = None
         for size in reversed(self.sizes):  # the largest first: the smaller ones fit in its memory
             mels = torch.zeros(size, *mel_shape, device=device)
@@ -47,7 +55,7 @@ class EncoderGraphs:
                     encoder(mels)
             torch.cuda.current_stream(device).wait_stream(warmup)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=capture):
                 self.outputs[size] = encoder(mels)
             pool = graph.pool() if pool is None else pool
             self.inputs[size], self.graphs[size] = mels, graph
