@@ -11,12 +11,13 @@ harmless: the encoder treats each window on its own. The output is copied out of
 memory, because the next replay writes over it while a decoder may still read these states. All
 buckets share one memory pool (they never run at once: one encoder stream replays them in turn).
 
-They are captured on a stream of their own, not torch's default capture stream. cuBLAS gives each
-stream its own workspace, and a captured product keeps the workspace of the stream it was captured
-on. Captured on the default capture stream, the encoder's products would share a workspace with
-the decode step's graphs (engine/decode/cuda_graphs.py). Replayed at the same time on two streams,
-the two would write over each other's split-K partial sums and counters. On an H200 that hung the
-GPU at 100% busy, with both streams waiting, until the decode graphs were turned off.
+They are captured on a stream of their own, not torch's default capture stream. PyTorch gives each
+stream its own cuBLAS workspace, and a captured product keeps the workspace of the stream it was
+captured on. On the default capture stream, the encoder's products would share a workspace with
+the decode step's graphs (engine/decode/cuda_graphs.py), and two replays running at once on two
+streams would write over each other's split-K scratch. That is the likely cause of a hang seen on
+an H200 (the GPU 100% busy, both streams waiting): it went away with the decode graphs off, and
+with the encoder's graphs on a capture stream of their own (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
