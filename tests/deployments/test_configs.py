@@ -108,3 +108,15 @@ def test_the_kuberay_example_serves_valid_args_and_its_worker_groups_offer_the_r
         for key in yaml.safe_load(group["rayStartParams"]["resources"].strip('"').replace('\\"', '"'))
     }
     assert set(config.encoder.resources) | set(config.decoder.resources) <= offered
+
+
+def test_every_gpu_speed_switch_asked_for_is_on_for_cuda_and_off_on_a_cpu():
+    from engine.config import EngineConfig, GPUSwitches
+
+    asked = {name: True for name, field in GPUSwitches.model_fields.items() if field.annotation is bool}
+    on_cuda = EngineConfig(device="cuda", dtype="float16", gpu=asked).gpu_switches()
+    on_cpu = EngineConfig(device="cpu", gpu=asked).gpu_switches()
+    assert "decode_stream_first" in asked and "encoder_cuda_graphs" in asked
+    for name in asked:
+        assert getattr(on_cuda, name), f"{name} is off for CUDA in float16 when asked for"
+        assert not getattr(on_cpu, name), f"{name} is on for a CPU"
