@@ -1,6 +1,5 @@
 """Beam search's cost, in one run: requests/s at beam 5 against greedy for our engine, and against
-transformers' generate(num_beams=5) at the same batch, and beam 5 with searches not taking turns
-(engine/decode/scheduler.py's ``alternate_searches`` off), on random weights of the real shapes, every
+transformers' generate(num_beams=5) at the same batch, on random weights of the real shapes, every
 window decoding a fixed number of tokens (end of text ignored, so both sides do the same work).
 
 Each row decodes ``--windows`` windows submitted at once (their cross-attention K/V already in
@@ -65,14 +64,9 @@ def run_windows(
     return time.perf_counter() - start, steps
 
 
-def ours_req_per_s(
-    loaded, device: str, windows: int, beam_size: int, tokens: int, searches_take_turns: bool = True
-) -> float:
-    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens.
-    ``searches_take_turns=False``: every search in every step it can run, as before searches took
-    turns (with async steps that is a step read before the next is launched)."""
+def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: int) -> float:
+    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens."""
     engine, cross_kv, options = beam_engine(loaded, device, windows, beam_size, tokens)
-    engine.scheduler.alternate_searches &= searches_take_turns
     run_windows(engine, cross_kv, options, min(windows, 2))  # warm-up: the prompt's and decode steps' kernels
     return windows / run_windows(engine, cross_kv, options, windows)[0]
 
@@ -131,8 +125,6 @@ def main() -> None:
             release_memory(args.device)  # the last engine's KV pool
             beam = ours_req_per_s(loaded, args.device, windows, beams, args.tokens)
             release_memory(args.device)
-            no_turns = ours_req_per_s(loaded, args.device, windows, beams, args.tokens, False)
-            release_memory(args.device)
             theirs = (
                 hf_req_per_s(hf, loaded.tokenizer, args.device, windows, beams, args.tokens)
                 if windows == args.hf_windows
@@ -145,7 +137,6 @@ def main() -> None:
                     round(greedy, 2),
                     round(beam, 2),
                     round(greedy / beam, 2),
-                    round(no_turns, 2),
                     round(theirs, 2) if theirs else "-",
                     round(beam / theirs, 2) if theirs else "-",
                 ]
@@ -159,7 +150,6 @@ def main() -> None:
         "ours greedy req/s",
         f"ours beam {beams} req/s",
         f"greedy / beam {beams}",
-        f"ours beam {beams}, searches not taking turns, req/s",
         f"transformers beam {beams} req/s",
         f"ours / transformers, beam {beams}",
     ]

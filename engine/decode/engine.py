@@ -92,7 +92,6 @@ class DecoderEngine:
             eot=self.tokenizer.special.eot,
             n_text_ctx=dims.n_text_ctx,
             consecutive_cross_blocks=self.runner.backend.prefers_consecutive_blocks,
-            alternate_searches=self.async_steps,
         )
         self.rules = LogitRules(
             self.tokenizer,
@@ -200,7 +199,9 @@ class DecoderEngine:
         launched = self.pipeline.launch(scheduled.batch)
         if launched is not None:
             self.timings.count_step(len(launched.batch))
-        for to_read in self.pipeline.steps_to_read(launched):
+        # A search chooses its hypotheses' next tokens on the host: while one runs, no step runs
+        # ahead of reading.
+        for to_read in self.pipeline.steps_to_read(launched, overlap=not self.scheduler.has_searches):
             finished += self._read(to_read)
         self._stats = self._take_stats()
         return finished

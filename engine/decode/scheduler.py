@@ -24,12 +24,7 @@ delays batch work by at most that long, never forever).
 A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search.py)
 reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
 worth of self-attention blocks, and its prompt's blocks; it counts as that many sequences against
-``max_num_seqs``, and steps its hypotheses, each a row of the batch. A search chooses its next
-tokens on the host from what a step offered, so it sits out the steps launched before that step is
-read. With async steps (a step is read after the next one is launched) a search therefore steps
-every other step, and the scheduler splits the searches into two halves that take turns
-(``alternate_searches``): while the device runs one half's step, the host reads and chooses for
-the other half's, instead of the device waiting for the host's choices and the host for the device.
+``max_num_seqs``, and steps its hypotheses, each a row of the batch.
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
@@ -87,14 +82,11 @@ class Scheduler:
         n_text_ctx: int = 448,
         clock: Callable[[], float] = time.monotonic,
         consecutive_cross_blocks: bool = False,
-        alternate_searches: bool = False,
     ):
         """``consecutive_cross_blocks``: take each window's cross-attention blocks as one run of
-        consecutive ids where the pool has one (the attention backend reads runs in place).
-        ``alternate_searches``: searches take turns in two halves (the engine's steps are async)."""
+        consecutive ids where the pool has one (the attention backend reads runs in place)."""
         self.pool = pool
         self.consecutive_cross_blocks = consecutive_cross_blocks
-        self.alternate_searches = alternate_searches
         self.eot = eot  # end of text: a sampled eot stops a request (None: only length stops)
         self.n_text_ctx = n_text_ctx
         self.clock = clock
@@ -120,6 +112,10 @@ class Scheduler:
     def num_sequences(self) -> int:
         """Sequences running: a window decoded as several hypotheses counts each of them."""
         return sum(request.max_hypotheses for request in self.running)
+
+    @property
+    def has_searches(self) -> bool:
+        return any(request.search is not None for request in self.running)
 
     def add(self, request: Request) -> None:
         if request.max_hypotheses > self.max_num_seqs:
@@ -156,30 +152,17 @@ class Scheduler:
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
-        stepping = [request for request in self.running if not request.cross_kv_loading]
-        batch = [request for request in stepping if request.search is None]
+        batch: list[Request] = []
         copies: list[BlockCopy] = []
-        for search in self._searches_to_step([r.search for r in stepping if r.search is not None]):
-            batch += search.hypotheses
-            copies += search.prepare_step()
+        for request in self.running:
+            if request.cross_kv_loading:
+                continue
+            if request.search is None:
+                batch.append(request)
+            else:
+                batch += request.search.hypotheses
+                copies += request.search.prepare_step()
         return ScheduledStep(admitted=admitted, batch=batch, block_copies=copies)
-
-    def _searches_to_step(self, searches: list[Search]) -> list[Search]:
-        """The searches whose last step has been read; with ``alternate_searches``, about half of all
-        hypotheses: those waited longest first, until this step holds as many as the step in flight
-        (a search alone always steps). One that waits now is among the first next time."""
-        ready = [search for search in searches if not search.awaits_read]
-        if not self.alternate_searches:
-            return ready
-        total = sum(len(search.hypotheses) for search in searches)
-        ready.sort(key=lambda search: search.last_launched)
-        stepping, rows = [], 0
-        for search in ready:
-            if 2 * rows >= total:
-                break
-            stepping.append(search)
-            rows += len(search.hypotheses)
-        return stepping
 
     def _allocate(self, request: Request, needed_blocks: int) -> None:
         allocate = self.pool.allocate_consecutive if self.consecutive_cross_blocks else self.pool.allocate

@@ -13,9 +13,8 @@ the search is over, the finished hypothesis with the best sum of log-probabiliti
 (or the length penalty of Google's NMT paper) is the window's text (openai-whisper's
 MaximumLikelihoodRanker).
 
-The choice needs every candidate on the host, so a search sits out any step launched before its
-last one has been read (``awaits_read``); with async steps the scheduler lets searches take turns
-(engine/decode/scheduler.py).
+The choice needs every candidate on the host, so a step with hypotheses in it is read before the
+next is launched (the engine does not run a step ahead while a search runs).
 """
 
 from __future__ import annotations
@@ -75,17 +74,6 @@ class Search:
         self.retired: list[Request] = []  # hypotheses with nothing left to continue: slots to give back
         self.finished: dict[tuple[int, ...], tuple[float, tuple[float, ...]]] = {}  # tokens + eot -> sums
         self.prompt_block_ids: list[int] = []  # the prompt's blocks, held at the first fork for a restart
-
-    @property
-    def awaits_read(self) -> bool:
-        """Whether its hypotheses offered candidates in a step not read yet: the next tokens are
-        not chosen. (A hypothesis still feeding the prompt offers none and may step again.)"""
-        return bool(self.hypotheses) and self.hypotheses[0].unread_tokens > 0
-
-    @property
-    def last_launched(self) -> int:
-        """The step its hypotheses last ran in (-1: none yet)."""
-        return self.hypotheses[0].launched_in if self.hypotheses else -1
 
     def candidates_wanted(self, hypothesis: Request) -> int:
         """How many candidate tokens the hypothesis offers this step."""

@@ -197,31 +197,6 @@ def test_beam_and_greedy_windows_share_steps_and_each_decodes_as_it_would_alone(
     assert together["b1"].segments and together["b1"].segments[0].end_s > 0
 
 
-def test_with_async_steps_searches_take_turns_and_none_steps_before_its_last_step_is_read(
-    tiny_en, cross_kvs
-):
-    engine = engine_with(tiny_en, async_steps=True)
-    beams = DecodeOptions(beam_size=3)
-    for index in range(4):
-        engine.submit(engine.make_request(beams, CrossKVTensor(cross_kvs[index]), f"b{index}"))
-    stepped: list[set[int]] = []  # per step: the searches whose hypotheses it launched
-    results = {}
-    while engine.has_work:
-        results |= {result.request_id: result for result in engine.step()}
-        launched = engine.pipeline.in_flight  # async: launched by this step, read by the next
-        rows = launched.batch if launched is not None else []
-        stepped.append({id(row.hypothesis_of) for row in rows if row.hypothesis_of is not None})
-    for before, after in zip(stepped, stepped[1:]):
-        assert not before & after, "a search stepped again before its last step was read"
-    with_searches = [len(searches) for searches in stepped if searches]
-    # Four searches of three hypotheses in two halves that take turns: two in each step while all run.
-    assert max(with_searches) == 2 and with_searches.count(2) >= 10, with_searches
-    for index in range(4):
-        alone = decode_all(engine_with(tiny_en), cross_kvs, {"alone": (index, beams)})
-        assert results[f"b{index}"].tokens == alone["alone"].tokens, index
-    assert engine.pool.num_free_blocks == engine.pool.num_blocks
-
-
 def test_beams_count_against_max_num_seqs_and_a_beam_larger_than_it_is_refused(tiny_en, cross_kvs):
     engine = engine_with(tiny_en, max_num_seqs=8)
     for index in range(3):
@@ -276,11 +251,10 @@ def test_best_of_keeps_the_best_ranked_of_independent_samples_and_repeats_with_i
 
 
 @pytest.mark.parametrize("beam_size", [5, 1], ids=["from-beams", "from-greedy"])
-@pytest.mark.parametrize("async_steps", [False, True])
 def test_a_window_that_fails_the_thresholds_restarts_as_best_of_samples_on_its_own_blocks(
-    tiny_en, cross_kvs, beam_size, async_steps
+    tiny_en, cross_kvs, beam_size
 ):
-    engine = engine_with(tiny_en, max_num_seqs=8, async_steps=async_steps)
+    engine = engine_with(tiny_en, max_num_seqs=8)
     # A log-probability threshold no text meets: every attempt fails, up to the last temperature.
     fallback = FallbackOptions(logprob_threshold=0.0, no_speech_threshold=None)
     options = DecodeOptions(beam_size=beam_size, best_of=3, fallback=fallback)
