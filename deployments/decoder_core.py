@@ -88,16 +88,11 @@ class DecoderCore:
         )
         self.encoder: OverlappedEncoder | None = None
         self.batcher: WindowBatcher | None = None
-        # The stream the decode loop steps on; None: the thread's default stream.
-        self.decode_stream: torch.cuda.Stream | None = None
-        if config.engine.gpu_switches().decode_stream_first:
-            self.decode_stream = torch.cuda.Stream(config.engine.torch_device, priority=-100)  # the highest
         if config.colocated:
             # Compiles and warms the encoder where it is compiled.
             self.encoder = OverlappedEncoder(
                 EncoderRunner(self.loaded, graph_batch_size=config.encoder.max_batch_size),
                 project_cross_kv=False,
-                consumer_stream=self.decode_stream,
             )
             self.batcher = WindowBatcher(
                 self._encode_windows,
@@ -210,10 +205,6 @@ class DecoderCore:
                 self._waiters.pop(request.request_id, None)
 
     def _run_loop(self) -> None:
-        with torch.cuda.stream(self.decode_stream):  # no-op for None
-            self._step_until_stopped()
-
-    def _step_until_stopped(self) -> None:
         while not self._stopping:
             if not self.engine.has_work:
                 self._work.wait(timeout=0.5)

@@ -37,7 +37,6 @@ class ResolvedGPUSwitches:
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
     fp8_encoder: bool
-    decode_stream_first: bool
 
 
 class GPUSwitches(BaseModel):
@@ -78,12 +77,6 @@ class GPUSwitches(BaseModel):
         "default: beside a colocated decode loop it served no more tokens a second on an H200 "
         "(benchmarks/RESULTS.md)",
     )
-    decode_stream_first: bool = Field(
-        False,
-        description="a colocated replica steps the decoder on a CUDA stream of the highest priority, so "
-        "that while the encoder runs beside it on the same GPU, the GPU schedules a decode step's "
-        "kernels ahead of the encoder's (a step's latency is every live window's)",
-    )
     fused_encoder_gelu: bool = Field(
         True,
         description="in bf16 or fp16, apply the encoder MLPs' GELU in the first product's cuBLASLt "
@@ -122,7 +115,6 @@ class GPUSwitches(BaseModel):
             and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
             fp8_encoder=on_cuda and self.fp8_encoder,
-            decode_stream_first=on_cuda and self.decode_stream_first,
         )
 
 

@@ -35,18 +35,10 @@ from engine.encode.runner import EncoderRunner
 class OverlappedEncoder:
     """At most one encoder batch in flight; ``submit`` starts it, ``take`` collects it when done."""
 
-    def __init__(
-        self,
-        runner: EncoderRunner,
-        *,
-        project_cross_kv: bool,
-        overlap: bool | None = None,
-        consumer_stream: torch.cuda.Stream | None = None,
-    ):
+    def __init__(self, runner: EncoderRunner, *, project_cross_kv: bool, overlap: bool | None = None):
         """A batch yields encoder states [N, 1500, d], or with ``project_cross_kv`` each window's
         cross-attention K/V (``EncoderRunner.cross_kv``). ``overlap``: encode on the worker thread
-        (default: on a GPU only); False encodes at submit time on the caller's stream.
-        ``consumer_stream``: the stream the states are read on (default: the current one)."""
+        (default: on a GPU only); False encodes at submit time on the caller's stream."""
         self.runner = runner
         self.project_cross_kv = project_cross_kv
         self.overlaps = runner.device.type == "cuda" if overlap is None else overlap
@@ -55,9 +47,7 @@ class OverlappedEncoder:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder") if self.overlaps else None
         )
         self._stream = torch.cuda.Stream(device=runner.device) if on_gpu else None
-        self._consumer_stream = (
-            (consumer_stream or torch.cuda.current_stream(runner.device)) if on_gpu else None
-        )
+        self._consumer_stream = torch.cuda.current_stream(runner.device) if on_gpu else None
         self._in_flight: Future | None = None
 
     @property
