@@ -8,15 +8,18 @@ These run where CUDA is (the lent GPU machine: see benchmarks/RESULTS.md); witho
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from benchmarks.gpu_models import engine_model, random_hf_whisper
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine
+from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
-from engine.model.audio import log_mel_spectrogram
+from engine.model.audio import N_SAMPLES, log_mel_spectrogram
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion_by_id
 from tests.support.hf_reference import hf_greedy_as_engine
@@ -103,7 +106,13 @@ def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states():
     """Batches replayed from a bucket's graph (3 windows in the bucket of 4, 8 in 8's) and one
     larger than any bucket (run without) give the states the compiled encoder gives on its own."""
     hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
-    config = EngineConfig(model="large-v3-turbo", device="cuda", dtype="float16", kv_cache_memory_mb=256)
+    config = EngineConfig(
+        model="large-v3-turbo",
+        device="cuda",
+        dtype="float16",
+        kv_cache_memory_mb=256,
+        gpu={"encoder_cuda_graphs": True},
+    )
     loaded = engine_model(hf, bundled_tokenizer("base"), config)
     plain, graphed = EncoderRunner(loaded), EncoderRunner(loaded, graph_batch_size=8)
     assert plain.graphs is None and graphed.graphs is not None and graphed.graphs.sizes == [1, 2, 4, 8]
@@ -115,3 +124,48 @@ def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states():
     first = graphed.encode(audio[:2])
     graphed.encode(audio[2:4])  # a later replay of the same bucket must not change what was handed out
     torch.testing.assert_close(first, plain.encode(audio[:2]), atol=2e-2, rtol=2e-2)
+
+
+def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_finish():
+    """The colocated layout: encoder batches replayed from their graphs on the encoder's stream while
+    decode steps replay theirs on the decode loop's. Captured on torch's one default capture stream,
+    both sets of graphs shared a cuBLAS workspace, and replaying them at once hung the GPU
+    (engine/encode/graphs.py); the two threads here must both finish."""
+    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
+    config = EngineConfig(
+        model="large-v3-turbo",
+        device="cuda",
+        dtype="float16",
+        max_num_seqs=64,
+        kv_cache_memory_mb=64 * 50,
+        gpu={"encoder_cuda_graphs": True},
+    )
+    loaded = engine_model(hf, bundled_tokenizer("base"), config)
+    del hf
+    engine = DecoderEngine(loaded)
+    encoder = OverlappedEncoder(EncoderRunner(loaded, graph_batch_size=32), project_cross_kv=True)
+    assert engine.runner.graphs is not None and encoder.runner.graphs is not None
+    audio = torch.randn(32, N_SAMPLES, generator=torch.Generator().manual_seed(0)) * 0.1
+    cross_kv = encoder.encode_blocking(audio[:1])[0]
+    options = DecodeOptions(language="en", max_tokens=100, ignore_eot=True)
+    for _ in range(64):
+        engine.submit(engine.make_request(options, CrossKVTensor(cross_kv)))
+    done: list[str] = []
+
+    def encode_batches() -> None:
+        for _ in range(10):
+            encoder.encode_blocking(audio)
+        done.append("encoder")
+
+    def decode_all() -> None:
+        while engine.has_work:
+            engine.step()
+        done.append("decoder")
+
+    threads = [threading.Thread(target=work, daemon=True) for work in (decode_all, encode_batches)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=180)
+    assert sorted(done) == ["decoder", "encoder"], f"finished: {done}; the rest did not within 180 s"
+    assert engine.pool.num_used_blocks == 0
