@@ -35,6 +35,7 @@ from deployments.http.pipeline import WindowPipeline
 from deployments.http.readiness import Readiness
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
+from deployments.http.server_timing import ServerTiming
 from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics
 from engine.model.audio import SAMPLE_RATE, decode_audio
@@ -48,25 +49,6 @@ app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper tra
 add_exception_handlers(app)
 
 logger = logging.getLogger("ray.serve")
-
-
-class ServerTiming:
-    """A request's phases in the ingress, sent back as a ``Server-Timing`` header (milliseconds; the
-    W3C header browsers' developer tools show): where a request's time went on the server, against
-    what its client saw (benchmarks/bench_load.py averages them)."""
-
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
-        self._phases: list[tuple[str, float]] = []
-
-    def mark(self, phase: str) -> None:
-        """``phase`` ended now; it began where the last one ended."""
-        now = time.perf_counter()
-        self._phases.append((phase, now - self._last))
-        self._last = now
-
-    def header(self) -> str:
-        return ", ".join(f"{phase};dur={seconds * 1000:.1f}" for phase, seconds in self._phases)
 
 
 def _model_object(name: str) -> dict:
