@@ -53,13 +53,13 @@ class DeviceBlockTables:
             return
         width = self.self_tables.shape[1]
         # One flat list, one array: filling a numpy row from a list costs more than the list's work.
-        padded: list[int] = []
+        flat: list[int] = []
         for block_ids in rows.values():
             if len(block_ids) > width:
                 raise ValueError(f"{len(block_ids)} blocks do not fit a table row of {width}")
-            padded += block_ids
-            padded += [self.null_block] * (width - len(block_ids))
-        padded = np.array(padded, dtype=np.int32).reshape(len(rows), width)
+            flat += block_ids
+            flat += [self.null_block] * (width - len(block_ids))
+        padded = np.array(flat, dtype=np.int32).reshape(len(rows), width)
         device = self.self_tables.device
         self.self_tables.index_copy_(
             0, upload(list(rows), torch.long, device), upload(padded, torch.int32, device)

@@ -102,18 +102,19 @@ def test_fp32_language_detection_in_replayed_steps_equals_transformers():
     assert ours == theirs
 
 
+def turbo_with_encoder_graphs(**config):
+    """Random fp16 weights of the large-v3-turbo shape, with engine.gpu.encoder_cuda_graphs on."""
+    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
+    settings = EngineConfig(
+        model="large-v3-turbo", device="cuda", dtype="float16", gpu={"encoder_cuda_graphs": True}, **config
+    )
+    return engine_model(hf, bundled_tokenizer("base"), settings)
+
+
 def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states():
     """Batches replayed from a bucket's graph (3 windows in the bucket of 4, 8 in 8's) and one
     larger than any bucket (run without) give the states the compiled encoder gives on its own."""
-    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
-    config = EngineConfig(
-        model="large-v3-turbo",
-        device="cuda",
-        dtype="float16",
-        kv_cache_memory_mb=256,
-        gpu={"encoder_cuda_graphs": True},
-    )
-    loaded = engine_model(hf, bundled_tokenizer("base"), config)
+    loaded = turbo_with_encoder_graphs(kv_cache_memory_mb=256)
     plain, graphed = EncoderRunner(loaded), EncoderRunner(loaded, graph_batch_size=8)
     assert plain.graphs is None and graphed.graphs is not None and graphed.graphs.sizes == [1, 2, 4, 8]
     audio = windows_of([clip.path for clip in short_english_clips()[:9]]).cuda()
@@ -131,17 +132,7 @@ def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_fini
     decode steps replay theirs on the decode loop's. Captured on torch's one default capture stream,
     both sets of graphs shared a cuBLAS workspace, and replaying them at once hung the GPU
     (engine/encode/graphs.py); the two threads here must both finish."""
-    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
-    config = EngineConfig(
-        model="large-v3-turbo",
-        device="cuda",
-        dtype="float16",
-        max_num_seqs=64,
-        kv_cache_memory_mb=64 * 50,
-        gpu={"encoder_cuda_graphs": True},
-    )
-    loaded = engine_model(hf, bundled_tokenizer("base"), config)
-    del hf
+    loaded = turbo_with_encoder_graphs(max_num_seqs=64, kv_cache_memory_mb=64 * 50)
     engine = DecoderEngine(loaded)
     encoder = OverlappedEncoder(EncoderRunner(loaded, graph_batch_size=32), project_cross_kv=True)
     assert engine.runner.graphs is not None and encoder.runner.graphs is not None
