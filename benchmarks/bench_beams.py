@@ -16,6 +16,7 @@ On a CPU, ``--shapes tiny --device cpu --windows 4 --hf-windows 4 --tokens 16`` 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -64,15 +65,20 @@ def run_windows(
     return time.perf_counter() - start, steps
 
 
-def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: int) -> float:
-    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens."""
+def ours_req_per_s(loaded, device: str, windows: int, beam_size: int, tokens: int, repeats: int) -> float:
+    """Windows/s for ``windows`` windows submitted at once, each decoding ``tokens`` tokens: the
+    median of ``repeats`` runs after one warm-up run of the same size (a smaller warm-up leaves the
+    first timed run to meet the step's batch shapes, and their kernels' first launches, itself)."""
     engine, cross_kv, options = beam_engine(loaded, device, windows, beam_size, tokens)
-    run_windows(engine, cross_kv, options, min(windows, 2))  # warm-up: the prompt's and decode steps' kernels
-    return windows / run_windows(engine, cross_kv, options, windows)[0]
+    run_windows(engine, cross_kv, options, windows)
+    seconds = [run_windows(engine, cross_kv, options, windows)[0] for _ in range(repeats)]
+    return windows / statistics.median(seconds)
 
 
 @torch.inference_mode()
-def hf_req_per_s(hf, tokenizer, device: str, windows: int, beam_size: int, tokens: int) -> float:
+def hf_req_per_s(
+    hf, tokenizer, device: str, windows: int, beam_size: int, tokens: int, repeats: int
+) -> float:
     from transformers.generation import GenerationMixin
     from transformers.modeling_outputs import BaseModelOutput
 
@@ -97,7 +103,7 @@ def hf_req_per_s(hf, tokenizer, device: str, windows: int, beam_size: int, token
         return time.perf_counter() - start
 
     run()  # warm-up
-    return windows / run()
+    return windows / statistics.median(run() for _ in range(repeats))
 
 
 def main() -> None:
@@ -107,6 +113,7 @@ def main() -> None:
     parser.add_argument("--hf-windows", type=int, default=16, help="the batch transformers runs at")
     parser.add_argument("--beam-size", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=100, help="tokens every window decodes")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per figure (the median is shown)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
     add_dtype_argument(parser)
@@ -121,12 +128,12 @@ def main() -> None:
             hf, tokenizer_file, EngineConfig(model=shape, device=args.device, dtype=str(dtype).split(".")[-1])
         )
         for windows in [int(count) for count in args.windows.split(",")]:
-            greedy = ours_req_per_s(loaded, args.device, windows, 1, args.tokens)
+            greedy = ours_req_per_s(loaded, args.device, windows, 1, args.tokens, args.repeats)
             release_memory(args.device)  # the last engine's KV pool
-            beam = ours_req_per_s(loaded, args.device, windows, beams, args.tokens)
+            beam = ours_req_per_s(loaded, args.device, windows, beams, args.tokens, args.repeats)
             release_memory(args.device)
             theirs = (
-                hf_req_per_s(hf, loaded.tokenizer, args.device, windows, beams, args.tokens)
+                hf_req_per_s(hf, loaded.tokenizer, args.device, windows, beams, args.tokens, args.repeats)
                 if windows == args.hf_windows
                 else None
             )
@@ -158,7 +165,8 @@ def main() -> None:
     if args.record:
         notes = (
             f"Random weights of each shape, dtype {args.dtype}; every window decodes "
-            f"{args.tokens} tokens (end of text ignored); transformers from encoder states, one static batch."
+            f"{args.tokens} tokens (end of text ignored); transformers from encoder states, one static batch; "
+            f"each figure the median of {args.repeats} timed runs after a warm-up run of the same size."
         )
         record(f"Beam search: beam {beams} against greedy and transformers (bench_beams.py)", table, notes)
 

@@ -20,10 +20,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class BlockCopy:
-    """Copy block ``source``'s K/V (every layer) into block ``target`` before the step runs."""
+    """Copy block ``source``'s K/V at its first ``positions`` positions (every layer) into block
+    ``target`` before the step runs: the positions written so far. The rest of the target is
+    written by the step or not read (attention reads a sequence's keys up to its length)."""
 
     source: int
     target: int
+    positions: int
 
 
 class SharedBlocks:
@@ -56,8 +59,10 @@ class SharedBlocks:
 
     def prepare_write(self, table: list[int], start: int, end: int) -> list[BlockCopy]:
         """Make positions [start, end) of ``table``'s sequence its holder's own to write: a spare
-        block where the table ends, a private copy of a block another holder shares. Changes
-        ``table`` in place; returns the copies to make before the write."""
+        block where the table ends, a private copy of a block another holder shares (of the
+        positions before ``start`` in it; a block the write fills from its first position needs no
+        copy, only a block of its own). Changes ``table`` in place; returns the copies to make
+        before the write."""
         copies: list[BlockCopy] = []
         for index in range(start // self.block_size, (end - 1) // self.block_size + 1):
             if index == len(table):
@@ -66,7 +71,9 @@ class SharedBlocks:
                 raise ValueError(f"position {index * self.block_size} is past the table's end")
             elif self._refs[table[index]] > 1:
                 target = self._take()
-                copies.append(BlockCopy(source=table[index], target=target))
+                written = min(self.block_size, start - index * self.block_size)
+                if written > 0:
+                    copies.append(BlockCopy(source=table[index], target=target, positions=written))
                 self._refs[table[index]] -= 1
                 table[index] = target
         return copies

@@ -112,20 +112,25 @@ class PagedKVStorage:
         self.cache[index] = to_cache_dtype(blocks.to(self.cache.device), self.cache.dtype)
 
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
-        """Copy whole blocks (every layer's K and V) source -> target, all in one call: a beam that
-        forks inside a block gets its own copy before it writes there. On a GPU one Triton kernel
-        (engine/kernels/block_copy.py), elsewhere one indexed copy."""
+        """Copy each copy's written positions (every layer's K and V) source -> target, all in one
+        call: a beam that forks inside a block gets its own copy before it writes there. On a GPU
+        one Triton kernel (engine/kernels/block_copy.py), elsewhere one slice copy per block."""
         if not copies:
             return
-        index = upload(
-            [[copy.source for copy in copies], [copy.target for copy in copies]],
-            torch.long,
-            self.cache.device,
-        )
         if self.cache.is_cuda and triton_available():
-            triton_copy_blocks(self.cache, index[0], index[1])
+            index = upload(
+                [
+                    [copy.source for copy in copies],
+                    [copy.target for copy in copies],
+                    [c.positions for c in copies],
+                ],
+                torch.long,
+                self.cache.device,
+            )
+            triton_copy_blocks(self.cache, index[0], index[1], index[2], max(c.positions for c in copies))
             return
-        self.cache[index[1]] = self.cache[index[0]]
+        for copy in copies:
+            self.cache[copy.target, :, :, : copy.positions] = self.cache[copy.source, :, :, : copy.positions]
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy of the given blocks, [len(block_ids), layers, 2, block_size, H, D]."""

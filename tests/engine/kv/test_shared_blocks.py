@@ -27,7 +27,7 @@ def test_a_fork_shares_every_block_and_a_write_inside_a_shared_block_copies_exac
     assert child == parent and blocks.ref_count(10) == 2 and blocks.ref_count(11) == 2
 
     copies = blocks.prepare_write(child, 6, 7)  # the child writes position 6, inside shared block 11
-    assert copies == [BlockCopy(source=11, target=12)]
+    assert copies == [BlockCopy(source=11, target=12, positions=2)]  # positions 4 and 5 hold K/V
     assert child == [10, 12] and parent == [10, 11]
     assert blocks.ref_count(10) == 2 and blocks.ref_count(11) == 1 and blocks.ref_count(12) == 1
     # The parent now holds block 11 alone: its own write there copies nothing.
@@ -41,6 +41,15 @@ def test_a_write_that_starts_a_new_block_takes_a_spare_and_shares_the_full_ones(
     child = blocks.fork(parent)
     assert blocks.prepare_write(child, 4, 5) == []  # position 4 opens block index 1: fresh, no copy
     assert child == [10, 11] and blocks.ref_count(10) == 2
+
+
+def test_a_shared_block_the_write_fills_from_its_first_position_is_replaced_not_copied():
+    blocks = SharedBlocks(list(range(10, 20)), BLOCK)
+    parent: list[int] = []
+    blocks.prepare_write(parent, 0, 8)  # blocks 10 and 11, both full
+    child = blocks.fork(parent)
+    assert blocks.prepare_write(child, 4, 6) == []  # it rewrites block index 1 from position 4 on
+    assert child == [10, 12] and blocks.ref_count(11) == 1 and blocks.ref_count(12) == 1
 
 
 def test_blocks_nobody_holds_go_back_to_the_windows_spares_not_the_pool():
@@ -60,35 +69,45 @@ def test_using_more_blocks_than_reserved_is_an_error_not_a_silent_overwrite():
         blocks.prepare_write([], 0, 5)
 
 
-def test_the_storage_copies_whole_blocks_across_every_layer_and_leaves_the_rest():
+def test_the_storage_copies_the_written_positions_of_every_layer_and_leaves_the_rest():
     storage = PagedKVStorage(6, 2, BLOCK, 2, 3, torch.float32, torch.device("cpu"))
     storage.cache.copy_(torch.randn_like(storage.cache))
     before = storage.cache.clone()
-    storage.copy_blocks([BlockCopy(1, 4), BlockCopy(2, 5)])
-    assert torch.equal(storage.cache[4], before[1]) and torch.equal(storage.cache[5], before[2])
+    storage.copy_blocks([BlockCopy(1, 4, positions=BLOCK), BlockCopy(2, 5, positions=3)])
+    assert torch.equal(storage.cache[4], before[1])
+    # Block 5: positions 0..2 of each layer's keys and values are block 2's, position 3 its own.
+    assert torch.equal(storage.cache[5, :, :, :3], before[2, :, :, :3])
+    assert torch.equal(storage.cache[5, :, :, 3:], before[5, :, :, 3:])
     untouched = [0, 1, 2, 3, 6]
     assert torch.equal(storage.cache[untouched], before[untouched])
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float8_e4m3fn])
-def test_the_triton_block_copy_moves_whole_blocks_in_every_cache_dtype(dtype):
+@pytest.mark.parametrize("heads", [4, 3])
+def test_the_triton_block_copy_moves_the_written_positions_in_every_cache_dtype(dtype, heads):
     """engine/kernels/block_copy.py's kernel (the GPU's path; here under Triton's interpreter, or
-    compiled on a GPU machine): each target becomes its source's bytes, every other block stays."""
+    compiled on a GPU machine): each target's first positions become its source's bytes in every
+    layer's keys and values, its other positions and every other block stay. With 3 heads of 10
+    dims, an fp8 position is 30 bytes: the kernel copies it as 16-bit words."""
     from engine.kernels import triton_available
     from engine.kernels.block_copy import triton_copy_blocks
 
     if not triton_available():
         pytest.skip("triton is not installed")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    # 3 layers x 2 x 16 slots x 4 heads x 72 dims: 27,648 elements a block, several chunks of words.
-    storage = PagedKVStorage(7, 3, 16, 4, 72, dtype, device)
+    # 3 layers x 2 x 16 slots x heads x 72 or 10 dims: several chunks of words at 4 heads.
+    storage = PagedKVStorage(7, 3, 16, heads, 72 if heads == 4 else 10, dtype, device)
     storage.cache.copy_(torch.randn(storage.cache.shape, device=device).clamp(-400, 400).to(dtype))
     before = storage.cache.view(torch.uint8).clone()
+    copies = [(1, 4, 16), (6, 0, 5), (2, 5, 1)]
     triton_copy_blocks(
-        storage.cache, torch.tensor([1, 6, 2], device=device), torch.tensor([4, 0, 5], device=device)
+        storage.cache,
+        *(torch.tensor(column, device=device) for column in zip(*copies)),
+        most=16,
     )
     after = storage.cache.view(torch.uint8)
-    for source, target in [(1, 4), (6, 0), (2, 5)]:
-        assert torch.equal(after[target], before[source])
+    for source, target, positions in copies:
+        assert torch.equal(after[target, :, :, :positions], before[source, :, :, :positions])
+        assert torch.equal(after[target, :, :, positions:], before[target, :, :, positions:])
     untouched = [1, 2, 3, 6, 7]
     assert torch.equal(after[untouched], before[untouched])
