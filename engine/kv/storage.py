@@ -122,12 +122,14 @@ class PagedKVStorage:
                 [
                     [copy.source for copy in copies],
                     [copy.target for copy in copies],
-                    [c.positions for c in copies],
+                    [copy.positions for copy in copies],
                 ],
                 torch.long,
                 self.cache.device,
             )
-            triton_copy_blocks(self.cache, index[0], index[1], index[2], max(c.positions for c in copies))
+            triton_copy_blocks(
+                self.cache, index[0], index[1], index[2], max(copy.positions for copy in copies)
+            )
             return
         for copy in copies:
             self.cache[copy.target, :, :, : copy.positions] = self.cache[copy.source, :, :, : copy.positions]
