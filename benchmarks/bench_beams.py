@@ -165,8 +165,8 @@ def main() -> None:
     if args.record:
         notes = (
             f"Random weights of each shape, dtype {args.dtype}; every window decodes "
-            f"{args.tokens} tokens (end of text ignored); transformers from encoder states, one static batch; "
-            f"each figure the median of {args.repeats} timed runs after a warm-up run of the same size."
+            f"{args.tokens} tokens (end of text ignored); transformers from encoder states, one static "
+            f"batch; each figure the median of {args.repeats} timed runs after a warm-up run of that size."
         )
         record(f"Beam search: beam {beams} against greedy and transformers (bench_beams.py)", table, notes)
 
