@@ -520,11 +520,6 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--fp8-encoder", action="store_true", help="engine.gpu.fp8_encoder (ours only)")
-    parser.add_argument(
-        "--no-cudnn-encoder-attention",
-        action="store_true",
-        help="engine.gpu.cudnn_encoder_attention off: PyTorch's own choice (flash attention)",
-    )
     add_dtype_argument(parser)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
@@ -546,11 +541,7 @@ def main() -> None:
             dtype=str(dtype).removeprefix("torch."),
             attention_backend=args.attention_backend,
             kv_cache_dtype=args.kv_cache_dtype,
-            gpu={
-                "cuda_graphs": not args.no_cuda_graphs,
-                "fp8_encoder": args.fp8_encoder,
-                "cudnn_encoder_attention": not args.no_cudnn_encoder_attention,
-            },
+            gpu={"cuda_graphs": not args.no_cuda_graphs, "fp8_encoder": args.fp8_encoder},
         )
         loaded = engine_model(hf, tokenizer_file, config)
         _TOKENIZER = loaded.tokenizer

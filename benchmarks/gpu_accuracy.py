@@ -46,7 +46,6 @@ DIAGNOSTIC_PATHS: dict[str, dict] = {
     "bf16, exact GELU (not fused)": dict(dtype="bfloat16", gpu={"fused_encoder_gelu": False}),
     "bf16, decoder norms not fused": dict(dtype="bfloat16", gpu={"fused_decoder_norms": False}),
     "fp16, encoder not compiled": dict(dtype="float16", gpu={"compile_encoder": False}),
-    "fp16, flash attention in the encoder": dict(dtype="float16", gpu={"cudnn_encoder_attention": False}),
     "fp32, CUDA graphs off": dict(dtype="float32", gpu={"cuda_graphs": False}),
 }
 

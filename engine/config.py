@@ -37,7 +37,6 @@ class ResolvedGPUSwitches:
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
     fp8_encoder: bool
-    cudnn_encoder_attention: bool
 
 
 class GPUSwitches(BaseModel):
@@ -87,12 +86,6 @@ class GPUSwitches(BaseModel):
         True,
         description="run each residual add in the decoder and the layer norm after it as one Triton kernel",
     )
-    cudnn_encoder_attention: bool = Field(
-        True,
-        description="run the encoder's self-attention through cuDNN's fused attention kernel (PyTorch "
-        "SDPA's cuDNN backend) first, then flash attention where cuDNN cannot run it: faster for Whisper's "
-        "1500-frame windows on Hopper (measured: benchmarks/RESULTS.md)",
-    )
     fp8_encoder: bool = Field(
         False,
         description="run the encoder's matrix products (and the cross-K/V projection) in FP8 e4m3 with "
@@ -122,7 +115,6 @@ class GPUSwitches(BaseModel):
             and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
             fp8_encoder=on_cuda and self.fp8_encoder,
-            cudnn_encoder_attention=on_cuda and self.cudnn_encoder_attention,
         )
 
 

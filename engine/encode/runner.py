@@ -48,8 +48,6 @@ class EncoderRunner:
             quantize_encoder_fp8(loaded)
         elif switches.fused_encoder_gelu:
             self.model.encoder.fuse_gelu()  # before compiling: the compiled graph takes the fused product
-        if switches.cudnn_encoder_attention:
-            self.model.encoder.prefer_cudnn_attention()  # before compiling, as the GELU above
         if switches.compile_encoder:
             # The whole encoder, not each layer alone: fusions across layers count (RESULTS.md).
             if not getattr(self.model.encoder, "_compiled_call_impl", None):

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kernels import triton_available
@@ -91,7 +90,6 @@ class EncoderLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
         self.attention_by_products = False  # see AudioEncoder.attend_by_products
-        self.attention_backends: list[SDPBackend] | None = None  # see AudioEncoder.prefer_cudnn_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, frames, d_model = x.shape
@@ -99,10 +97,6 @@ class EncoderLayer(nn.Module):
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [N, H, frames, D]
         if self.attention_by_products:
             attended = attention_by_products(q, k, v).view(batch, frames, d_model)
-        elif self.attention_backends is not None:
-            with sdpa_kernel(self.attention_backends, set_priority=True):
-                attended = F.scaled_dot_product_attention(q, k, v)
-            attended = attended.transpose(1, 2).reshape(batch, frames, d_model)
         else:
             attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, frames, d_model)
         x = x + self.attn_out(attended)
@@ -136,20 +130,6 @@ class AudioEncoder(nn.Module):
         (engine/model/cpu_attention.py), faster there than torch's SDPA."""
         for layer in self.layers:
             layer.attention_by_products = True
-
-    def prefer_cudnn_attention(self) -> None:
-        """Each layer's self-attention through cuDNN's fused attention first, then flash attention
-        (where cuDNN cannot run it: fp32, or a GPU without it), then the others. PyTorch tries flash
-        attention first; for the encoder's 1500 frames cuDNN's kernel is faster on Hopper
-        (measured: benchmarks/RESULTS.md)."""
-        order = [
-            SDPBackend.CUDNN_ATTENTION,
-            SDPBackend.FLASH_ATTENTION,
-            SDPBackend.EFFICIENT_ATTENTION,
-            SDPBackend.MATH,
-        ]
-        for layer in self.layers:
-            layer.attention_backends = order
 
     def quantize_fp8(self) -> None:
         """Every layer's four products (QKV, attention output, the MLP's two) in FP8
