@@ -7,7 +7,8 @@ as the FP8 products saved (profile: benchmarks/RESULTS.md). Here one program hol
 registers: read once, GELU once, amax, scale, write the e4m3 row and its scale.
 
 Numerics follow ``engine.model.fp8.quantize_rows`` of ``F.gelu`` (exact, erf form) in fp32:
-the same scale, and the same round-to-nearest-even cast to e4m3. JIT-decorated on first use, so
+the same scale, and the same round-to-nearest-even cast to e4m3 (of the GELU times the scale's
+reciprocal, which may differ from the quotient by an ulp before the cast). JIT-decorated on first use, so
 Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it in tests.
 """
 
@@ -22,15 +23,27 @@ _SMALLEST_SCALE = 1e-12
 
 if triton_available():
 
-    def _gelu_quantize_rows_kernel(X, VALUES, SCALES, stride_x, stride_values, n_cols, BLOCK: tl.constexpr):
+    def _gelu_quantize_rows_kernel(
+        X, VALUES, SCALES, stride_x, stride_values, n_cols, HEAD: tl.constexpr, TAIL: tl.constexpr
+    ):
+        # A row as two power-of-two pieces, HEAD columns and up to TAIL more (5120 = 4096 + 1024),
+        # rather than one piece padded to the next power of two: the kernel is bound by its
+        # arithmetic (erf per element), and padded lanes would compute as much as real ones.
         row = tl.program_id(0).to(tl.int64)
-        cols = tl.arange(0, BLOCK)
-        valid = cols < n_cols
-        x = tl.load(X + row * stride_x + cols, mask=valid, other=0.0).to(tl.float32)
-        gelu = 0.5 * x * (1.0 + tl.math.erf(x * 0.7071067811865476))
+        head_cols = tl.arange(0, HEAD)
+        tail_cols = HEAD + tl.arange(0, TAIL)
+        in_tail = tail_cols < n_cols
+        head = tl.load(X + row * stride_x + head_cols).to(tl.float32)
+        tail = tl.load(X + row * stride_x + tail_cols, mask=in_tail, other=0.0).to(tl.float32)
+        head = 0.5 * head * (1.0 + tl.math.erf(head * 0.7071067811865476))
+        tail = 0.5 * tail * (1.0 + tl.math.erf(tail * 0.7071067811865476))
+        largest = tl.maximum(tl.max(tl.abs(head), axis=0), tl.max(tl.abs(tail), axis=0))
         # Literals, not _SMALLEST_SCALE and E4M3_MAX: a jitted kernel may read only constexpr globals.
-        scale = tl.maximum(tl.max(tl.abs(gelu), axis=0), 1e-12) / 448.0
-        tl.store(VALUES + row * stride_values + cols, (gelu / scale).to(VALUES.dtype.element_ty), mask=valid)
+        scale = tl.maximum(largest, 1e-12) / 448.0
+        inverse = 1.0 / scale  # one division a row; a product per element
+        dtype = VALUES.dtype.element_ty
+        tl.store(VALUES + row * stride_values + head_cols, (head * inverse).to(dtype))
+        tl.store(VALUES + row * stride_values + tail_cols, (tail * inverse).to(dtype), mask=in_tail)
         tl.store(SCALES + row, scale)
 
 
@@ -48,7 +61,7 @@ def gelu_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     values = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
     if rows:
-        block = triton.next_power_of_2(cols)
+        head = triton.next_power_of_2(cols + 1) // 2  # the largest power of two up to cols
         _JITTED["kernel"][(rows,)](
             x,
             values,
@@ -56,8 +69,9 @@ def gelu_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x.stride(0),
             values.stride(0),
             cols,
-            BLOCK=block,
-            num_warps=8 if block > 2048 else 4,
+            HEAD=head,
+            TAIL=max(1, triton.next_power_of_2(cols - head)),
+            num_warps=8 if head >= 2048 else 4,
         )
     return values, scales
 
