@@ -6,9 +6,12 @@ rows of large-v3: it reads every row twice and computes the GELU twice, and took
 as the FP8 products saved (profile: benchmarks/RESULTS.md). Here one program holds one row in
 registers: read once, GELU once, amax, scale, write the e4m3 row and its scale.
 
-Numerics follow ``engine.model.fp8.quantize_rows`` of ``F.gelu`` (exact, erf form) in fp32:
-the same scale, and the same round-to-nearest-even cast to e4m3 (of the GELU times the scale's
-reciprocal, which may differ from the quotient by an ulp before the cast). JIT-decorated on first use, so
+Numerics follow ``engine.model.fp8.quantize_rows`` of ``F.gelu(approximate="tanh")`` in fp32 (the
+16-bit encoder's fused epilogue takes the tanh form too: engine/model/whisper.py): the same scale,
+and the same round-to-nearest-even cast to e4m3 (of the GELU times the scale's reciprocal, which
+may differ from the quotient by an ulp before the cast). With erf's exact form the kernel took
+twice as long, bound by its arithmetic; in the tanh form it moves its bytes at the memory's rate
+(measured: benchmarks/RESULTS.md). JIT-decorated on first use, so
 Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it in tests.
 """
 
@@ -27,16 +30,18 @@ if triton_available():
         X, VALUES, SCALES, stride_x, stride_values, n_cols, HEAD: tl.constexpr, TAIL: tl.constexpr
     ):
         # A row as two power-of-two pieces, HEAD columns and up to TAIL more (5120 = 4096 + 1024),
-        # rather than one piece padded to the next power of two: the kernel is bound by its
-        # arithmetic (erf per element), and padded lanes would compute as much as real ones.
+        # rather than one piece padded to the next power of two, whose padded lanes would compute
+        # as much as real ones.
         row = tl.program_id(0).to(tl.int64)
         head_cols = tl.arange(0, HEAD)
         tail_cols = HEAD + tl.arange(0, TAIL)
         in_tail = tail_cols < n_cols
         head = tl.load(X + row * stride_x + head_cols).to(tl.float32)
         tail = tl.load(X + row * stride_x + tail_cols, mask=in_tail, other=0.0).to(tl.float32)
-        head = 0.5 * head * (1.0 + tl.math.erf(head * 0.7071067811865476))
-        tail = 0.5 * tail * (1.0 + tl.math.erf(tail * 0.7071067811865476))
+        # GELU's tanh form, 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): one exponential an element,
+        # where erf's polynomial made the kernel arithmetic-bound.
+        head = head / (1.0 + tl.exp(-1.5957691216057308 * (head + 0.044715 * head * head * head)))
+        tail = tail / (1.0 + tl.exp(-1.5957691216057308 * (tail + 0.044715 * tail * tail * tail)))
         largest = tl.maximum(tl.max(tl.abs(head), axis=0), tl.max(tl.abs(tail), axis=0))
         # Literals, not _SMALLEST_SCALE and E4M3_MAX: a jitted kernel may read only constexpr globals.
         scale = tl.maximum(largest, 1e-12) / 448.0
@@ -71,7 +76,7 @@ def gelu_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             cols,
             HEAD=head,
             TAIL=max(1, triton.next_power_of_2(cols - head)),
-            num_warps=8 if head >= 2048 else 4,
+            num_warps=4,
         )
     return values, scales
 

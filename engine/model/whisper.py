@@ -133,13 +133,14 @@ class AudioEncoder(nn.Module):
 
     def quantize_fp8(self) -> None:
         """Every layer's four products (QKV, attention output, the MLP's two) in FP8
-        (engine/model/fp8.py); the convolutions, norms and attention stay in 16 bits. There is no
-        FP8 product with a GELU epilogue: on a GPU the GELU runs in the kernel that quantizes
-        fc2's input, elsewhere as an operation of its own."""
+        (engine/model/fp8.py); the convolutions, norms and attention stay in 16 bits. The GELU
+        takes the tanh form, as the 16-bit encoder's fused epilogue does. There is no FP8 product
+        with a GELU epilogue: on a GPU the GELU runs in the kernel that quantizes fc2's input,
+        elsewhere as an operation of its own."""
         on_gpu = self.norm.weight.is_cuda and triton_available()
         for layer in self.layers:
             quantize_linears(layer, ["qkv", "attn_out", "mlp.fc1", "mlp.fc2"])
-            layer.mlp.fused_gelu = False
+            layer.mlp.fused_gelu = True  # the tanh form (the kernel below computes it too)
             layer.mlp.gelu_quantize_kernel = on_gpu
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
