@@ -57,7 +57,7 @@ _JITTED: dict[str, object] = {}
 
 def gelu_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [rows, cols] (16-bit, contiguous rows) -> (e4m3 values of GELU(x) [rows, cols], fp32
-    scale per row [rows, 1]), as ``quantize_rows(F.gelu(x.float()))``."""
+    scale per row [rows, 1]), as ``quantize_rows(F.gelu(x.float(), approximate="tanh"))``."""
     if "kernel" not in _JITTED:
         _JITTED["kernel"] = triton.jit(_gelu_quantize_rows_kernel)
     if x.stride(-1) != 1:
