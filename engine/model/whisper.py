@@ -15,6 +15,7 @@ from torch import nn
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kernels import triton_available
+from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_norm_quantize_rows_op
 from engine.kernels.gelu_quantize import gelu_quantize_rows_op
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
 from engine.model.cpu_attention import attention_by_products
@@ -92,15 +93,39 @@ class EncoderLayer(nn.Module):
         self.attention_by_products = False  # see AudioEncoder.attend_by_products
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, frames, d_model = x.shape
-        qkv = self.qkv(self.attn_norm(x)).view(batch, frames, 3, self.num_heads, -1)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each [N, H, frames, D]
-        if self.attention_by_products:
-            attended = attention_by_products(q, k, v).view(batch, frames, d_model)
-        else:
-            attended = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, frames, d_model)
-        x = x + self.attn_out(attended)
+        x = x + self.attn_out(self._attend(self.qkv(self.attn_norm(x))))
         return x + self.mlp(self.mlp_norm(x))
+
+    def forward_fp8(self, x: torch.Tensor, delta: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer with FP8 products on a GPU, whose input is ``x + delta`` (``delta`` None: ``x``):
+        each residual add, layer norm and quantization of a product's input is one kernel
+        (engine/kernels/fused_norm.py), so the layer's own last add is left to the next layer's
+        first kernel. Returns the residual stream and the MLP's output still to add to it."""
+        batch, frames, d_model = x.shape
+        rows = x.reshape(-1, d_model)
+        weight, bias, eps = norm_params(self.attn_norm)
+        if delta is None:
+            values, scale = layer_norm_quantize_rows_op(rows, weight, bias, eps)
+        else:
+            rows, values, scale = add_layer_norm_quantize_rows_op(
+                rows, delta.reshape(-1, d_model), weight, bias, eps
+            )
+        attended = self._attend(self.qkv.product(values, scale).view(batch, frames, -1))
+        weight, bias, eps = norm_params(self.mlp_norm)
+        attention_out = self.attn_out(attended).reshape(-1, d_model)
+        rows, values, scale = add_layer_norm_quantize_rows_op(rows, attention_out, weight, bias, eps)
+        hidden = self.mlp.fc1.product(values, scale)
+        values, scale = gelu_quantize_rows_op(hidden)
+        mlp_out = self.mlp.fc2.product(values, scale)
+        return rows.view(batch, frames, d_model), mlp_out.view(batch, frames, d_model)
+
+    def _attend(self, qkv: torch.Tensor) -> torch.Tensor:
+        """Self-attention of the QKV projection [N, frames, 3 * d_model] -> [N, frames, d_model]."""
+        batch, frames, _ = qkv.shape
+        q, k, v = qkv.view(batch, frames, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [N, H, frames, D]
+        if self.attention_by_products:
+            return attention_by_products(q, k, v).view(batch, frames, -1)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, frames, -1)
 
 
 class AudioEncoder(nn.Module):
@@ -114,6 +139,7 @@ class AudioEncoder(nn.Module):
             for _ in range(dims.encoder_layers)
         )
         self.norm = nn.LayerNorm(dims.d_model)
+        self.fp8_kernels = False  # see quantize_fp8
 
     def fuse_gelu(self) -> None:
         """Each layer's MLP applies its GELU in the first product's epilogue, in the tanh form
@@ -142,12 +168,18 @@ class AudioEncoder(nn.Module):
             quantize_linears(layer, ["qkv", "attn_out", "mlp.fc1", "mlp.fc2"])
             layer.mlp.fused_gelu = True  # the tanh form (the kernel below computes it too)
             layer.mlp.gelu_quantize_kernel = on_gpu
+        self.fp8_kernels = on_gpu  # each layer through EncoderLayer.forward_fp8
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
         """mels [N, n_mels, 3000] -> states [N, 1500, d_model], in the encoder's dtype."""
         x = F.gelu(self.conv1(mels.to(self.conv1.weight.dtype)))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         x = x + self.positions[: x.shape[1]]
+        if self.fp8_kernels:
+            delta = None
+            for layer in self.layers:
+                x, delta = layer.forward_fp8(x, delta)
+            return self.norm(x + delta)
         for layer in self.layers:
             x = layer(x)
         return self.norm(x)

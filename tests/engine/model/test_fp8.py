@@ -104,3 +104,94 @@ def test_on_the_gpu_the_gelu_quantize_kernel_gives_the_values_and_scales_of_the_
     # multiplies by the scale's reciprocal where quantize_rows divides: either can move a value
     # across a rounding boundary.
     assert (values.float() == expected_values.float()).float().mean().item() > 0.999
+
+
+@pytest.mark.parametrize("with_delta", [True, False])
+def test_the_norm_quantize_kernel_adds_normalises_and_scales_each_row(with_delta):
+    """engine/kernels/fused_norm.py's kernel with quantized output, under Triton's CPU interpreter:
+    the sum exactly ``x + delta`` in 16 bits, each row's scale that of its 16-bit layer norm, the
+    values within a factor of two (the interpreter's own e4m3 cast: the GPU test below checks the
+    rounding). 1280 columns: a masked block of 2048."""
+    from engine.kernels import triton_available
+    from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_norm_quantize_rows_op
+
+    if not triton_available():
+        pytest.skip("triton is not installed")
+    torch.manual_seed(4)
+    x, delta = (torch.randn(6, 1280) * 2).half(), torch.randn(6, 1280).half()
+    weight, bias = (torch.rand(1280) + 0.5).half(), (torch.randn(1280) * 0.1).half()
+    if with_delta:
+        total, values, scale = add_layer_norm_quantize_rows_op(x, delta, weight, bias, 1e-5)
+        assert torch.equal(total, x + delta)
+    else:
+        total = x
+        values, scale = layer_norm_quantize_rows_op(x, weight, bias, 1e-5)
+    normed = torch.nn.functional.layer_norm(total.float(), (1280,), weight.float(), bias.float(), 1e-5).half()
+    expected_values, expected_scale = quantize_rows(normed.float())
+    assert values.dtype == E4M3 and scale.shape == (6, 1)
+    torch.testing.assert_close(scale, expected_scale, rtol=1e-3, atol=0)
+    error = (values.float() * scale - normed.float()).abs()
+    assert bool((error <= normed.float().abs() / 2 + scale * 2**-6).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_norm_quantize_kernel_gives_the_values_of_the_operations_it_fuses():
+    from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op
+
+    torch.manual_seed(5)
+    x, delta = (
+        (torch.randn(3000, 1280, device="cuda") * 2).half(),
+        torch.randn(3000, 1280, device="cuda").half(),
+    )
+    weight = (torch.rand(1280, device="cuda") + 0.5).half()
+    bias = (torch.randn(1280, device="cuda") * 0.1).half()
+    total, values, scale = add_layer_norm_quantize_rows_op(x, delta, weight, bias, 1e-5)
+    normed = torch.nn.functional.layer_norm(x + delta, (1280,), weight, bias, 1e-5)
+    expected_values, expected_scale = quantize_rows(normed)
+    assert torch.equal(total, x + delta)
+    torch.testing.assert_close(scale, expected_scale, rtol=1e-3, atol=0)
+    # The kernel's statistics may round differently from torch's layer norm by an ulp of the
+    # 16-bit output, and it multiplies by the scale's reciprocal: either can cross a rounding boundary.
+    assert (values.float() == expected_values.float()).float().mean().item() > 0.995
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_fp8_encoders_fused_kernels_give_the_states_of_its_separate_operations():
+    """The FP8 encoder through EncoderLayer.forward_fp8 (one kernel for each add, norm and
+    quantization), eager and compiled as the engine runs it, against the same quantized weights
+    through the layers' own forward (the norms, adds and quantizations as separate operations):
+    the same states within rounding."""
+    from engine.model.weights import ModelDims
+    from engine.model.whisper import AudioEncoder
+
+    torch.manual_seed(6)
+    dims = ModelDims(
+        n_mels=80,
+        n_audio_ctx=1500,
+        d_model=384,
+        encoder_layers=2,
+        encoder_heads=6,
+        encoder_ffn_dim=1536,
+        decoder_layers=1,
+        decoder_heads=6,
+        decoder_ffn_dim=1536,
+        vocab_size=51865,
+        n_text_ctx=448,
+    )
+    encoder = AudioEncoder(dims)
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            parameter.copy_(torch.randn_like(parameter) * 0.05)
+    encoder = encoder.to("cuda", torch.float16).eval()
+    encoder.quantize_fp8()
+    mels = torch.randn(2, 80, 3000, device="cuda")
+    with torch.no_grad():
+        fused = encoder(mels).float()
+        compiled = torch.compile(encoder)(mels).float()
+        encoder.fp8_kernels = False
+        separate = encoder(mels).float()
+    for states in (fused, compiled):
+        relative = ((states - separate).norm() / separate.norm()).item()
+        assert relative < 0.01, relative
