@@ -61,20 +61,14 @@ class MLP(nn.Module):
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
         # The tanh form of GELU, on a GPU in fc1's cuBLASLt epilogue rather than a pass of its own
-        # (see AudioEncoder.fuse_gelu); elsewhere the same function, unfused.
+        # (see AudioEncoder.fuse_gelu); elsewhere, and with FP8 products, the same function unfused.
         self.fused_gelu = False
-        # FP8 products on a GPU: the GELU and fc2's input quantization in one Triton kernel
-        # (engine/kernels/gelu_quantize.py; see AudioEncoder.quantize_fp8).
-        self.gelu_quantize_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gelu_quantize_kernel:
-            hidden = self.fc1(x)
-            values, scale = gelu_quantize_rows_op(hidden.reshape(-1, hidden.shape[-1]))
-            return self.fc2.product(values, scale).view(*x.shape[:-1], -1)
         if not self.fused_gelu:
             return self.fc2(F.gelu(self.fc1(x)))
-        if x.is_cuda:  # cuBLASLt's GELU epilogue is the tanh form (torch's CPU kernel is exact)
+        # cuBLASLt's GELU epilogue is the tanh form (torch's CPU kernel is exact); FP8 products have none.
+        if x.is_cuda and isinstance(self.fc1, nn.Linear):
             flat = x.reshape(-1, x.shape[-1])
             hidden = torch._addmm_activation(self.fc1.bias, flat, self.fc1.weight.t(), use_gelu=True)
             return self.fc2(hidden).view(*x.shape[:-1], -1)
@@ -160,15 +154,13 @@ class AudioEncoder(nn.Module):
     def quantize_fp8(self) -> None:
         """Every layer's four products (QKV, attention output, the MLP's two) in FP8
         (engine/model/fp8.py); the convolutions, norms and attention stay in 16 bits. The GELU
-        takes the tanh form, as the 16-bit encoder's fused epilogue does. There is no FP8 product
-        with a GELU epilogue: on a GPU the GELU runs in the kernel that quantizes fc2's input,
-        elsewhere as an operation of its own."""
-        on_gpu = self.norm.weight.is_cuda and triton_available()
+        takes the tanh form, as the 16-bit encoder's fused epilogue does. On a GPU each layer runs
+        through EncoderLayer.forward_fp8, whose kernels fuse every quantization into the pass
+        before it; elsewhere each is an operation of its own."""
         for layer in self.layers:
             quantize_linears(layer, ["qkv", "attn_out", "mlp.fc1", "mlp.fc2"])
-            layer.mlp.fused_gelu = True  # the tanh form (the kernel below computes it too)
-            layer.mlp.gelu_quantize_kernel = on_gpu
-        self.fp8_kernels = on_gpu  # each layer through EncoderLayer.forward_fp8
+            layer.mlp.fused_gelu = True  # the tanh form
+        self.fp8_kernels = self.norm.weight.is_cuda and triton_available()
 
     def forward(self, mels: torch.Tensor) -> torch.Tensor:
         """mels [N, n_mels, 3000] -> states [N, 1500, d_model], in the encoder's dtype."""
