@@ -21,9 +21,6 @@ import torch
 
 from engine.kernels import tl, triton, triton_available
 
-E4M3_MAX = 448.0
-_SMALLEST_SCALE = 1e-12
-
 if triton_available():
 
     def _gelu_quantize_rows_kernel(
@@ -43,7 +40,8 @@ if triton_available():
         head = head / (1.0 + tl.exp(-1.5957691216057308 * (head + 0.044715 * head * head * head)))
         tail = tail / (1.0 + tl.exp(-1.5957691216057308 * (tail + 0.044715 * tail * tail * tail)))
         largest = tl.maximum(tl.max(tl.abs(head), axis=0), tl.max(tl.abs(tail), axis=0))
-        # Literals, not _SMALLEST_SCALE and E4M3_MAX: a jitted kernel may read only constexpr globals.
+        # Literals: a jitted kernel may read only constexpr globals (engine/model/fp8.py's smallest
+        # scale and e4m3's largest value).
         scale = tl.maximum(largest, 1e-12) / 448.0
         inverse = 1.0 / scale  # one division a row; a product per element
         dtype = VALUES.dtype.element_ty
