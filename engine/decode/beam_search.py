@@ -23,7 +23,17 @@ class BeamSearch(Search):
     def candidates_wanted(self, hypothesis: Request) -> int:
         return self.beam_size + 1
 
-    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
+    def chooses_on_device(self) -> bool:
+        # Not the first choice (one hypothesis to beam_size: the prompt's blocks are shared with
+        # the restart's hold), nor the last one by length (nothing writes after it).
+        if len(self.hypotheses) != self.beam_size:
+            return False
+        first = self.hypotheses[0]
+        return not self._at_length(len(first.output_tokens) + first.unread_tokens)
+
+    def update(
+        self, hypotheses: list[Request], offers: Candidates, device_order: np.ndarray | None = None
+    ) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),
         # so a sequence is its parent and token. All of a step's candidates are ranked at once:
         # float32 sums (openai-whisper's), best first, equal sums in the order offered.
@@ -32,7 +42,10 @@ class BeamSearch(Search):
         logprobs = offers.logprobs[:, :width]
         sums_before = np.array([hypothesis.sum_logprob for hypothesis in hypotheses], dtype=np.float32)
         sums = sums_before[:, None] + logprobs
-        order = np.argsort(-sums.ravel(), kind="stable").tolist()
+        if device_order is None:
+            order = np.argsort(-sums.ravel(), kind="stable").tolist()
+        else:  # the same ranking, made on the device: following it keeps the host's choice the device's
+            order = device_order.tolist()
         # Python numbers, read once: indexing numpy arrays element by element costs more.
         tokens = offers.tokens[:, :width].ravel().tolist()
         logprob_of, sum_of = logprobs.ravel().tolist(), sums.ravel().tolist()
@@ -51,7 +64,9 @@ class BeamSearch(Search):
             if len(self.finished) >= self.max_finished:
                 break
             self._finish_sequence(choice)
-        at_length = self._continue_with(chosen)
+        at_length = (
+            self._continue_with(chosen) if device_order is None else self._follow_device_choice(chosen)
+        )
         return len(self.finished) >= self.max_finished or at_length
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:

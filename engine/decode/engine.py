@@ -199,9 +199,10 @@ class DecoderEngine:
         launched = self.pipeline.launch(scheduled.batch)
         if launched is not None:
             self.timings.count_step(len(launched.batch))
-        # A search chooses its hypotheses' next tokens on the host: while one runs, no step runs
-        # ahead of reading.
-        for to_read in self.pipeline.steps_to_read(launched, overlap=not self.scheduler.has_searches):
+        # A search that chooses its hypotheses' next tokens on the host needs them read before
+        # the next step launches.
+        overlap = launched is None or not launched.host_chooses
+        for to_read in self.pipeline.steps_to_read(launched, overlap=overlap):
             finished += self._read(to_read)
         self._stats = self._take_stats()
         return finished

@@ -110,12 +110,28 @@ class LogitRules:
             return
         row_index, slot_index, is_first = stamp_rows[0], stamp_rows[1], stamp_rows[2].bool()
         sampled = tokens if stamp_rows.shape[1] == tokens.shape[0] else tokens[row_index]
-        last_was_stamp, _, last_stamp = self._history[:, slot_index]
-        is_stamp = sampled >= self.special.timestamp_begin
+        self._history[:, slot_index] = self._history_after(self._history[:, slot_index], sampled, is_first)
+
+    def continue_histories(
+        self, slots: torch.Tensor, parent_slots: torch.Tensor, tokens: torch.Tensor
+    ) -> None:
+        """Beam hypotheses chosen on the device: each slot of ``slots`` [N] takes the history of
+        ``parent_slots``'s text followed by ``tokens`` (parents read before any slot is written)."""
+        parents = self._history[:, parent_slots]
+        self._history[:, slots] = self._history_after(
+            parents, tokens, torch.zeros_like(tokens, dtype=torch.bool)
+        )
+
+    def _history_after(
+        self, history: torch.Tensor, tokens: torch.Tensor, is_first: torch.Tensor
+    ) -> torch.Tensor:
+        """[3, N] histories once ``tokens`` [N] follow the texts ``history`` describes."""
+        last_was_stamp, _, last_stamp = history
+        is_stamp = tokens >= self.special.timestamp_begin
         before_was_stamp = is_first | last_was_stamp.bool()  # a first token has none before it: counts as one
         kept_stamp = torch.where(is_first, -1, last_stamp)
-        self._history[:, slot_index] = torch.stack(
-            [is_stamp.long(), before_was_stamp.long(), torch.where(is_stamp, sampled, kept_stamp)]
+        return torch.stack(
+            [is_stamp.long(), before_was_stamp.long(), torch.where(is_stamp, tokens, kept_stamp)]
         )
 
     def restore_histories(self, slots: list[int], texts: list[list[int]]) -> None:

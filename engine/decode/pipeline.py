@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from engine.decode.beam_on_device import DeviceBeamChooser, DeviceChoices, SearchRows
 from engine.decode.host_device import PendingDownload, upload
 from engine.decode.language import detect_language, no_speech_probability
 from engine.decode.logit_rules import LogitRules
@@ -51,6 +52,8 @@ class LaunchedStep:
     candidates: PendingDownload | None = None
     # Per request that sampled with its own generator: the generator's state before this step's draw.
     generator_states: dict[str, torch.Tensor] = field(default_factory=dict)
+    device_choices: DeviceChoices | None = None  # beam searches whose choice this step made on the device
+    host_chooses: bool = False  # a search chooses from this step's candidates on the host: read it at once
 
 
 class StepPipeline:
@@ -70,6 +73,10 @@ class StepPipeline:
         self.stepped_prompt_tokens = stepped_prompt_tokens
         self.async_steps = async_steps
         self.in_flight: LaunchedStep | None = None  # launched and not read yet (async steps only)
+        # With async steps, beam searches choose on the device (engine/decode/beam_on_device.py).
+        self.beam_chooser = (
+            DeviceBeamChooser(runner, rules, runner.tables.pad_slot + 1) if async_steps else None
+        )
         self._step_ids = itertools.count()
         self._language_of_token = {token: code for code, token in tokenizer.language_tokens.items()}
 
@@ -78,7 +85,8 @@ class StepPipeline:
 
     def steps_to_read(self, launched: LaunchedStep | None, overlap: bool = True) -> list[LaunchedStep]:
         """The steps whose tokens to read now, in launch order: the one just launched, or with async
-        steps the one before. ``overlap=False`` reads both: a search chooses its next tokens on the host."""
+        steps the one before. ``overlap=False`` reads both: a search chooses its next tokens on the
+        host from the one just launched."""
         if not self.async_steps:
             return [launched] if launched is not None else []
         previous, self.in_flight = self.in_flight, (launched if overlap else None)
@@ -143,6 +151,8 @@ class StepPipeline:
         if sot_rows:
             self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
         self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
+        choosing = self._device_choosers(batch, logits.slots, computed_after, sampled) if sampled else []
+        device_choices = self.beam_chooser.choose(step_id, choosing, sampled.candidates) if choosing else None
         return LaunchedStep(
             step_id=step_id,
             batch=batch,
@@ -155,7 +165,38 @@ class StepPipeline:
             generator_states=sampled.generator_states if sampled else {},
             hypothesis_rows=sampled.hypothesis_rows if sampled else [],
             candidates=PendingDownload(sampled.candidates) if sampled and sampled.hypothesis_rows else None,
+            device_choices=device_choices,
+            host_chooses=bool(sampled and len(sampled.hypothesis_rows) > sum(len(c.rows) for c in choosing)),
         )
+
+    def _device_choosers(
+        self, batch: list[Request], slots: list[int], computed_after: list[int], sampled: SampledRows
+    ) -> list[SearchRows]:
+        """The searches whose choice this step makes on the device: their hypotheses then feed the
+        next step from there. The others' hypotheses wait for the host's choice."""
+        if self.beam_chooser is None or not sampled.hypothesis_rows:
+            return []
+        rows_of: dict[int, list[int]] = {}
+        for row in sampled.hypothesis_rows:
+            rows_of.setdefault(id(batch[row].hypothesis_of), []).append(row)
+        choosing = []
+        for rows in rows_of.values():
+            search = batch[rows[0]].hypothesis_of
+            if len(rows) != len(search.hypotheses) or not search.chooses_on_device():
+                continue
+            start = sampled.hypothesis_rows.index(rows[0])
+            choosing.append(
+                SearchRows(
+                    search=search,
+                    rows=rows,
+                    candidate_rows=list(range(start, start + len(rows))),
+                    slots=[slots[row] for row in rows],
+                    position=computed_after[rows[0]],
+                )
+            )
+            for row in rows:
+                batch[row].pending_tokens, batch[row].pending_source_row = [FROM_LAST_STEP], row
+        return choosing
 
     def step_input(self, batch: list[Request]) -> StepInput:
         """What the runner needs of ``batch`` this step: slots, fed tokens, positions."""
@@ -265,4 +306,13 @@ class StepPipeline:
             computed_after=step.computed_after,
             candidates=candidates,
             candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)},
+            device_orders=self._device_orders(step.device_choices),
         )
+
+    @staticmethod
+    def _device_orders(choices: DeviceChoices | None) -> dict:
+        """Each search's ranking of its candidates, where the step chose on the device."""
+        if choices is None:
+            return {}
+        orders = choices.orders.wait()
+        return {search: orders[start:end] for search, start, end in choices.spans}

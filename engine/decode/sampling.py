@@ -40,14 +40,25 @@ def sample_rows(
     timestamps = [r.options.timestamps for r in requests]
     row_slots = slots if every_row else [slots[row] for row in rows]
     hypotheses = [index for index, r in enumerate(requests) if r.hypothesis_of is not None]
-    # A hypothesis takes over a forked parent's text: its slot's timestamp history follows that text.
-    stamped = [index for index in hypotheses if timestamps[index] and not first[index]]
+    # A hypothesis takes over a forked parent's text: its slot's timestamp history follows that text,
+    # restored here when the host chose it (a choice made on the device moves histories there).
+    stamped = [
+        index
+        for index in hypotheses
+        if timestamps[index] and not first[index] and requests[index].hypothesis_of.host_chose_last
+    ]
     if stamped:
         rules.restore_histories(
             [row_slots[index] for index in stamped], [requests[index].output_tokens for index in stamped]
         )
     stamp_rows = rules.timestamp_rows(first, timestamps, row_slots)
     rules.apply(row_logits, first, stamp_rows)
+    if hypotheses:
+        # A hypothesis's history moves on with the token its search chooses, not its likeliest one.
+        unchosen = [
+            with_timestamps and r.hypothesis_of is None for r, with_timestamps in zip(requests, timestamps)
+        ]
+        stamp_rows = rules.timestamp_rows(first, unchosen, row_slots)
     # A hypothesis draws its candidates below, not here.
     drawing = [r.temperature > 0 and r.hypothesis_of is None for r in requests]
     generator_states = {

@@ -103,19 +103,16 @@ class Scheduler:
     def blocks_for(self, request: Request) -> int:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
         if request.max_hypotheses > 1:
-            # Each hypothesis's worst case, and the prompt's blocks, held for a fallback restart.
+            # Each hypothesis's worst case, the prompt's blocks, held for a fallback restart, and
+            # two steps' spares for choices made on the device (engine/decode/beam_on_device.py).
             prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
-            self_blocks = self_blocks * request.max_hypotheses + prompt_blocks
+            self_blocks = (self_blocks + 2) * request.max_hypotheses + prompt_blocks
         return self.cross_blocks_per_request + self_blocks
 
     @property
     def num_sequences(self) -> int:
         """Sequences running: a window decoded as several hypotheses counts each of them."""
         return sum(request.max_hypotheses for request in self.running)
-
-    @property
-    def has_searches(self) -> bool:
-        return any(request.search is not None for request in self.running)
 
     def add(self, request: Request) -> None:
         if request.max_hypotheses > self.max_num_seqs:
@@ -253,7 +250,7 @@ class Scheduler:
             if search.window.error is not None:
                 continue
             offers = output.candidates.select([output.candidate_index[row] for row in rows])
-            if search.update([output.batch[row] for row in rows], offers):
+            if search.update([output.batch[row] for row in rows], offers, output.device_orders.get(search)):
                 stopped.append((search.window, search.finish()))
         return stopped
 

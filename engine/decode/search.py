@@ -13,14 +13,19 @@ the search is over, the finished hypothesis with the best sum of log-probabiliti
 (or the length penalty of Google's NMT paper) is the window's text (openai-whisper's
 MaximumLikelihoodRanker).
 
-The choice needs every candidate on the host, so a step with hypotheses in it is read before the
-next is launched (the engine does not run a step ahead while a search runs).
+A search's first choice (one hypothesis to several), best-of samples' choices and a beam search's
+last choice are made on the host, so a step with such a choice is read before the next is
+launched. A beam search's other choices are made on the device with async steps
+(engine/decode/beam_on_device.py): the next step launches before the host has read the last, and
+the host follows each choice one step late, from the order the device ranked the candidates in,
+so its texts, sums and block references are the device's (``update`` with ``device_order``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
+from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -58,6 +63,16 @@ class Choice(NamedTuple):
     sum_logprob: float
 
 
+@dataclass(frozen=True)
+class DeviceChoice:
+    """A choice launched on the device: in step ``step_id``, for the write at ``position``; child
+    ``j`` writes into ``spares[j]`` if it needs a block of its own there."""
+
+    step_id: int
+    position: int
+    spares: list[int]
+
+
 class Search:
     def __init__(
         self, window: Request, prompt_block_ids: list[int], block_size: int, eot: int, n_text_ctx: int
@@ -74,15 +89,36 @@ class Search:
         self.retired: list[Request] = []  # hypotheses with nothing left to continue: slots to give back
         self.finished: dict[tuple[int, ...], tuple[float, tuple[float, ...]]] = {}  # tokens + eot -> sums
         self.prompt_block_ids: list[int] = []  # the prompt's blocks, held at the first fork for a restart
+        # Whether the host made the last choice: then the hypotheses' block tables, timestamp
+        # histories and sums go to the device at the next launch; after a choice on the device they
+        # are there already.
+        self.host_chose_last = True
+        self.device_choices: deque[DeviceChoice] = deque()  # launched, not followed on the host yet
 
     def candidates_wanted(self, hypothesis: Request) -> int:
         """How many candidate tokens the hypothesis offers this step."""
         raise NotImplementedError
 
-    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
+    def update(
+        self, hypotheses: list[Request], offers: Candidates, device_order: np.ndarray | None = None
+    ) -> bool:
         """Take a step's candidates (row i offered by ``hypotheses[i]``); returns whether the
-        search is over."""
+        search is over. ``device_order``: the step's choice was made on the device, which ranked the
+        candidates (flat indices, best first) in this order."""
         raise NotImplementedError
+
+    def chooses_on_device(self) -> bool:
+        """Whether the step being launched may make this search's choice on the device (called
+        once its hypotheses are in the step)."""
+        return False
+
+    def launch_device_choice(self, step_id: int, position: int) -> DeviceChoice:
+        """The step ``step_id`` makes this search's choice on the device, for the children's write
+        at ``position``: one spare block per child, for those that need one there."""
+        choice = DeviceChoice(step_id, position, self.blocks.take_spares(len(self.hypotheses)))
+        self.device_choices.append(choice)
+        self.host_chose_last = False
+        return choice
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:
         """Live hypotheses ranked beside the finished ones when the search ends (at its length)."""
@@ -104,7 +140,10 @@ class Search:
         )
 
     def prepare_step(self) -> list[BlockCopy]:
-        """Blocks for what each hypothesis writes this step; the copies a write into a shared block needs."""
+        """Blocks for what each hypothesis writes this step; the copies a write into a shared block
+        needs. None after a choice on the device: it gave each hypothesis a block of its own."""
+        if not self.host_chose_last:
+            return []
         copies: list[BlockCopy] = []
         for hypothesis in self.hypotheses:
             table = hypothesis.blocks.self_block_ids
@@ -134,6 +173,7 @@ class Search:
     def _continue_with(self, chosen: list[Choice]) -> bool:
         """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
         whether the search has reached the window's length."""
+        self.host_chose_last = True
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
             self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)
@@ -178,8 +218,52 @@ class Search:
             hypothesis.output_tokens, hypothesis.output_logprobs = [], []  # their lists may be taken over
         self.retired += self.hypotheses[len(chosen) :]
         del self.hypotheses[len(chosen) :]
-        length = len(self.hypotheses[0].output_tokens) if chosen else 0
+        return self._at_length(len(self.hypotheses[0].output_tokens) if chosen else 0)
+
+    def _at_length(self, length: int) -> bool:
+        """Whether hypotheses of ``length`` tokens have reached the window's length."""
         return length >= self.window.max_tokens or len(self.window.prompt_tokens) + length >= self.n_text_ctx
+
+    def _follow_device_choice(self, chosen: list[Choice]) -> bool:
+        """What the device did with a choice launched on it, on the host: the chosen sequences
+        become the hypotheses (each one's row, slot and next token stay as launched); every child
+        holds its parent's blocks, and in the block it writes next, the last child of each parent
+        keeps the parent's block, the others write into their spare (with a copy of what the parent
+        wrote there), and all of them where that block starts. Returns whether the search has
+        reached the window's length."""
+        launched = self.device_choices.popleft()
+        index, offset = divmod(launched.position, self.blocks.block_size)
+        last_child = {choice.parent: child for child, choice in enumerate(chosen)}
+        parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in self.hypotheses]
+        continued: set[int] = set()
+        texts: list[tuple[list[int], list[float]]] = []
+        for choice in chosen:  # as ``_continue_with``: a parent's first child takes over its lists
+            tokens, logprobs, _ = parents[choice.parent]
+            if choice.parent in continued:
+                texts.append(([*tokens, choice.token], [*logprobs, choice.logprob]))
+            else:
+                continued.add(choice.parent)
+                texts.append((tokens, logprobs))
+        tables = []
+        for child, (choice, spare) in enumerate(zip(chosen, launched.spares)):
+            table = self.blocks.fork(parents[choice.parent][2])
+            if offset == 0 or last_child[choice.parent] != child:
+                self.blocks.take_over(table, index, spare)
+            else:
+                self.blocks.give_back(spare)
+            tables.append(table)
+        for _, _, table in parents:
+            self.blocks.drop(table)
+        for hypothesis, choice, (tokens, logprobs), table in zip(self.hypotheses, chosen, texts, tables):
+            if tokens is parents[choice.parent][0]:
+                tokens.append(choice.token)
+                logprobs.append(choice.logprob)
+            hypothesis.output_tokens, hypothesis.output_logprobs = tokens, logprobs
+            hypothesis.sum_logprob = choice.sum_logprob
+            hypothesis.blocks.self_block_ids = table  # the device rewrote its row
+            if hypothesis.launched_in == launched.step_id:
+                hypothesis.pending_tokens = [choice.token]  # no later step took it from the device
+        return self._at_length(len(self.hypotheses[0].output_tokens))
 
     def finish(self) -> FinishReason:
         """The best hypothesis becomes the window's text (openai-whisper's finalize and ranking)."""
@@ -212,6 +296,8 @@ class Search:
         for hypothesis in every:
             hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
         window = self.window
+        # A step launched with a hypothesis and not read yet may still write the window's blocks.
+        window.launched_in = max(window.launched_in, *(hypothesis.launched_in for hypothesis in every))
         first = self.prompt_block_ids if keep_prompt else []
         kept = set(first)
         rest = [block_id for block_id in window.blocks.spare_block_ids if block_id not in kept]

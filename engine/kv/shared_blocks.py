@@ -78,6 +78,28 @@ class SharedBlocks:
                 table[index] = target
         return copies
 
+    def take_spares(self, count: int) -> list[int]:
+        """Blocks handed out before anyone is known to need them (a choice made on the device may
+        give some of them to hypotheses); ``take_over`` or ``give_back`` each one later."""
+        spares = [self._take() for _ in range(count)]
+        for block_id in spares:
+            del self._refs[block_id]
+        return spares
+
+    def take_over(self, table: list[int], index: int, block_id: int) -> None:
+        """``table``'s holder writes from position ``index * block_size`` on in the handed-out
+        ``block_id`` (a copy of the block there, or the table's next block)."""
+        self._refs[block_id] = 1
+        if index == len(table):
+            table.append(block_id)
+            return
+        self._refs[table[index]] -= 1  # still held by another table: the copy's source
+        table[index] = block_id
+
+    def give_back(self, block_id: int) -> None:
+        """A handed-out block nobody took."""
+        self._spare.append(block_id)
+
     def _take(self) -> int:
         if not self._spare:
             # The window reserved its worst case at admission: running out is a bug, not load.

@@ -114,25 +114,42 @@ class PagedKVStorage:
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
         """Copy each copy's written positions (every layer's K and V) source -> target, all in one
         call: a beam that forks inside a block gets its own copy before it writes there. On a GPU
-        one Triton kernel (engine/kernels/block_copy.py), elsewhere one slice copy per block."""
+        one Triton kernel, elsewhere one slice copy per block."""
         if not copies:
             return
-        if self.cache.is_cuda and triton_available():
-            index = upload(
-                [
-                    [copy.source for copy in copies],
-                    [copy.target for copy in copies],
-                    [copy.positions for copy in copies],
-                ],
-                torch.long,
-                self.cache.device,
-            )
-            triton_copy_blocks(
-                self.cache, index[0], index[1], index[2], max(copy.positions for copy in copies)
-            )
+        if not (self.cache.is_cuda and triton_available()):
+            for copy in copies:
+                self.cache[copy.target, :, :, : copy.positions] = self.cache[
+                    copy.source, :, :, : copy.positions
+                ]
             return
-        for copy in copies:
-            self.cache[copy.target, :, :, : copy.positions] = self.cache[copy.source, :, :, : copy.positions]
+        index = upload(
+            [
+                [copy.source for copy in copies],
+                [copy.target for copy in copies],
+                [copy.positions for copy in copies],
+            ],
+            torch.long,
+            self.cache.device,
+        )
+        triton_copy_blocks(self.cache, index[0], index[1], index[2], max(copy.positions for copy in copies))
+
+    def copy_blocks_on_device(
+        self, sources: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor, most: int
+    ) -> None:
+        """As ``copy_blocks``, with the ids and counts already on the cache's device (a copy of 0
+        positions copies nothing), ``most`` their largest count. On a GPU one Triton kernel
+        (engine/kernels/block_copy.py); elsewhere one masked gather and scatter, with no read
+        of the counts on the host."""
+        if most <= 0 or len(sources) == 0:
+            return
+        if self.cache.is_cuda and triton_available():
+            triton_copy_blocks(self.cache, sources, targets, positions, most)
+            return
+        written = torch.arange(most, device=self.cache.device)[None, :] < positions[:, None]
+        keep = written[:, None, None, :, None, None]
+        target_view = self.cache[targets, :, :, :most]
+        self.cache[targets, :, :, :most] = torch.where(keep, self.cache[sources, :, :, :most], target_view)
 
     def read_blocks(self, block_ids: list[int]) -> torch.Tensor:
         """Copy of the given blocks, [len(block_ids), layers, 2, block_size, H, D]."""

@@ -210,7 +210,8 @@ def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_t
     random_multilingual_whisper_folder,
 ):
     """Where it is on by default: decode steps replayed from CUDA graphs, each fed the tokens of the
-    step before from the device, the prompt a token a step, timestamp rules from the device."""
+    step before from the device, the prompt a token a step, timestamp rules from the device, beam
+    choices made on the device (block tables, copies and histories there)."""
     loaded = load_model(
         EngineConfig(
             model=str(random_multilingual_whisper_folder),
@@ -227,6 +228,7 @@ def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_t
         DecodeOptions(language="en", timestamps=True, max_tokens=24),
         DecodeOptions(language="de", task="translate", max_tokens=16),
         DecodeOptions(max_tokens=30, seed=2, fallback=FallbackOptions(logprob_threshold=0.0)),
+        DecodeOptions(language="en", beam_size=3, timestamps=True, max_tokens=40),
     ]
     submissions = [
         Submission(

@@ -49,10 +49,13 @@ def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOpti
     ],
     ids=["beam2", "beam5", "beam5-timestamps", "beam3-patience-length-penalty"],
 )
+@pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
 def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
-    tiny_en, cross_kvs, reference, beam_options
+    tiny_en, cross_kvs, reference, beam_options, async_steps
 ):
-    engine = engine_with(tiny_en)
+    # With async steps a beam search chooses on the device (engine/decode/beam_on_device.py); small
+    # blocks there make the children's forks cross block boundaries too.
+    engine = engine_with(tiny_en, async_steps=async_steps, block_size=16 if async_steps else 128)
     options = DecodeOptions(**beam_options)
     results = decode_all(engine, cross_kvs, {f"clip{i}": (i, options) for i in range(len(CLIPS))})
     mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS]), tiny_en.weights.dims.n_mels)
@@ -112,8 +115,12 @@ def test_beam_search_is_token_exact_with_openai_whisper_on_a_random_model(tmp_pa
         assert results[f"clip{index}"].tokens == theirs
 
 
-def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while_it_runs(tiny_en, cross_kvs):
-    engine = engine_with(tiny_en, block_size=16)  # small blocks: beams soon share full ones
+@pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
+def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while_it_runs(
+    tiny_en, cross_kvs, async_steps
+):
+    # Small blocks: beams soon share full ones.
+    engine = engine_with(tiny_en, block_size=16, async_steps=async_steps)
     copies_by_step: list[list] = []
     copy_blocks = engine.storage.copy_blocks
 
@@ -127,15 +134,18 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
     block_size = engine.pool.block_size
     reserved = (
         engine.scheduler.cross_blocks_per_request
-        + 5 * blocks_needed(window.max_total_tokens, block_size)
+        + 5 * (blocks_needed(window.max_total_tokens, block_size) + 2)  # two steps' spares each
         + blocks_needed(len(window.prompt_tokens), block_size)
     )
     shared_full_blocks = False
+    steps_run_ahead = 0
     while engine.has_work:
         engine.step()
         search = window.search
         if search is None:
             continue
+        # Choices made on the device: the next step launches before the host reads the last one.
+        steps_run_ahead += engine.pipeline.in_flight is not None
         # Cross-attention blocks once; the worst case of five hypotheses and the prompt's blocks.
         assert engine.pool.num_used_blocks == reserved
         hypotheses = search.hypotheses
@@ -145,14 +155,17 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
         # Full blocks a fork inherits stay shared: fewer distinct blocks than table entries.
         shared_full_blocks |= len(set().union(*tables)) < sum(len(table) for table in tables)
     assert shared_full_blocks
+    # Only the first choice (one hypothesis to five) and the last (by length) are the host's.
+    assert steps_run_ahead > 10 if async_steps else steps_run_ahead == 0
     # A write into a shared block copies that one block, at most one per hypothesis and step, and
     # only when the hypothesis writes into it (the block its next token's position falls in).
     assert any(copies_by_step) and all(len(copies) <= 5 for copies in copies_by_step)
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
-def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en, cross_kvs):
-    engine = engine_with(tiny_en)
+@pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
+def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en, cross_kvs, async_steps):
+    engine = engine_with(tiny_en, async_steps=async_steps)
     window = engine.make_request(DecodeOptions(beam_size=4), CrossKVTensor(cross_kvs[1]), "beams")
     engine.submit(window)
     for _ in range(6):
@@ -250,11 +263,15 @@ def test_best_of_keeps_the_best_ranked_of_independent_samples_and_repeats_with_i
     assert texts[0] == texts[1]
 
 
-@pytest.mark.parametrize("beam_size", [5, 1], ids=["from-beams", "from-greedy"])
+@pytest.mark.parametrize(
+    "beam_size, async_steps",
+    [(5, False), (1, False), (5, True)],
+    ids=["from-beams", "from-greedy", "from-device-beams"],
+)
 def test_a_window_that_fails_the_thresholds_restarts_as_best_of_samples_on_its_own_blocks(
-    tiny_en, cross_kvs, beam_size
+    tiny_en, cross_kvs, beam_size, async_steps
 ):
-    engine = engine_with(tiny_en, max_num_seqs=8)
+    engine = engine_with(tiny_en, max_num_seqs=8, async_steps=async_steps)
     # A log-probability threshold no text meets: every attempt fails, up to the last temperature.
     fallback = FallbackOptions(logprob_threshold=0.0, no_speech_threshold=None)
     options = DecodeOptions(beam_size=beam_size, best_of=3, fallback=fallback)
@@ -270,9 +287,12 @@ def test_a_window_that_fails_the_thresholds_restarts_as_best_of_samples_on_its_o
     assert not engine.runner.tables._slot_by_request
 
 
-def test_word_timestamps_and_language_detection_work_with_beams(random_multilingual_whisper_folder):
+@pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
+def test_word_timestamps_and_language_detection_work_with_beams(
+    random_multilingual_whisper_folder, async_steps
+):
     loaded = load_model(EngineConfig(model=str(random_multilingual_whisper_folder), dtype="float32"))
-    engine = engine_with(loaded)
+    engine = engine_with(loaded, async_steps=async_steps)
     cross_kv = cross_kvs_of(loaded, [CLIPS[0].path])[0]
     options = DecodeOptions(beam_size=3, timestamps=True, word_timestamps=True, max_tokens=24)
     request, result = decode_one(engine, CrossKVTensor(cross_kv), options)

@@ -1,0 +1,145 @@
+"""Beam choices made on the device, so that a beam search's next step can launch before the host
+has read the last one (engine/decode/pipeline.py's async steps).
+
+For each search, in one batch of tensor operations for all searches of a beam size: its
+hypotheses' candidates are ranked by their float32 sums of log-probabilities (a stable sort, best
+first, as ``BeamSearch.update`` ranks them), the first ``beam_size`` that do not end the text are
+the children, and then, for every child, on the device:
+- its chosen token goes where the next step feeds its row from (``next_tokens``);
+- its sum, and its timestamp history (its parent's followed by the token), go to its slot;
+- its block-table row becomes its parent's, except in the block it writes next: there the last
+  child of each parent keeps the parent's block, and the others write into a spare block the host
+  handed out at launch, after a copy of the positions the parent wrote there (where that block
+  starts, every child takes its spare, and nothing is copied).
+The host follows each choice one step late from the ranking, read back with the step
+(``Search.update`` with ``device_order``), so its texts, sums and block references stay the
+device's. Each hypothesis writes only into a block of its own (copy on write at every choice),
+which is what lets the device decide without reference counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.decode.host_device import PendingDownload, upload
+from engine.decode.logit_rules import LogitRules
+from engine.decode.runner import ModelRunner
+from engine.decode.search import Search
+
+
+@dataclass(frozen=True)
+class SearchRows:
+    """A search whose choice a launched step makes on the device, and where its hypotheses are."""
+
+    search: Search
+    rows: list[int]  # its hypotheses' rows in the step, in the search's order
+    candidate_rows: list[int]  # their rows of the step's candidates
+    slots: list[int]  # their block-table slots
+    position: int  # where the children write next
+
+
+@dataclass(frozen=True)
+class DeviceChoices:
+    """A launched step's choices: each search's ranking of its candidates, on its way to the host."""
+
+    orders: PendingDownload  # flat, every search's ranking one after the other
+    spans: list[tuple[Search, int, int]]  # each search's [start, end) in ``orders``
+
+
+class DeviceBeamChooser:
+    def __init__(self, runner: ModelRunner, rules: LogitRules, num_slots: int):
+        self.runner = runner
+        self.rules = rules
+        self.block_size = runner.storage.block_size
+        # Each slot's hypothesis's sum of log-probabilities, float32 as the host keeps them.
+        self.sums = torch.zeros(num_slots, dtype=torch.float32, device=runner.device)
+
+    def choose(self, step_id: int, choosing: list[SearchRows], candidates: torch.Tensor) -> DeviceChoices:
+        """Make the choices of ``choosing`` from ``candidates`` [2, H, width] (tokens as floats,
+        log-probabilities), with no read to the host."""
+        device = self.sums.device
+        pushed = [entry for entry in choosing if entry.search.host_chose_last]
+        if pushed:  # the host made these searches' last choice: their sums start from the host's
+            slots = [slot for entry in pushed for slot in entry.slots]
+            sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
+            self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
+        by_size: dict[int, list[SearchRows]] = {}
+        for entry in choosing:
+            by_size.setdefault(len(entry.rows), []).append(entry)
+        orders, spans, start = [], [], 0
+        for beam_size, group in by_size.items():
+            orders.append(self._choose_group(step_id, beam_size, group, candidates).view(-1))
+            for entry in group:
+                spans.append((entry.search, start, start + beam_size * (beam_size + 1)))
+                start = spans[-1][2]
+        return DeviceChoices(PendingDownload(torch.cat(orders)), spans)
+
+    def _choose_group(
+        self, step_id: int, beam_size: int, group: list[SearchRows], candidates: torch.Tensor
+    ) -> torch.Tensor:
+        """The choices of searches of one beam size; returns their rankings [searches, k * (k + 1)]."""
+        k, width, count = beam_size, beam_size + 1, len(group)
+        launched = [entry.search.launch_device_choice(step_id, entry.position) for entry in group]
+        per_row = [
+            [row for entry in group for row in entry.candidate_rows],
+            [slot for entry in group for slot in entry.slots],
+            [row for entry in group for row in entry.rows],
+            [spare for choice in launched for spare in choice.spares],
+            [entry.position // self.block_size for entry in group for _ in range(k)],
+            [entry.position % self.block_size for entry in group for _ in range(k)],
+            [_eot_of(entry.search) for entry in group for _ in range(k)],
+        ]
+        candidate_rows, slots, rows, spares, index, offset, eot = upload(
+            per_row, torch.long, self.sums.device
+        )
+        offered = candidates[:, candidate_rows, :width]
+        tokens = offered[0].long().view(count, k * width)
+        sums = (self.sums[slots].view(count, k, 1) + offered[1].view(count, k, width)).view(count, k * width)
+        order = torch.sort(sums, dim=1, descending=True, stable=True).indices
+        goes_on = tokens.gather(1, order) != eot.view(count, k)[:, :1]
+        chosen = goes_on & (goes_on.cumsum(dim=1) <= k)  # exactly k: no hypothesis offers eot twice
+        ranks = torch.arange(k * width, device=sums.device).expand(count, -1)
+        best_first = torch.where(chosen, ranks, k * width).sort(dim=1).values[:, :k]
+        flat = order.gather(1, best_first)  # [searches, k]: child j's candidate
+        parents = flat // width
+        child_tokens = tokens.gather(1, flat).view(-1)
+        parent_slots = slots.view(count, k).gather(1, parents).view(-1)
+        self.runner.next_tokens[rows] = child_tokens
+        self.sums[slots] = sums.gather(1, flat).view(-1)
+        self.rules.continue_histories(slots, parent_slots, child_tokens)
+        most_written = max(entry.position % self.block_size for entry in group)
+        self._follow_parents_blocks(parents, slots, parent_slots, spares, index, offset, most_written)
+        return order
+
+    def _follow_parents_blocks(
+        self,
+        parents: torch.Tensor,
+        slots: torch.Tensor,
+        parent_slots: torch.Tensor,
+        spares: torch.Tensor,
+        index: torch.Tensor,
+        offset: torch.Tensor,
+        most_written: int,
+    ) -> None:
+        """Each child's block-table row: its parent's, with a block of its own at ``index``; the
+        copies of the parents' written positions (``offset``, at most ``most_written``) into the
+        spares taken."""
+        k = parents.shape[1]
+        later = torch.ones(k, k, dtype=torch.bool, device=parents.device).triu(diagonal=1)
+        is_last_child = ~((parents[:, :, None] == parents[:, None, :]) & later).any(dim=-1).view(-1)
+        takes_spare = (offset == 0) | ~is_last_child
+        tables = self.runner.tables.self_tables
+        rows = tables.index_select(0, parent_slots)  # a copy: parents are read before children are written
+        column = index.view(-1, 1)
+        current = rows.gather(1, column).view(-1)
+        rows.scatter_(1, column, torch.where(takes_spare, spares.to(rows.dtype), current).view(-1, 1))
+        tables.index_copy_(0, slots, rows)
+        positions = torch.where(takes_spare, offset, 0)
+        self.runner.storage.copy_blocks_on_device(current.long(), spares, positions, most_written)
+
+
+def _eot_of(search: Search) -> int:
+    """The token that ends a hypothesis's text, or -1 (none) when the window ignores end of text."""
+    return -1 if search.window.options.ignore_eot else search.eot
