@@ -27,6 +27,8 @@ from engine.decode.host_device import PendingDownload, upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
 from engine.decode.search import Search
+from engine.kernels import triton_available
+from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
 
 
 @dataclass(frozen=True)
@@ -44,17 +46,24 @@ class SearchRows:
 class DeviceChoices:
     """A launched step's choices: each search's ranking of its candidates, on its way to the host."""
 
-    orders: PendingDownload  # flat, every search's ranking one after the other
-    spans: list[tuple[Search, int, int]]  # each search's [start, end) in ``orders``
+    orders: PendingDownload  # [searches, >= k * (k + 1)]: row i ranks ``searches[i]``'s candidates
+    searches: list[Search]
 
 
 class DeviceBeamChooser:
-    def __init__(self, runner: ModelRunner, rules: LogitRules, num_slots: int):
+    def __init__(
+        self, runner: ModelRunner, rules: LogitRules, num_slots: int, use_triton: bool | None = None
+    ):
         self.runner = runner
         self.rules = rules
         self.block_size = runner.storage.block_size
         # Each slot's hypothesis's sum of log-probabilities, float32 as the host keeps them.
         self.sums = torch.zeros(num_slots, dtype=torch.float32, device=runner.device)
+        # On a GPU one Triton kernel (engine/kernels/beam_choice.py); elsewhere PyTorch operations
+        # (True runs the kernel under Triton's interpreter).
+        self.use_triton = (
+            use_triton if use_triton is not None else runner.device.type == "cuda" and triton_available()
+        )
 
     def choose(self, step_id: int, choosing: list[SearchRows], candidates: torch.Tensor) -> DeviceChoices:
         """Make the choices of ``choosing`` from ``candidates`` [2, H, width] (tokens as floats,
@@ -65,33 +74,88 @@ class DeviceBeamChooser:
             slots = [slot for entry in pushed for slot in entry.slots]
             sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
             self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
-        by_size: dict[int, list[SearchRows]] = {}
+        spares = [entry.search.launch_device_choice(step_id, entry.position).spares for entry in choosing]
+        most_written = max(entry.position % self.block_size for entry in choosing)
+        if self.use_triton:
+            orders = self._choose_in_one_kernel(choosing, spares, candidates, most_written)
+        else:
+            orders = self._choose_with_torch(choosing, spares, candidates, most_written)
+        return DeviceChoices(PendingDownload(orders), [entry.search for entry in choosing])
+
+    def _choose_in_one_kernel(
+        self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
+    ) -> torch.Tensor:
+        fields, slots, first_hypothesis = [], [], 0
         for entry in choosing:
-            by_size.setdefault(len(entry.rows), []).append(entry)
-        orders, spans, start = [], [], 0
-        for beam_size, group in by_size.items():
-            orders.append(self._choose_group(step_id, beam_size, group, candidates).view(-1))
-            for entry in group:
-                spans.append((entry.search, start, start + beam_size * (beam_size + 1)))
-                start = spans[-1][2]
-        return DeviceChoices(PendingDownload(torch.cat(orders)), spans)
+            index, offset = divmod(entry.position, self.block_size)
+            by_name = {
+                "beam_size": len(entry.rows),
+                "first_hypothesis": first_hypothesis,
+                "first_candidate": entry.candidate_rows[0],
+                "first_row": entry.rows[0],
+                "block_index": index,
+                "offset": offset,
+                "eot": _eot_of(entry.search),
+            }
+            fields += [by_name[name] for name in SEARCH_FIELDS]
+            slots += entry.slots
+            first_hypothesis += len(entry.rows)
+        spare_ids = [block_id for spare in spares for block_id in spare]
+        # One upload: the searches' fields, then each hypothesis's slot and spare.
+        packed = upload(fields + slots + spare_ids, torch.long, self.sums.device)
+        searches = packed[: len(fields)].view(len(choosing), len(SEARCH_FIELDS))
+        hypotheses = packed[len(fields) :].view(2, first_hypothesis)
+        orders, copies = triton_choose_beams(
+            candidates,
+            searches,
+            hypotheses,
+            self.sums,
+            self.runner.next_tokens,
+            self.runner.tables.self_tables,
+            self.rules.history,
+            self.rules.special.timestamp_begin,
+            max(len(entry.rows) for entry in choosing),
+        )
+        self.runner.storage.copy_blocks_on_device(copies[0], copies[1], copies[2], most_written)
+        return orders
+
+    def _choose_with_torch(
+        self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
+    ) -> torch.Tensor:
+        """The same choices as PyTorch operations, a batch of searches of one beam size at a time."""
+        most = max(len(entry.rows) for entry in choosing)
+        orders = torch.full((len(choosing), most * (most + 1)), -1, dtype=torch.long, device=self.sums.device)
+        by_size: dict[int, list[int]] = {}
+        for position, entry in enumerate(choosing):
+            by_size.setdefault(len(entry.rows), []).append(position)
+        for beam_size, positions in by_size.items():
+            group = [choosing[position] for position in positions]
+            group_spares = [spares[position] for position in positions]
+            order = self._choose_group(beam_size, group, group_spares, candidates, most_written)
+            rows = upload(positions, torch.long, self.sums.device)
+            orders[rows, : beam_size * (beam_size + 1)] = order
+        return orders
 
     def _choose_group(
-        self, step_id: int, beam_size: int, group: list[SearchRows], candidates: torch.Tensor
+        self,
+        beam_size: int,
+        group: list[SearchRows],
+        spares: list[list[int]],
+        candidates: torch.Tensor,
+        most_written: int,
     ) -> torch.Tensor:
         """The choices of searches of one beam size; returns their rankings [searches, k * (k + 1)]."""
         k, width, count = beam_size, beam_size + 1, len(group)
-        launched = [entry.search.launch_device_choice(step_id, entry.position) for entry in group]
         per_row = [
             [row for entry in group for row in entry.candidate_rows],
             [slot for entry in group for slot in entry.slots],
             [row for entry in group for row in entry.rows],
-            [spare for choice in launched for spare in choice.spares],
+            [block_id for spare in spares for block_id in spare],
             [entry.position // self.block_size for entry in group for _ in range(k)],
             [entry.position % self.block_size for entry in group for _ in range(k)],
             [_eot_of(entry.search) for entry in group for _ in range(k)],
         ]
-        candidate_rows, slots, rows, spares, index, offset, eot = upload(
+        candidate_rows, slots, rows, spare_ids, index, offset, eot = upload(
             per_row, torch.long, self.sums.device
         )
         offered = candidates[:, candidate_rows, :width]
@@ -109,8 +173,7 @@ class DeviceBeamChooser:
         self.runner.next_tokens[rows] = child_tokens
         self.sums[slots] = sums.gather(1, flat).view(-1)
         self.rules.continue_histories(slots, parent_slots, child_tokens)
-        most_written = max(entry.position % self.block_size for entry in group)
-        self._follow_parents_blocks(parents, slots, parent_slots, spares, index, offset, most_written)
+        self._follow_parents_blocks(parents, slots, parent_slots, spare_ids, index, offset, most_written)
         return order
 
     def _follow_parents_blocks(

@@ -75,6 +75,11 @@ class LogitRules:
             use_triton if use_triton is not None else device.type == "cuda" and triton_available()
         )
 
+    @property
+    def history(self) -> torch.Tensor:
+        """[3, slots] on the device: each slot's timestamp history (for kernels that move it)."""
+        return self._history
+
     def timestamp_rows(
         self, first: list[bool], timestamps: list[bool], slots: list[int]
     ) -> torch.Tensor | None:

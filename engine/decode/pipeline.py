@@ -315,4 +315,7 @@ class StepPipeline:
         if choices is None:
             return {}
         orders = choices.orders.wait()
-        return {search: orders[start:end] for search, start, end in choices.spans}
+        offered = [len(search.hypotheses) * (len(search.hypotheses) + 1) for search in choices.searches]
+        return {
+            search: orders[row, :count] for row, (search, count) in enumerate(zip(choices.searches, offered))
+        }

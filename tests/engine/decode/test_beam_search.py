@@ -49,13 +49,17 @@ def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOpti
     ],
     ids=["beam2", "beam5", "beam5-timestamps", "beam3-patience-length-penalty"],
 )
-@pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
+@pytest.mark.parametrize("chooser", ["host", "device-torch", "device-triton"])
 def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
-    tiny_en, cross_kvs, reference, beam_options, async_steps
+    tiny_en, cross_kvs, reference, beam_options, chooser
 ):
-    # With async steps a beam search chooses on the device (engine/decode/beam_on_device.py); small
+    # With async steps a beam search chooses on the device (engine/decode/beam_on_device.py): by
+    # PyTorch operations, or by one Triton kernel (on a GPU; here under Triton's interpreter). Small
     # blocks there make the children's forks cross block boundaries too.
-    engine = engine_with(tiny_en, async_steps=async_steps, block_size=16 if async_steps else 128)
+    on_device = chooser != "host"
+    engine = engine_with(tiny_en, async_steps=on_device, block_size=16 if on_device else 128)
+    if on_device:
+        engine.pipeline.beam_chooser.use_triton = chooser == "device-triton"
     options = DecodeOptions(**beam_options)
     results = decode_all(engine, cross_kvs, {f"clip{i}": (i, options) for i in range(len(CLIPS))})
     mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS]), tiny_en.weights.dims.n_mels)

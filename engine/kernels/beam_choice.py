@@ -1,0 +1,185 @@
+"""A step's beam choices as one Triton kernel: one program per beam search ranks its hypotheses'
+candidates, picks the children and moves every child's state to its slot (engine/decode/
+beam_on_device.py says what a choice does; its PyTorch version there is the reference).
+
+As PyTorch operations a choice takes ~30 small kernels, whose launches cost the host more time
+than the choice saves on a small model's step. A search ranks at most a few dozen candidates
+(k x (k + 1)), so the program ranks them by counting, for each candidate, the candidates before
+it (a larger sum, or the same sum offered earlier: a stable sort, best first) in one square of
+comparisons, with no sort. It reads everything a child takes from its parent (block-table row,
+timestamp history, sum) before it writes any child's: parents and children share the search's
+slots.
+
+JIT-decorated on first use, so Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it in tests.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.kernels import tl, triton, triton_available
+
+# Columns of the per-search rows the kernel reads.
+SEARCH_FIELDS = (
+    "beam_size",
+    "first_hypothesis",
+    "first_candidate",
+    "first_row",
+    "block_index",
+    "offset",
+    "eot",
+)
+
+if triton_available():
+
+    def _choose_beams_kernel(
+        CANDIDATES,
+        stride_plane,
+        stride_candidate,
+        SEARCHES,
+        HYPOTHESES,
+        stride_hypotheses,
+        SUMS,
+        NEXT_TOKENS,
+        TABLES,
+        stride_table,
+        table_width,
+        HISTORY,
+        stride_history,
+        COPIES,
+        stride_copies,
+        ORDERS,
+        timestamp_begin,
+        MOST: tl.constexpr,
+        BEAMS: tl.constexpr,
+        WIDTH: tl.constexpr,
+    ):
+        search = tl.program_id(0)
+        fields = SEARCHES + search * 7
+        k = tl.load(fields)
+        first_hypothesis = tl.load(fields + 1)
+        first_candidate = tl.load(fields + 2)
+        first_row = tl.load(fields + 3)
+        block_index = tl.load(fields + 4)
+        offset = tl.load(fields + 5)
+        eot = tl.load(fields + 6)
+        offered = k * (k + 1)
+
+        # Candidate i: hypothesis i // (k + 1)'s (i % (k + 1))-th likeliest token.
+        i = tl.arange(0, MOST)
+        valid = i < offered
+        hypothesis = i // (k + 1)
+        slot = tl.load(HYPOTHESES + first_hypothesis + hypothesis, mask=valid, other=0)
+        at = (first_candidate + hypothesis) * stride_candidate + i % (k + 1)
+        token = tl.load(CANDIDATES + at, mask=valid, other=0.0).to(tl.int64)
+        logprob = tl.load(CANDIDATES + stride_plane + at, mask=valid, other=0.0)
+        total = tl.load(SUMS + slot, mask=valid, other=0.0) + logprob
+
+        # before[i, j]: candidate j ranks before candidate i.
+        before = (total[None, :] > total[:, None]) | (
+            (total[None, :] == total[:, None]) & (i[None, :] < i[:, None])
+        )
+        before = before & valid[None, :]
+        rank = tl.sum(before.to(tl.int32), axis=1)
+        tl.store(ORDERS + search * MOST + rank, i.to(tl.int64), mask=valid)
+        goes_on = valid & (token != eot)
+        goes_on_before = tl.sum((before & goes_on[None, :]).to(tl.int32), axis=1)
+        chosen = goes_on & (goes_on_before < k)
+
+        # Child c: the chosen candidate with c chosen before it.
+        child = tl.arange(0, BEAMS)
+        is_child = child < k
+        picks = chosen[None, :] & (goes_on_before[None, :] == child[:, None])
+        parent = tl.sum(tl.where(picks, hypothesis[None, :], 0), axis=1)
+        child_token = tl.sum(tl.where(picks, token[None, :], 0), axis=1)
+        child_total = tl.sum(tl.where(picks, total[None, :], 0.0), axis=1)
+        child_slot = tl.load(HYPOTHESES + first_hypothesis + child, mask=is_child, other=0)
+        spare = tl.load(HYPOTHESES + stride_hypotheses + first_hypothesis + child, mask=is_child, other=0)
+        parent_slot = tl.load(HYPOTHESES + first_hypothesis + parent, mask=is_child, other=0)
+        later_sibling = (parent[None, :] == parent[:, None]) & (child[None, :] > child[:, None])
+        is_last_child = tl.sum((later_sibling & is_child[None, :]).to(tl.int32), axis=1) == 0
+        takes_spare = (offset == 0) | (is_last_child == 0)
+
+        column = tl.arange(0, WIDTH)
+        in_row = is_child[:, None] & (column[None, :] < table_width)
+        row = tl.load(TABLES + parent_slot[:, None] * stride_table + column[None, :], mask=in_row, other=0)
+        current = tl.load(TABLES + parent_slot * stride_table + block_index, mask=is_child, other=0)
+        last_was_stamp = tl.load(HISTORY + parent_slot, mask=is_child, other=0)
+        last_stamp = tl.load(HISTORY + 2 * stride_history + parent_slot, mask=is_child, other=-1)
+        tl.debug_barrier()  # every parent's state read before any child's is written
+
+        own = (column[None, :] == block_index) & takes_spare[:, None]
+        tl.store(
+            TABLES + child_slot[:, None] * stride_table + column[None, :],
+            tl.where(own, spare[:, None].to(row.dtype), row),
+            mask=in_row,
+        )
+        tl.store(NEXT_TOKENS + first_row + child, child_token, mask=is_child)
+        tl.store(SUMS + child_slot, child_total, mask=is_child)
+        is_stamp = child_token >= timestamp_begin
+        tl.store(HISTORY + child_slot, is_stamp.to(tl.int64), mask=is_child)
+        tl.store(HISTORY + stride_history + child_slot, last_was_stamp, mask=is_child)
+        tl.store(
+            HISTORY + 2 * stride_history + child_slot,
+            tl.where(is_stamp, child_token, last_stamp),
+            mask=is_child,
+        )
+        tl.store(COPIES + first_hypothesis + child, current.to(tl.int64), mask=is_child)
+        tl.store(COPIES + stride_copies + first_hypothesis + child, spare, mask=is_child)
+        tl.store(
+            COPIES + 2 * stride_copies + first_hypothesis + child,
+            tl.where(takes_spare, offset, 0),
+            mask=is_child,
+        )
+
+
+_JITTED: dict[str, object] = {}
+
+
+def triton_choose_beams(
+    candidates: torch.Tensor,
+    searches: torch.Tensor,
+    hypotheses: torch.Tensor,
+    sums: torch.Tensor,
+    next_tokens: torch.Tensor,
+    tables: torch.Tensor,
+    history: torch.Tensor,
+    timestamp_begin: int,
+    most_beams: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The choices of ``searches`` [S, 7] (columns SEARCH_FIELDS) from ``candidates`` [2, H, width]
+    float32 (tokens, log-probabilities); ``hypotheses`` [2, N] int64: each hypothesis's slot and
+    its spare block, a search's ``beam_size`` of them from its ``first_hypothesis``. Writes the
+    children's next tokens, sums, block-table rows and timestamp histories; returns each search's
+    ranking [S, most_beams * (most_beams + 1) rounded up to a power of two] (flat candidate
+    indices, best first; the rest unset) and the block copies to make [3, N]: source, target,
+    positions (0: none)."""
+    if "kernel" not in _JITTED:
+        _JITTED["kernel"] = triton.jit(_choose_beams_kernel)
+    most = triton.next_power_of_2(most_beams * (most_beams + 1))
+    orders = torch.empty((len(searches), most), dtype=torch.long, device=candidates.device)
+    copies = torch.empty((3, hypotheses.shape[1]), dtype=torch.long, device=candidates.device)
+    _JITTED["kernel"][(len(searches),)](
+        candidates,
+        candidates.stride(0),
+        candidates.stride(1),
+        searches,
+        hypotheses,
+        hypotheses.stride(0),
+        sums,
+        next_tokens,
+        tables,
+        tables.stride(0),
+        tables.shape[1],
+        history,
+        history.stride(0),
+        copies,
+        copies.stride(0),
+        orders,
+        timestamp_begin,
+        MOST=most,
+        BEAMS=triton.next_power_of_2(most_beams),
+        WIDTH=triton.next_power_of_2(tables.shape[1]),
+        num_warps=4,
+    )
+    return orders, copies
