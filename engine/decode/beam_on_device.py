@@ -1,7 +1,8 @@
 """Beam choices made on the device, so that a beam search's next step can launch before the host
 has read the last one (engine/decode/pipeline.py's async steps).
 
-For each search, in one batch of tensor operations for all searches of a beam size: its
+For each search (on a GPU in one Triton kernel for the whole step, engine/kernels/beam_choice.py;
+elsewhere in PyTorch operations, a batch of searches of one beam size at a time): its
 hypotheses' candidates are ranked by their float32 sums of log-probabilities (a stable sort, best
 first, as ``BeamSearch.update`` ranks them), the first ``beam_size`` that do not end the text are
 the children, and then, for every child, on the device:
@@ -11,10 +12,10 @@ the children, and then, for every child, on the device:
   child of each parent keeps the parent's block, and the others write into a spare block the host
   handed out at launch, after a copy of the positions the parent wrote there (where that block
   starts, every child takes its spare, and nothing is copied).
-The host follows each choice one step late from the ranking, read back with the step
-(``Search.update`` with ``device_order``), so its texts, sums and block references stay the
-device's. Each hypothesis writes only into a block of its own (copy on write at every choice),
-which is what lets the device decide without reference counts.
+The host follows each choice one step late from the ranking (each rank's candidate, sum, token
+and log-probability), read back with the step (``Search.follow_device_choice``), so its texts,
+sums and block references stay the device's. Each hypothesis writes only into a block of its own
+(copy on write at every choice), which is what lets the device decide without reference counts.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from engine.decode.host_device import PendingDownload, upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
-from engine.decode.search import Search
+from engine.decode.search import Ranking, Search
 from engine.kernels import triton_available
 from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
 
@@ -46,8 +47,20 @@ class SearchRows:
 class DeviceChoices:
     """A launched step's choices: each search's ranking of its candidates, on its way to the host."""
 
-    orders: PendingDownload  # [searches, >= k * (k + 1)]: row i ranks ``searches[i]``'s candidates
+    # [4, searches, >= k * (k + 1)] float32: row i ranks ``searches[i]``'s candidates, best first:
+    # each rank's flat candidate index, sum of log-probabilities, token and log-probability.
+    rankings: PendingDownload
     searches: list[Search]
+
+    def read(self) -> dict[Search, Ranking]:
+        """Each search's ranking, once the step has run."""
+        planes = self.rankings.wait().tolist()  # one conversion for the step: Python numbers from here
+        rankings = {}
+        for row, search in enumerate(self.searches):
+            offered = len(search.hypotheses) * (len(search.hypotheses) + 1)
+            candidate, total, token, logprob = (plane[row][:offered] for plane in planes)
+            rankings[search] = Ranking(candidate, total, token, logprob)
+        return rankings
 
 
 class DeviceBeamChooser:
@@ -77,10 +90,10 @@ class DeviceBeamChooser:
         spares = [entry.search.launch_device_choice(step_id, entry.position).spares for entry in choosing]
         most_written = max(entry.position % self.block_size for entry in choosing)
         if self.use_triton:
-            orders = self._choose_in_one_kernel(choosing, spares, candidates, most_written)
+            rankings = self._choose_in_one_kernel(choosing, spares, candidates, most_written)
         else:
-            orders = self._choose_with_torch(choosing, spares, candidates, most_written)
-        return DeviceChoices(PendingDownload(orders), [entry.search for entry in choosing])
+            rankings = self._choose_with_torch(choosing, spares, candidates, most_written)
+        return DeviceChoices(PendingDownload(rankings), [entry.search for entry in choosing])
 
     def _choose_in_one_kernel(
         self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
@@ -105,7 +118,7 @@ class DeviceBeamChooser:
         packed = upload(fields + slots + spare_ids, torch.long, self.sums.device)
         searches = packed[: len(fields)].view(len(choosing), len(SEARCH_FIELDS))
         hypotheses = packed[len(fields) :].view(2, first_hypothesis)
-        orders, copies = triton_choose_beams(
+        rankings, copies = triton_choose_beams(
             candidates,
             searches,
             hypotheses,
@@ -117,24 +130,26 @@ class DeviceBeamChooser:
             max(len(entry.rows) for entry in choosing),
         )
         self.runner.storage.copy_blocks_on_device(copies[0], copies[1], copies[2], most_written)
-        return orders
+        return rankings
 
     def _choose_with_torch(
         self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
     ) -> torch.Tensor:
         """The same choices as PyTorch operations, a batch of searches of one beam size at a time."""
         most = max(len(entry.rows) for entry in choosing)
-        orders = torch.full((len(choosing), most * (most + 1)), -1, dtype=torch.long, device=self.sums.device)
+        rankings = torch.zeros(
+            (4, len(choosing), most * (most + 1)), dtype=torch.float32, device=self.sums.device
+        )
         by_size: dict[int, list[int]] = {}
         for position, entry in enumerate(choosing):
             by_size.setdefault(len(entry.rows), []).append(position)
         for beam_size, positions in by_size.items():
             group = [choosing[position] for position in positions]
             group_spares = [spares[position] for position in positions]
-            order = self._choose_group(beam_size, group, group_spares, candidates, most_written)
+            ranking = self._choose_group(beam_size, group, group_spares, candidates, most_written)
             rows = upload(positions, torch.long, self.sums.device)
-            orders[rows, : beam_size * (beam_size + 1)] = order
-        return orders
+            rankings[:, rows, : beam_size * (beam_size + 1)] = ranking
+        return rankings
 
     def _choose_group(
         self,
@@ -144,7 +159,7 @@ class DeviceBeamChooser:
         candidates: torch.Tensor,
         most_written: int,
     ) -> torch.Tensor:
-        """The choices of searches of one beam size; returns their rankings [searches, k * (k + 1)]."""
+        """The choices of searches of one beam size; returns their rankings [4, searches, k * (k + 1)]."""
         k, width, count = beam_size, beam_size + 1, len(group)
         per_row = [
             [row for entry in group for row in entry.candidate_rows],
@@ -174,7 +189,10 @@ class DeviceBeamChooser:
         self.sums[slots] = sums.gather(1, flat).view(-1)
         self.rules.continue_histories(slots, parent_slots, child_tokens)
         self._follow_parents_blocks(parents, slots, parent_slots, spare_ids, index, offset, most_written)
-        return order
+        logprobs = offered[1].reshape(count, k * width)
+        return torch.stack(
+            [order.float(), sums.gather(1, order), tokens.gather(1, order).float(), logprobs.gather(1, order)]
+        )
 
     def _follow_parents_blocks(
         self,

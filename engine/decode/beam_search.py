@@ -6,10 +6,12 @@ have finished, or at the window's length (engine/decode/search.py has what all s
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Choice, Search
+from engine.decode.search import Candidates, Choice, Ranking, Search
 
 
 class BeamSearch(Search):
@@ -31,9 +33,7 @@ class BeamSearch(Search):
         first = self.hypotheses[0]
         return not self._at_length(len(first.output_tokens) + first.unread_tokens)
 
-    def update(
-        self, hypotheses: list[Request], offers: Candidates, device_order: np.ndarray | None = None
-    ) -> bool:
+    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),
         # so a sequence is its parent and token. All of a step's candidates are ranked at once:
         # float32 sums (openai-whisper's), best first, equal sums in the order offered.
@@ -42,18 +42,32 @@ class BeamSearch(Search):
         logprobs = offers.logprobs[:, :width]
         sums_before = np.array([hypothesis.sum_logprob for hypothesis in hypotheses], dtype=np.float32)
         sums = sums_before[:, None] + logprobs
-        if device_order is None:
-            order = np.argsort(-sums.ravel(), kind="stable").tolist()
-        else:  # the same ranking, made on the device: following it keeps the host's choice the device's
-            order = device_order.tolist()
+        order = np.argsort(-sums.ravel(), kind="stable").tolist()
         # Python numbers, read once: indexing numpy arrays element by element costs more.
         tokens = offers.tokens[:, :width].ravel().tolist()
         logprob_of, sum_of = logprobs.ravel().tolist(), sums.ravel().tolist()
+        chosen = self._take(
+            Choice(parent_of[flat // width], tokens[flat], logprob_of[flat], sum_of[flat]) for flat in order
+        )
+        at_length = self._continue_with(chosen)
+        return len(self.finished) >= self.max_finished or at_length
+
+    def follow_device_choice(self, ranking: Ranking) -> bool:
+        width = self.beam_size + 1
+        chosen = self._take(
+            Choice(int(candidate) // width, int(token), logprob, total)
+            for candidate, total, token, logprob in zip(*ranking)
+        )
+        at_length = self._follow_device_choice(chosen)
+        return len(self.finished) >= self.max_finished or at_length
+
+    def _take(self, ranked: Iterator[Choice]) -> list[Choice]:
+        """From the sequences best first: the first ``beam_size`` that go on are chosen; those
+        ending at end of text before them finish (up to ``max_finished``)."""
         eot = None if self.window.options.ignore_eot else self.eot
         chosen: list[Choice] = []
         newly_finished: list[Choice] = []
-        for flat in order:
-            choice = Choice(parent_of[flat // width], tokens[flat], logprob_of[flat], sum_of[flat])
+        for choice in ranked:
             if choice.token == eot:
                 newly_finished.append(choice)
             else:
@@ -64,10 +78,7 @@ class BeamSearch(Search):
             if len(self.finished) >= self.max_finished:
                 break
             self._finish_sequence(choice)
-        at_length = (
-            self._continue_with(chosen) if device_order is None else self._follow_device_choice(chosen)
-        )
-        return len(self.finished) >= self.max_finished or at_length
+        return chosen
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:
         # openai-whisper's finalize: the best live hypotheses fill up to beam_size candidates, best

@@ -32,9 +32,7 @@ class BestOfSamples(Search):
         # The prompt's first token is drawn once per sample; afterwards each sample draws its own.
         return self.samples if not hypothesis.output_tokens and len(self.hypotheses) == 1 else 1
 
-    def update(
-        self, hypotheses: list[Request], offers: Candidates, device_order: np.ndarray | None = None
-    ) -> bool:
+    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         eot = None if self.window.options.ignore_eot else self.eot
         parent_of = self._parents_of(hypotheses)
         wanted = self.candidates_wanted(hypotheses[0])  # as at launch: nothing has changed since

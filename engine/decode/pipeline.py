@@ -153,6 +153,7 @@ class StepPipeline:
         self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
         choosing = self._device_choosers(batch, logits.slots, computed_after, sampled) if sampled else []
         device_choices = self.beam_chooser.choose(step_id, choosing, sampled.candidates) if choosing else None
+        host_chooses = bool(sampled and len(sampled.hypothesis_rows) > sum(len(c.rows) for c in choosing))
         return LaunchedStep(
             step_id=step_id,
             batch=batch,
@@ -164,9 +165,9 @@ class StepPipeline:
             readback=PendingDownload(readback),
             generator_states=sampled.generator_states if sampled else {},
             hypothesis_rows=sampled.hypothesis_rows if sampled else [],
-            candidates=PendingDownload(sampled.candidates) if sampled and sampled.hypothesis_rows else None,
+            candidates=PendingDownload(sampled.candidates) if host_chooses else None,
             device_choices=device_choices,
-            host_chooses=bool(sampled and len(sampled.hypothesis_rows) > sum(len(c.rows) for c in choosing)),
+            host_chooses=host_chooses,
         )
 
     def _device_choosers(
@@ -306,16 +307,5 @@ class StepPipeline:
             computed_after=step.computed_after,
             candidates=candidates,
             candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)},
-            device_orders=self._device_orders(step.device_choices),
+            device_rankings=step.device_choices.read() if step.device_choices else {},
         )
-
-    @staticmethod
-    def _device_orders(choices: DeviceChoices | None) -> dict:
-        """Each search's ranking of its candidates, where the step chose on the device."""
-        if choices is None:
-            return {}
-        orders = choices.orders.wait()
-        offered = [len(search.hypotheses) * (len(search.hypotheses) + 1) for search in choices.searches]
-        return {
-            search: orders[row, :count] for row, (search, count) in enumerate(zip(choices.searches, offered))
-        }

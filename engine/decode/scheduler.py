@@ -249,8 +249,13 @@ class Scheduler:
         for search, rows in offered.items():
             if search.window.error is not None:
                 continue
-            offers = output.candidates.select([output.candidate_index[row] for row in rows])
-            if search.update([output.batch[row] for row in rows], offers, output.device_orders.get(search)):
+            ranking = output.device_rankings.get(search)
+            if ranking is not None:
+                over = search.follow_device_choice(ranking)
+            else:
+                offers = output.candidates.select([output.candidate_index[row] for row in rows])
+                over = search.update([output.batch[row] for row in rows], offers)
+            if over:
                 stopped.append((search.window, search.finish()))
         return stopped
 

@@ -17,8 +17,8 @@ A search's first choice (one hypothesis to several), best-of samples' choices an
 last choice are made on the host, so a step with such a choice is read before the next is
 launched. A beam search's other choices are made on the device with async steps
 (engine/decode/beam_on_device.py): the next step launches before the host has read the last, and
-the host follows each choice one step late, from the order the device ranked the candidates in,
-so its texts, sums and block references are the device's (``update`` with ``device_order``).
+the host follows each choice one step late from the device's ranking of the candidates, so its
+texts, sums and block references are the device's (``follow_device_choice``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,17 @@ class Candidates:
         if rows[-1] - rows[0] == len(rows) - 1:
             return Candidates(self.tokens[rows[0] : rows[-1] + 1], self.logprobs[rows[0] : rows[-1] + 1])
         return Candidates(self.tokens[rows], self.logprobs[rows])
+
+
+class Ranking(NamedTuple):
+    """A choice made on the device, read back: the candidates by rank, best first (rank r's flat
+    index ``candidate[r]``, hypothesis ``candidate[r] // (k + 1)``), with their sums, tokens and
+    log-probabilities (float32 values; tokens as floats)."""
+
+    candidate: list[float]
+    sum_logprob: list[float]
+    token: list[float]
+    logprob: list[float]
 
 
 class Choice(NamedTuple):
@@ -99,12 +110,14 @@ class Search:
         """How many candidate tokens the hypothesis offers this step."""
         raise NotImplementedError
 
-    def update(
-        self, hypotheses: list[Request], offers: Candidates, device_order: np.ndarray | None = None
-    ) -> bool:
+    def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         """Take a step's candidates (row i offered by ``hypotheses[i]``); returns whether the
-        search is over. ``device_order``: the step's choice was made on the device, which ranked the
-        candidates (flat indices, best first) in this order."""
+        search is over."""
+        raise NotImplementedError
+
+    def follow_device_choice(self, ranking: Ranking) -> bool:
+        """What the choice the device made did (``launch_device_choice``), from its ranking of the
+        candidates; returns whether the search is over."""
         raise NotImplementedError
 
     def chooses_on_device(self) -> bool:

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Search
+from engine.decode.search import Candidates, Ranking, Search
 
 
 @dataclass(frozen=True)
@@ -26,5 +24,5 @@ class StepOutput:
     # What the hypotheses' rows offered: row ``candidate_index[row]`` of ``candidates``.
     candidates: Candidates | None = None
     candidate_index: dict[int, int] = field(default_factory=dict)
-    # A search whose choice the step made on the device -> its ranking of the candidates (flat indices).
-    device_orders: dict[Search, np.ndarray] = field(default_factory=dict)
+    # A search whose choice the step made on the device -> the device's ranking of its candidates.
+    device_rankings: dict[Search, Ranking] = field(default_factory=dict)

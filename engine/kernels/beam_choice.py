@@ -48,7 +48,8 @@ if triton_available():
         stride_history,
         COPIES,
         stride_copies,
-        ORDERS,
+        RANKED,
+        stride_ranked,
         timestamp_begin,
         MOST: tl.constexpr,
         BEAMS: tl.constexpr,
@@ -81,7 +82,12 @@ if triton_available():
         )
         before = before & valid[None, :]
         rank = tl.sum(before.to(tl.int32), axis=1)
-        tl.store(ORDERS + search * MOST + rank, i.to(tl.int64), mask=valid)
+        # The ranking, for the host to follow: each rank's candidate, sum, token and log-probability.
+        ranked = RANKED + search * MOST + rank
+        tl.store(ranked, i.to(tl.float32), mask=valid)
+        tl.store(ranked + stride_ranked, total, mask=valid)
+        tl.store(ranked + 2 * stride_ranked, token.to(tl.float32), mask=valid)
+        tl.store(ranked + 3 * stride_ranked, logprob, mask=valid)
         goes_on = valid & (token != eot)
         goes_on_before = tl.sum((before & goes_on[None, :]).to(tl.int32), axis=1)
         chosen = goes_on & (goes_on_before < k)
@@ -150,14 +156,14 @@ def triton_choose_beams(
     """The choices of ``searches`` [S, 7] (columns SEARCH_FIELDS) from ``candidates`` [2, H, width]
     float32 (tokens, log-probabilities); ``hypotheses`` [2, N] int64: each hypothesis's slot and
     its spare block, a search's ``beam_size`` of them from its ``first_hypothesis``. Writes the
-    children's next tokens, sums, block-table rows and timestamp histories; returns each search's
-    ranking [S, most_beams * (most_beams + 1) rounded up to a power of two] (flat candidate
-    indices, best first; the rest unset) and the block copies to make [3, N]: source, target,
-    positions (0: none)."""
+    children's next tokens, sums, block-table rows and timestamp histories. Returns each search's
+    ranking [4, S, most_beams * (most_beams + 1) rounded up to a power of two] float32: by rank,
+    best first, the candidate's flat index, sum, token and log-probability (past a search's
+    k * (k + 1) unset), and the block copies to make [3, N]: source, target, positions (0: none)."""
     if "kernel" not in _JITTED:
         _JITTED["kernel"] = triton.jit(_choose_beams_kernel)
     most = triton.next_power_of_2(most_beams * (most_beams + 1))
-    orders = torch.empty((len(searches), most), dtype=torch.long, device=candidates.device)
+    ranked = torch.empty((4, len(searches), most), dtype=torch.float32, device=candidates.device)
     copies = torch.empty((3, hypotheses.shape[1]), dtype=torch.long, device=candidates.device)
     _JITTED["kernel"][(len(searches),)](
         candidates,
@@ -175,11 +181,12 @@ def triton_choose_beams(
         history.stride(0),
         copies,
         copies.stride(0),
-        orders,
+        ranked,
+        ranked.stride(0),
         timestamp_begin,
         MOST=most,
         BEAMS=triton.next_power_of_2(most_beams),
         WIDTH=triton.next_power_of_2(tables.shape[1]),
         num_warps=4,
     )
-    return orders, copies
+    return ranked, copies

@@ -81,9 +81,10 @@ class SharedBlocks:
     def take_spares(self, count: int) -> list[int]:
         """Blocks handed out before anyone is known to need them (a choice made on the device may
         give some of them to hypotheses); ``take_over`` or ``give_back`` each one later."""
-        spares = [self._take() for _ in range(count)]
-        for block_id in spares:
-            del self._refs[block_id]
+        if len(self._spare) < count:
+            raise RuntimeError("a window's hypotheses used more self-attention blocks than it reserved")
+        spares = self._spare[len(self._spare) - count :]
+        del self._spare[len(self._spare) - count :]
         return spares
 
     def take_over(self, table: list[int], index: int, block_id: int) -> None:
