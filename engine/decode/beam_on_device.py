@@ -98,21 +98,21 @@ class DeviceBeamChooser:
     def _choose_in_one_kernel(
         self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
     ) -> torch.Tensor:
-        fields, slots, first_hypothesis = [], [], 0
+        fields: list[int] = []
+        slots: list[int] = []
         for entry in choosing:
-            index, offset = divmod(entry.position, self.block_size)
-            by_name = {
-                "beam_size": len(entry.rows),
-                "first_hypothesis": first_hypothesis,
-                "first_candidate": entry.candidate_rows[0],
-                "first_row": entry.rows[0],
-                "block_index": index,
-                "offset": offset,
-                "eot": _eot_of(entry.search),
-            }
-            fields += [by_name[name] for name in SEARCH_FIELDS]
+            # In SEARCH_FIELDS's order (a dict per search would cost the host more than the kernel).
+            fields += (
+                len(entry.rows),
+                len(slots),
+                entry.candidate_rows[0],
+                entry.rows[0],
+                entry.position // self.block_size,
+                entry.position % self.block_size,
+                _eot_of(entry.search),
+            )
             slots += entry.slots
-            first_hypothesis += len(entry.rows)
+        first_hypothesis = len(slots)
         spare_ids = [block_id for spare in spares for block_id in spare]
         # One upload: the searches' fields, then each hypothesis's slot and spare.
         packed = upload(fields + slots + spare_ids, torch.long, self.sums.device)

@@ -42,9 +42,10 @@ def sample_rows(
     hypotheses = [index for index, r in enumerate(requests) if r.hypothesis_of is not None]
     # A hypothesis takes over a forked parent's text: its slot's timestamp history follows that text,
     # restored here when the host chose it (a choice made on the device moves histories there).
+    any_timestamps = any(timestamps)
     stamped = [
         index
-        for index in hypotheses
+        for index in (hypotheses if any_timestamps else ())
         if timestamps[index] and not first[index] and requests[index].hypothesis_of.host_chose_last
     ]
     if stamped:
@@ -53,7 +54,7 @@ def sample_rows(
         )
     stamp_rows = rules.timestamp_rows(first, timestamps, row_slots)
     rules.apply(row_logits, first, stamp_rows)
-    if hypotheses:
+    if hypotheses and any_timestamps:
         # A hypothesis's history moves on with the token its search chooses, not its likeliest one.
         unchosen = [
             with_timestamps and r.hypothesis_of is None for r, with_timestamps in zip(requests, timestamps)

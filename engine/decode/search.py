@@ -248,6 +248,11 @@ class Search:
         index, offset = divmod(launched.position, self.blocks.block_size)
         last_child = {choice.parent: child for child, choice in enumerate(chosen)}
         parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in self.hypotheses]
+        children = [0] * len(parents)
+        for choice in chosen:
+            children[choice.parent] += 1
+        for (_, _, table), count in zip(parents, children):
+            self.blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
         continued: set[int] = set()
         texts: list[tuple[list[int], list[float]]] = []
         for choice in chosen:  # as ``_continue_with``: a parent's first child takes over its lists
@@ -259,14 +264,12 @@ class Search:
                 texts.append((tokens, logprobs))
         tables = []
         for child, (choice, spare) in enumerate(zip(chosen, launched.spares)):
-            table = self.blocks.fork(parents[choice.parent][2])
+            table = list(parents[choice.parent][2])
             if offset == 0 or last_child[choice.parent] != child:
                 self.blocks.take_over(table, index, spare)
             else:
                 self.blocks.give_back(spare)
             tables.append(table)
-        for _, _, table in parents:
-            self.blocks.drop(table)
         for hypothesis, choice, (tokens, logprobs), table in zip(self.hypotheses, chosen, texts, tables):
             if tokens is parents[choice.parent][0]:
                 tokens.append(choice.token)

@@ -19,7 +19,7 @@ import torch
 
 from engine.kernels import tl, triton, triton_available
 
-# Columns of the per-search rows the kernel reads.
+# Columns of the per-search rows the kernel reads, in order.
 SEARCH_FIELDS = (
     "beam_size",
     "first_hypothesis",

@@ -45,16 +45,23 @@ class SharedBlocks:
 
     def fork(self, table: list[int]) -> list[int]:
         """A new holder of every block of ``table``: the same ids, each one reference more."""
-        for block_id in table:
-            self._refs[block_id] += 1
+        self.hold(table, 1)
         return list(table)
 
     def drop(self, table: list[int]) -> None:
         """A holder lets go of ``table``'s blocks; a block nobody holds becomes a spare again."""
+        self.hold(table, -1)
+
+    def hold(self, table: list[int], more: int) -> None:
+        """``more`` holders of every block of ``table`` (fewer, when negative); a block nobody
+        holds becomes a spare again."""
+        if more == 0:
+            return
+        refs = self._refs
         for block_id in table:
-            self._refs[block_id] -= 1
-            if self._refs[block_id] == 0:
-                del self._refs[block_id]
+            refs[block_id] += more
+            if refs[block_id] == 0:
+                del refs[block_id]
                 self._spare.append(block_id)
 
     def prepare_write(self, table: list[int], start: int, end: int) -> list[BlockCopy]:
