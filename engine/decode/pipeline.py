@@ -177,15 +177,15 @@ class StepPipeline:
         next step from there. The others' hypotheses wait for the host's choice."""
         if self.beam_chooser is None or not sampled.hypothesis_rows:
             return []
-        rows_of: dict[int, list[int]] = {}
-        for row in sampled.hypothesis_rows:
-            rows_of.setdefault(id(batch[row].hypothesis_of), []).append(row)
+        # A search's hypotheses are adjacent rows, and so are their candidates.
+        groups: dict[int, tuple[int, list[int]]] = {}  # search -> its first candidate row, its rows
+        for index, row in enumerate(sampled.hypothesis_rows):
+            groups.setdefault(id(batch[row].hypothesis_of), (index, []))[1].append(row)
         choosing = []
-        for rows in rows_of.values():
+        for start, rows in groups.values():
             search = batch[rows[0]].hypothesis_of
             if len(rows) != len(search.hypotheses) or not search.chooses_on_device():
                 continue
-            start = sampled.hypothesis_rows.index(rows[0])
             choosing.append(
                 SearchRows(
                     search=search,

@@ -10,6 +10,8 @@ import torch
 from engine.decode.host_device import upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.request import Request
+from engine.kernels import triton_available
+from engine.kernels.top_candidates import triton_top_candidates
 
 
 @dataclass
@@ -100,8 +102,13 @@ def _candidates(
     """Each hypothesis's candidates [2, H, width]: at temperature 0 its likeliest tokens, best first;
     above it its draws from softmax(logits / T), with its own generator. Log-probabilities are of
     the rule-filtered logits (``logprobs``, their log-softmax), as openai-whisper scores both."""
-    if len(rows) < len(logits):  # greedy rows share the step: only the hypotheses' rows
-        logprobs = logprobs[upload(rows, torch.long, logits.device)]
+    some_rows = len(rows) < len(logits)  # greedy rows share the step: only the hypotheses' rows
+    row_index = upload(rows, torch.long, logits.device) if some_rows else None
+    if logprobs.is_cuda and triton_available() and all(h.temperature == 0 for h in hypotheses):
+        # Beams only: one kernel (engine/kernels/top_candidates.py), not topk, a gather and a stack.
+        return triton_top_candidates(logprobs, row_index, max(wanted))
+    if some_rows:
+        logprobs = logprobs[row_index]
     tokens = logprobs.topk(max(wanted), dim=-1).indices
     for index, (hypothesis, count) in enumerate(zip(hypotheses, wanted)):
         if hypothesis.temperature > 0:

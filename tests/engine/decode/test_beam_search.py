@@ -4,6 +4,8 @@ and beams batched with greedy windows in the same steps."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -306,3 +308,23 @@ def test_word_timestamps_and_language_detection_work_with_beams(
     for segment in result.segments or []:
         assert "".join(word.word for word in segment.words) == segment.text
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
+def test_the_top_candidates_kernel_ranks_each_row_as_topk_with_ties_to_the_lower_token():
+    """engine/kernels/top_candidates.py, compiled on a GPU, under Triton's interpreter elsewhere."""
+    from engine.kernels.top_candidates import triton_top_candidates
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    generator = torch.Generator().manual_seed(0)
+    logprobs = torch.log_softmax(torch.randn(6, 5000, generator=generator), dim=-1)
+    logprobs[2] = -math.inf  # a row of suppressed tokens but a few, with ties among them
+    logprobs[2, [40, 7, 4999, 300, 12]] = torch.tensor([-1.0, -1.0, -0.5, -2.0, -2.0])
+    logprobs = logprobs.to(device)
+    every_row = triton_top_candidates(logprobs, None, 6).cpu()
+    expected = logprobs.cpu().topk(6, dim=-1)
+    assert torch.equal(every_row[1], expected.values)
+    tokens = every_row[0].long()
+    assert torch.equal(tokens[[0, 1, 3, 4, 5]], expected.indices[[0, 1, 3, 4, 5]])
+    assert tokens[2, :5].tolist() == [4999, 7, 40, 12, 300]  # equal log-probabilities: lower token first
+    some_rows = triton_top_candidates(logprobs, torch.tensor([4, 1], device=device), 3).cpu()
+    assert torch.equal(some_rows[0].long(), expected.indices[[4, 1], :3])
