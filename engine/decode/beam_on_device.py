@@ -21,6 +21,7 @@ sums and block references stay the device's. Each hypothesis writes only into a 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -32,9 +33,9 @@ from engine.kernels import triton_available
 from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
 
 
-@dataclass(frozen=True)
-class SearchRows:
-    """A search whose choice a launched step makes on the device, and where its hypotheses are."""
+class SearchRows(NamedTuple):
+    """A search whose choice a launched step makes on the device, and where its hypotheses are. (A
+    tuple: a step makes one per search, on the host's critical path.)"""
 
     search: Search
     rows: list[int]  # its hypotheses' rows in the step, in the search's order

@@ -74,10 +74,10 @@ class Choice(NamedTuple):
     sum_logprob: float
 
 
-@dataclass(frozen=True)
-class DeviceChoice:
+class DeviceChoice(NamedTuple):
     """A choice launched on the device: in step ``step_id``, for the write at ``position``; child
-    ``j`` writes into ``spares[j]`` if it needs a block of its own there."""
+    ``j`` writes into ``spares[j]`` if it needs a block of its own there. (A tuple: a step makes
+    one per search, on the host's critical path.)"""
 
     step_id: int
     position: int
@@ -246,34 +246,30 @@ class Search:
         reached the window's length."""
         launched = self.device_choices.popleft()
         index, offset = divmod(launched.position, self.blocks.block_size)
-        last_child = {choice.parent: child for child, choice in enumerate(chosen)}
-        parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in self.hypotheses]
-        children = [0] * len(parents)
-        for choice in chosen:
+        hypotheses = self.hypotheses
+        parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in hypotheses]
+        length = len(parents[0][0])  # every hypothesis of a beam search is as long
+        children, last_child = [0] * len(parents), [0] * len(parents)
+        for child, choice in enumerate(chosen):
             children[choice.parent] += 1
+            last_child[choice.parent] = child
         for (_, _, table), count in zip(parents, children):
             self.blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
-        continued: set[int] = set()
-        texts: list[tuple[list[int], list[float]]] = []
-        for choice in chosen:  # as ``_continue_with``: a parent's first child takes over its lists
-            tokens, logprobs, _ = parents[choice.parent]
-            if choice.parent in continued:
-                texts.append(([*tokens, choice.token], [*logprobs, choice.logprob]))
-            else:
-                continued.add(choice.parent)
-                texts.append((tokens, logprobs))
-        tables = []
+        taken = [False] * len(parents)
         for child, (choice, spare) in enumerate(zip(chosen, launched.spares)):
-            table = list(parents[choice.parent][2])
-            if offset == 0 or last_child[choice.parent] != child:
+            parent = choice.parent
+            tokens, logprobs, table = parents[parent]
+            if taken[parent]:  # a parent's first child takes over its lists (as ``_continue_with``)
+                tokens, logprobs = tokens[:length], logprobs[:length]
+            taken[parent] = True
+            tokens.append(choice.token)
+            logprobs.append(choice.logprob)
+            table = list(table)
+            if offset == 0 or last_child[parent] != child:
                 self.blocks.take_over(table, index, spare)
             else:
                 self.blocks.give_back(spare)
-            tables.append(table)
-        for hypothesis, choice, (tokens, logprobs), table in zip(self.hypotheses, chosen, texts, tables):
-            if tokens is parents[choice.parent][0]:
-                tokens.append(choice.token)
-                logprobs.append(choice.logprob)
+            hypothesis = hypotheses[child]
             hypothesis.output_tokens, hypothesis.output_logprobs = tokens, logprobs
             hypothesis.sum_logprob = choice.sum_logprob
             hypothesis.blocks.self_block_ids = table  # the device rewrote its row

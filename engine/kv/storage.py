@@ -139,12 +139,17 @@ class PagedKVStorage:
     ) -> None:
         """As ``copy_blocks``, with the ids and counts already on the cache's device (a copy of 0
         positions copies nothing), ``most`` their largest count. On a GPU one Triton kernel
-        (engine/kernels/block_copy.py); elsewhere one masked gather and scatter, with no read
-        of the counts on the host."""
+        (engine/kernels/block_copy.py); on another GPU one masked gather and scatter, with no read
+        of the counts on the host; on a CPU a slice copy per copy."""
         if most <= 0 or len(sources) == 0:
             return
         if self.cache.is_cuda and triton_available():
             triton_copy_blocks(self.cache, sources, targets, positions, most)
+            return
+        if not self.cache.is_cuda:  # reading the counts costs a CPU nothing: copy what they say only
+            for source, target, count in zip(sources.tolist(), targets.tolist(), positions.tolist()):
+                if count:
+                    self.cache[target, :, :, :count] = self.cache[source, :, :, :count]
             return
         written = torch.arange(most, device=self.cache.device)[None, :] < positions[:, None]
         keep = written[:, None, None, :, None, None]
