@@ -8,7 +8,10 @@ hand: the encoder is the same for greedy and beams). Ours runs them with continu
 (its beam search keeps a copy of the cross-attention K/V per beam, so large batches do not fit).
 
     python benchmarks/bench_beams.py [--shapes large-v3,large-v3-turbo] [--windows 16,64]
-        [--beam-size 5] [--tokens 100] [--hf-windows 16] [--device cuda] [--record]
+        [--beam-size 5] [--tokens 100] [--hf-windows 16] [--device cuda] [--pin-cpu 2] [--record]
+
+A beam step's wall time depends on the host's work, and on a lent GPU machine it jumps between
+runs by up to 25% unless the process stays on one core (``--pin-cpu``).
 
 On a CPU, ``--shapes tiny --device cpu --windows 4 --hf-windows 4 --tokens 16`` tries it out.
 """
@@ -16,6 +19,7 @@ On a CPU, ``--shapes tiny --device cpu --windows 4 --hf-windows 4 --tokens 16`` 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -117,8 +121,16 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
     add_dtype_argument(parser)
+    parser.add_argument(
+        "--pin-cpu",
+        type=int,
+        default=None,
+        help="run on this one CPU core (the host's step time then stops jumping between runs)",
+    )
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
+    if args.pin_cpu is not None:
+        os.sched_setaffinity(0, {args.pin_cpu})
     tokenizer_file = args.tokenizer or resolve_model_folder("base") / "tokenizer.json"
     beams, rows = args.beam_size, []
     for shape in args.shapes.split(","):
@@ -166,7 +178,8 @@ def main() -> None:
         notes = (
             f"Random weights of each shape, dtype {args.dtype}; every window decodes "
             f"{args.tokens} tokens (end of text ignored); transformers from encoder states, one static "
-            f"batch; each figure the median of {args.repeats} timed runs after a warm-up run of that size."
+            f"batch; each figure the median of {args.repeats} timed runs after a warm-up run of that size"
+            + (f"; the process pinned to CPU core {args.pin_cpu}." if args.pin_cpu is not None else ".")
         )
         record(f"Beam search: beam {beams} against greedy and transformers (bench_beams.py)", table, notes)
 
