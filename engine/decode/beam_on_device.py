@@ -99,6 +99,7 @@ class DeviceBeamChooser:
     def _choose_in_one_kernel(
         self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
     ) -> torch.Tensor:
+        """Every search's choice in one Triton kernel, and the block copies in one more."""
         fields: list[int] = []
         slots: list[int] = []
         for entry in choosing:
@@ -113,12 +114,12 @@ class DeviceBeamChooser:
                 _eot_of(entry.search),
             )
             slots += entry.slots
-        first_hypothesis = len(slots)
+        num_hypotheses = len(slots)
         spare_ids = [block_id for spare in spares for block_id in spare]
         # One upload: the searches' fields, then each hypothesis's slot and spare.
         packed = upload(fields + slots + spare_ids, torch.long, self.sums.device)
         searches = packed[: len(fields)].view(len(choosing), len(SEARCH_FIELDS))
-        hypotheses = packed[len(fields) :].view(2, first_hypothesis)
+        hypotheses = packed[len(fields) :].view(2, num_hypotheses)
         rankings, copies = triton_choose_beams(
             candidates,
             searches,

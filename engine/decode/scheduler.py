@@ -23,8 +23,9 @@ delays batch work by at most that long, never forever).
 
 A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search.py)
 reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
-worth of self-attention blocks, and its prompt's blocks; it counts as that many sequences against
-``max_num_seqs``, and steps its hypotheses, each a row of the batch.
+worth of self-attention blocks, its prompt's blocks, and two blocks more per hypothesis (the
+spares of two steps' choices made on the device, engine/decode/beam_on_device.py); it counts as
+that many sequences against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.

@@ -37,6 +37,7 @@ if triton_available():
         stride_plane,
         stride_candidate,
         SEARCHES,
+        stride_search,
         HYPOTHESES,
         stride_hypotheses,
         SUMS,
@@ -56,7 +57,7 @@ if triton_available():
         WIDTH: tl.constexpr,
     ):
         search = tl.program_id(0)
-        fields = SEARCHES + search * 7
+        fields = SEARCHES + search * stride_search  # in SEARCH_FIELDS's order
         k = tl.load(fields)
         first_hypothesis = tl.load(fields + 1)
         first_candidate = tl.load(fields + 2)
@@ -170,6 +171,7 @@ def triton_choose_beams(
         candidates.stride(0),
         candidates.stride(1),
         searches,
+        searches.stride(0),
         hypotheses,
         hypotheses.stride(0),
         sums,

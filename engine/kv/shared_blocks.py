@@ -10,7 +10,10 @@ holder lets go goes back to this window's spares, not to the pool: the reservati
 until the window finishes.
 
 Block ids only, never tensors: the copies it asks for are done by the storage, in one batched
-operation per step (engine/kv/storage.py ``copy_blocks``).
+operation per step (engine/kv/storage.py ``copy_blocks``). When a beam search chooses on the
+device (engine/decode/beam_on_device.py), the device decides which hypothesis copies what: the
+host hands out spares before the choice (``take_spares``) and, following it one step late, says
+which were taken (``take_over``) and which come back (``give_back``).
 """
 
 from __future__ import annotations
