@@ -80,14 +80,20 @@ def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("beam_size", [2, 5])
-def test_beam_search_is_token_exact_with_openai_whisper_on_the_speech_set(tiny_en, reference, beam_size):
+@pytest.mark.parametrize(
+    "beam_size, async_steps",
+    [(2, False), (5, False), (5, True)],
+    ids=["beam2", "beam5", "beam5-device-choices"],
+)
+def test_beam_search_is_token_exact_with_openai_whisper_on_the_speech_set(
+    tiny_en, reference, beam_size, async_steps
+):
     clips = short_english_clips()
     cross_kvs = cross_kvs_of(tiny_en, [clip.path for clip in clips])
     options = DecodeOptions(beam_size=beam_size)
-    results = decode_all(
-        engine_with(tiny_en), cross_kvs, {clip.id: (i, options) for i, clip in enumerate(clips)}
-    )
+    # With async steps the beams are chosen on the device (here by the PyTorch version of the choice).
+    engine = engine_with(tiny_en, async_steps=async_steps)
+    results = decode_all(engine, cross_kvs, {clip.id: (i, options) for i, clip in enumerate(clips)})
     mels = log_mel_spectrogram(windows_of([clip.path for clip in clips]), tiny_en.weights.dims.n_mels)
     differing = [
         clip.id
