@@ -175,6 +175,40 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+def test_with_choices_on_the_device_the_host_follows_its_block_tables_one_step_behind(
+    tiny_en, cross_kvs, use_triton
+):
+    """The host's copy of each beam's blocks is what the device's block table held a step earlier,
+    and every block of the window's reservation is held, spare, or handed out for a choice in flight."""
+    engine = engine_with(tiny_en, async_steps=True, block_size=16)  # small blocks: many boundaries
+    engine.pipeline.beam_chooser.use_triton = use_triton  # Triton's interpreter on a CPU
+    window = engine.make_request(DecodeOptions(beam_size=4), CrossKVTensor(cross_kvs[0]), "beams")
+    engine.submit(window)
+    tables, device_rows_before, compared = engine.runner.tables, None, 0
+    while engine.has_work:
+        engine.step()
+        search = window.search
+        if search is None:
+            continue
+        if device_rows_before is not None and not search.host_chose_last:
+            # The step read now made its choice on the device; the rows were the device's alone then.
+            for hypothesis in search.hypotheses:
+                row = device_rows_before[tables._slot_by_request[hypothesis.request_id]].tolist()
+                table = hypothesis.blocks.self_block_ids
+                assert row[: len(table) + 1] == table + [tables.null_block]
+                compared += 1
+        # Rows the device wrote with no choice of the host's before them (nothing rewritten since).
+        device_rows_before = None if search.host_chose_last else tables.self_tables.clone()
+        held, spare = set(search.blocks._refs), set(search.blocks._spare)
+        in_flight = {block for choice in search.device_choices for block in choice.spares}
+        assert not (held & spare or held & in_flight or spare & in_flight)
+        assert held | spare | in_flight == set(window.blocks.spare_block_ids)
+        assert all(set(h.blocks.self_block_ids) <= held for h in search.hypotheses)
+    assert compared > 40
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
 @pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
 def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en, cross_kvs, async_steps):
     engine = engine_with(tiny_en, async_steps=async_steps)
