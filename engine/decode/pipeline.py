@@ -306,6 +306,9 @@ class StepPipeline:
             languages={row: self._language_of_token[tokens[row]] for row in step.detect_rows},
             computed_after=step.computed_after,
             candidates=candidates,
-            candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)},
+            # Only for the host's choices: a choice made on the device comes with its ranking.
+            candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)}
+            if candidates is not None
+            else {},
             device_rankings=step.device_choices.read() if step.device_choices else {},
         )

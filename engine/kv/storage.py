@@ -113,15 +113,8 @@ class PagedKVStorage:
 
     def copy_blocks(self, copies: list[BlockCopy]) -> None:
         """Copy each copy's written positions (every layer's K and V) source -> target, all in one
-        call: a beam that forks inside a block gets its own copy before it writes there. On a GPU
-        one Triton kernel, elsewhere one slice copy per block."""
+        call: a beam that forks inside a block gets its own copy before it writes there."""
         if not copies:
-            return
-        if not (self.cache.is_cuda and triton_available()):
-            for copy in copies:
-                self.cache[copy.target, :, :, : copy.positions] = self.cache[
-                    copy.source, :, :, : copy.positions
-                ]
             return
         index = upload(
             [
@@ -132,7 +125,7 @@ class PagedKVStorage:
             torch.long,
             self.cache.device,
         )
-        triton_copy_blocks(self.cache, index[0], index[1], index[2], max(copy.positions for copy in copies))
+        self.copy_blocks_on_device(index[0], index[1], index[2], max(copy.positions for copy in copies))
 
     def copy_blocks_on_device(
         self, sources: torch.Tensor, targets: torch.Tensor, positions: torch.Tensor, most: int
