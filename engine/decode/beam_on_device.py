@@ -39,7 +39,7 @@ class SearchRows(NamedTuple):
 
     search: Search
     rows: list[int]  # its hypotheses' rows in the step, in the search's order
-    candidate_rows: list[int]  # their rows of the step's candidates
+    candidate_rows: range  # their rows of the step's candidates
     slots: list[int]  # their block-table slots
     position: int  # where the children write next
 

@@ -53,11 +53,19 @@ class BeamSearch(Search):
         return len(self.finished) >= self.max_finished or at_length
 
     def follow_device_choice(self, ranking: Ranking) -> bool:
-        width = self.beam_size + 1
-        chosen = self._take(
-            Choice(int(candidate) // width, int(token), logprob, total)
-            for candidate, total, token, logprob in zip(*ranking)
-        )
+        width, k = self.beam_size + 1, self.beam_size
+        candidate, total, token, logprob = ranking
+        if self.window.options.ignore_eot or self.eot not in token[:k]:
+            # The usual step: the best k all go on, and nothing finishes.
+            chosen = [
+                Choice(int(candidate[rank]) // width, int(token[rank]), logprob[rank], total[rank])
+                for rank in range(k)
+            ]
+        else:
+            chosen = self._take(
+                Choice(int(candidate) // width, int(token), logprob, total)
+                for candidate, total, token, logprob in zip(*ranking)
+            )
         at_length = self._follow_device_choice(chosen)
         return len(self.finished) >= self.max_finished or at_length
 

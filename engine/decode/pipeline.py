@@ -177,26 +177,29 @@ class StepPipeline:
         next step from there. The others' hypotheses wait for the host's choice."""
         if self.beam_chooser is None or not sampled.hypothesis_rows:
             return []
-        # A search's hypotheses are adjacent rows, and so are their candidates.
-        groups: dict[int, tuple[int, list[int]]] = {}  # search -> its first candidate row, its rows
-        for index, row in enumerate(sampled.hypothesis_rows):
-            groups.setdefault(id(batch[row].hypothesis_of), (index, []))[1].append(row)
         choosing = []
-        for start, rows in groups.values():
-            search = batch[rows[0]].hypothesis_of
-            if len(rows) != len(search.hypotheses) or not search.chooses_on_device():
-                continue
-            choosing.append(
-                SearchRows(
-                    search=search,
-                    rows=rows,
-                    candidate_rows=list(range(start, start + len(rows))),
-                    slots=[slots[row] for row in rows],
-                    position=computed_after[rows[0]],
+        rows_of = sampled.hypothesis_rows
+        start = 0
+        while start < len(rows_of):
+            # A search's hypotheses are adjacent rows, and so are their candidates.
+            search = batch[rows_of[start]].hypothesis_of
+            end = start + 1
+            while end < len(rows_of) and batch[rows_of[end]].hypothesis_of is search:
+                end += 1
+            rows = rows_of[start:end]
+            if len(rows) == len(search.hypotheses) and search.chooses_on_device():
+                choosing.append(
+                    SearchRows(
+                        search=search,
+                        rows=rows,
+                        candidate_rows=range(start, end),
+                        slots=[slots[row] for row in rows],
+                        position=computed_after[rows[0]],
+                    )
                 )
-            )
-            for row in rows:
-                batch[row].pending_tokens, batch[row].pending_source_row = [FROM_LAST_STEP], row
+                for row in rows:
+                    batch[row].pending_tokens, batch[row].pending_source_row = [FROM_LAST_STEP], row
+            start = end
         return choosing
 
     def step_input(self, batch: list[Request]) -> StepInput:

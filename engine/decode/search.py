@@ -246,29 +246,29 @@ class Search:
         reached the window's length."""
         launched = self.device_choices.popleft()
         index, offset = divmod(launched.position, self.blocks.block_size)
-        hypotheses = self.hypotheses
+        blocks, hypotheses = self.blocks, self.hypotheses
         parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in hypotheses]
-        length = len(parents[0][0])  # every hypothesis of a beam search is as long
-        children, last_child = [0] * len(parents), [0] * len(parents)
+        children, last_child = [0] * len(parents), [-1] * len(parents)
         for child, choice in enumerate(chosen):
             children[choice.parent] += 1
             last_child[choice.parent] = child
         for (_, _, table), count in zip(parents, children):
-            self.blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
-        taken = [False] * len(parents)
+            if count != 1:
+                blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
         for child, (choice, spare) in enumerate(zip(chosen, launched.spares)):
-            parent = choice.parent
-            tokens, logprobs, table = parents[parent]
-            if taken[parent]:  # a parent's first child takes over its lists (as ``_continue_with``)
-                tokens, logprobs = tokens[:length], logprobs[:length]
-            taken[parent] = True
-            tokens.append(choice.token)
-            logprobs.append(choice.logprob)
-            table = list(table)
-            if offset == 0 or last_child[parent] != child:
-                self.blocks.take_over(table, index, spare)
+            tokens, logprobs, table = parents[choice.parent]
+            if last_child[choice.parent] == child:
+                # A parent's last child takes over its lists and its table row, which its other
+                # children have copied by now (as ``_continue_with``, without copying them again).
+                tokens.append(choice.token)
+                logprobs.append(choice.logprob)
+                if offset == 0:
+                    blocks.take_over(table, index, spare)
+                else:
+                    blocks.give_back(spare)
             else:
-                self.blocks.give_back(spare)
+                tokens, logprobs, table = tokens + [choice.token], logprobs + [choice.logprob], list(table)
+                blocks.take_over(table, index, spare)
             hypothesis = hypotheses[child]
             hypothesis.output_tokens, hypothesis.output_logprobs = tokens, logprobs
             hypothesis.sum_logprob = choice.sum_logprob
