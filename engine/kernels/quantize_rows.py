@@ -1,10 +1,11 @@
-"""The FP8 encoder's MLP middle in one Triton kernel: GELU of fc1's output, each row's largest
-magnitude, and the row quantized to e4m3 for fc2 (engine/model/fp8.py).
+"""Rows quantized to e4m3 for the FP8 encoder's next product (engine/model/fp8.py), one Triton
+kernel each: fc1's output through GELU for fc2 (the MLP's middle), and attention's output for its
+projection.
 
-Compiled as separate operations, torch.compile makes this a looped reduction over the 5120-wide
-rows of large-v3: it reads every row twice and computes the GELU twice, and took about as long
-as the FP8 products saved (profile: benchmarks/RESULTS.md). Here one program holds one row in
-registers: read once, GELU once, amax, scale, write the e4m3 row and its scale.
+Compiled as separate operations, torch.compile makes each a looped reduction: it read every row
+twice (and for the MLP computed the GELU twice), and the MLP's took about as long as the FP8
+products saved (profile: benchmarks/RESULTS.md). Here one program holds one row in registers:
+read once, GELU once, amax, scale, write the e4m3 row and its scale.
 
 Numerics follow ``engine.model.fp8.quantize_rows`` of ``F.gelu(approximate="tanh")`` in fp32 (the
 16-bit encoder's fused epilogue takes the tanh form too: engine/model/whisper.py): the same scale,
@@ -23,8 +24,16 @@ from engine.kernels import tl, triton, triton_available
 
 if triton_available():
 
-    def _gelu_quantize_rows_kernel(
-        X, VALUES, SCALES, stride_x, stride_values, n_cols, HEAD: tl.constexpr, TAIL: tl.constexpr
+    def _quantize_rows_kernel(
+        X,
+        VALUES,
+        SCALES,
+        stride_x,
+        stride_values,
+        n_cols,
+        HEAD: tl.constexpr,
+        TAIL: tl.constexpr,
+        GELU: tl.constexpr,
     ):
         # A row as two power-of-two pieces, HEAD columns and up to TAIL more (5120 = 4096 + 1024),
         # rather than one piece padded to the next power of two, whose padded lanes would compute
@@ -37,8 +46,9 @@ if triton_available():
         tail = tl.load(X + row * stride_x + tail_cols, mask=in_tail, other=0.0).to(tl.float32)
         # GELU's tanh form, 0.5 x (1 + tanh(u)) = x / (1 + exp(-2u)): one exponential an element,
         # where erf's polynomial made the kernel arithmetic-bound.
-        head = head / (1.0 + tl.exp(-1.5957691216057308 * (head + 0.044715 * head * head * head)))
-        tail = tail / (1.0 + tl.exp(-1.5957691216057308 * (tail + 0.044715 * tail * tail * tail)))
+        if GELU:
+            head = head / (1.0 + tl.exp(-1.5957691216057308 * (head + 0.044715 * head * head * head)))
+            tail = tail / (1.0 + tl.exp(-1.5957691216057308 * (tail + 0.044715 * tail * tail * tail)))
         largest = tl.maximum(tl.max(tl.abs(head), axis=0), tl.max(tl.abs(tail), axis=0))
         # Literals: a jitted kernel may read only constexpr globals (engine/model/fp8.py's smallest
         # scale and e4m3's largest value).
@@ -53,13 +63,14 @@ if triton_available():
 _JITTED: dict[str, object] = {}
 
 
-def gelu_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [rows, cols] (16-bit, contiguous rows) -> (e4m3 values of GELU(x) [rows, cols], fp32
-    scale per row [rows, 1]), as ``quantize_rows(F.gelu(x.float(), approximate="tanh"))``."""
+def triton_quantize_rows(x: torch.Tensor, gelu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, cols] (16-bit, contiguous rows) -> (e4m3 values [rows, cols], fp32 scale per row
+    [rows, 1]), as ``engine.model.fp8.quantize_rows(x.float())``, or with ``gelu`` of
+    ``F.gelu(x.float(), approximate="tanh")``."""
     if "kernel" not in _JITTED:
-        _JITTED["kernel"] = triton.jit(_gelu_quantize_rows_kernel)
+        _JITTED["kernel"] = triton.jit(_quantize_rows_kernel)
     if x.stride(-1) != 1:
-        raise ValueError("gelu_quantize_rows needs rows with a contiguous last dimension")
+        raise ValueError("triton_quantize_rows needs rows with a contiguous last dimension")
     rows, cols = x.shape
     values = torch.empty((rows, cols), dtype=torch.float8_e4m3fn, device=x.device)
     scales = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
@@ -74,18 +85,26 @@ def gelu_quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             cols,
             HEAD=head,
             TAIL=max(1, triton.next_power_of_2(cols - head)),
+            GELU=gelu,
             num_warps=4,
         )
     return values, scales
 
 
+def _rows_like(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+
+
+# As operators torch.compile keeps whole (it does not trace into the launch).
 @torch.library.custom_op("whisper_disagg::gelu_quantize_rows", mutates_args=())
 def gelu_quantize_rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gelu_quantize_rows`` as an operator torch.compile keeps whole (it does not trace into
-    the launch)."""
-    return gelu_quantize_rows(x)
+    return triton_quantize_rows(x, gelu=True)
 
 
-@gelu_quantize_rows_op.register_fake
-def _(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.new_empty(x.shape, dtype=torch.float8_e4m3fn), x.new_empty((x.shape[0], 1), dtype=torch.float32)
+@torch.library.custom_op("whisper_disagg::quantize_rows", mutates_args=())
+def quantize_rows_op(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return triton_quantize_rows(x, gelu=False)
+
+
+gelu_quantize_rows_op.register_fake(_rows_like)
+quantize_rows_op.register_fake(_rows_like)

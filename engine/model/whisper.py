@@ -16,7 +16,7 @@ from torch import nn
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_norm_quantize_rows_op
-from engine.kernels.gelu_quantize import gelu_quantize_rows_op
+from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
 from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import quantize_linears
@@ -106,7 +106,7 @@ class EncoderLayer(nn.Module):
             )
         attended = self._attend(self.qkv.product(values, scale).view(batch, frames, -1))
         weight, bias, eps = norm_params(self.mlp_norm)
-        attention_out = self.attn_out(attended).reshape(-1, d_model)
+        attention_out = self.attn_out.product(*quantize_rows_op(attended.reshape(-1, d_model)))
         rows, values, scale = add_layer_norm_quantize_rows_op(rows, attention_out, weight, bias, eps)
         hidden = self.mlp.fc1.product(values, scale)
         values, scale = gelu_quantize_rows_op(hidden)

@@ -66,39 +66,45 @@ def test_fp8_encoder_is_a_cuda_switch_and_off_on_a_cpu():
     assert not EngineConfig(device="cpu", gpu={"fp8_encoder": True}).gpu_switches().fp8_encoder
 
 
-@pytest.mark.parametrize("cols", [5120, 2048, 1000])
-def test_the_gelu_quantize_kernel_covers_every_column_of_a_row_of_any_width(cols):
+@pytest.mark.parametrize("gelu", [True, False])
+@pytest.mark.parametrize("cols", [5120, 2048, 1280, 1000])
+def test_the_row_quantize_kernel_covers_every_column_of_a_row_of_any_width(cols, gelu):
     """Under Triton's CPU interpreter: every column, in both of the kernel's pieces of a row (5120 =
-    4096 + 1024; 2048 in one; 1000 = 512 + a masked 512), is written, and each row's scale is its
-    largest GELU (in the last column, the tail's) over 448. The interpreter casts to e4m3 its own
-    way, at times a power of two below the nearest value, so values are held to within a factor of
-    two here; the GPU test below checks the rounding."""
+    4096 + 1024; 2048 in one; 1280 = 1024 + 256; 1000 = 512 + a masked 512), is written, and each
+    row's scale is its largest value (after GELU, for fc2's input) over 448, found in the last
+    column, the tail's. The interpreter casts to e4m3 its own way, at times a power of two below
+    the nearest value, so values are held to within a factor of two here; the GPU test below
+    checks the rounding."""
     from engine.kernels import triton_available
-    from engine.kernels.gelu_quantize import gelu_quantize_rows
+    from engine.kernels.quantize_rows import triton_quantize_rows
 
     if not triton_available():
         pytest.skip("triton is not installed")
     torch.manual_seed(3)
     x = (torch.randn(4, cols) * 3).half()
     x[:, -1] = 20.0  # the largest value of each row in its last column: the tail piece's
-    values, scale = gelu_quantize_rows(x)
-    gelu = torch.nn.functional.gelu(x.float(), approximate="tanh")
-    torch.testing.assert_close(scale, gelu.abs().amax(dim=1, keepdim=True) / 448.0, rtol=1e-6, atol=0)
-    error = (values.float() * scale - gelu).abs()
-    assert bool((error <= gelu.abs() / 2 + scale * 2**-6).all())
+    values, scale = triton_quantize_rows(x, gelu=gelu)
+    expected = torch.nn.functional.gelu(x.float(), approximate="tanh") if gelu else x.float()
+    torch.testing.assert_close(scale, expected.abs().amax(dim=1, keepdim=True) / 448.0, rtol=1e-6, atol=0)
+    error = (values.float() * scale - expected).abs()
+    assert bool((error <= expected.abs() / 2 + scale * 2**-6).all())
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("cols", [5120, 2048, 1000])
-def test_on_the_gpu_the_gelu_quantize_kernel_gives_the_values_and_scales_of_the_operations_it_fuses(cols):
+@pytest.mark.parametrize("gelu", [True, False])
+@pytest.mark.parametrize("cols", [5120, 2048, 1280, 1000])
+def test_on_the_gpu_the_row_quantize_kernel_gives_the_values_and_scales_of_the_operations_it_fuses(
+    cols, gelu
+):
     """(Triton's CPU interpreter does not round to e4m3 as the GPU does, so this runs on a GPU.)"""
-    from engine.kernels.gelu_quantize import gelu_quantize_rows_op
+    from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
 
     torch.manual_seed(2)
     x = (torch.randn(3000, cols, device="cuda") * 3).half()
-    values, scale = gelu_quantize_rows_op(x)
-    expected_values, expected_scale = quantize_rows(torch.nn.functional.gelu(x.float(), approximate="tanh"))
+    values, scale = (gelu_quantize_rows_op if gelu else quantize_rows_op)(x)
+    expected = torch.nn.functional.gelu(x.float(), approximate="tanh") if gelu else x.float()
+    expected_values, expected_scale = quantize_rows(expected)
     torch.testing.assert_close(scale, expected_scale, rtol=1e-6, atol=0)
     # The kernel's GELU (through exp) may differ from torch's (through tanh) by an ulp, and it
     # multiplies by the scale's reciprocal where quantize_rows divides: either can move a value
