@@ -23,14 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from engine.decode.host_device import PendingDownload, upload
+from engine.decode.choice_graphs import ChoiceGraphs, ChoiceKernelArgs, launch_choice
+from engine.decode.host_device import upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
 from engine.decode.search import Ranking, Search
 from engine.kernels import triton_available
-from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
 
 
 class SearchRows(NamedTuple):
@@ -46,16 +47,17 @@ class SearchRows(NamedTuple):
 
 @dataclass(frozen=True)
 class DeviceChoices:
-    """A launched step's choices: each search's ranking of its candidates, on its way to the host."""
+    """A launched step's choices: each search's ranking of its candidates, on the device (the step
+    downloads it with its tokens)."""
 
     # [4, searches, >= k * (k + 1)] float32: row i ranks ``searches[i]``'s candidates, best first:
     # each rank's flat candidate index, sum of log-probabilities, token and log-probability.
-    rankings: PendingDownload
+    rankings: torch.Tensor
     searches: list[Search]
 
-    def read(self) -> dict[Search, Ranking]:
-        """Each search's ranking, once the step has run."""
-        planes = self.rankings.wait().tolist()  # one conversion for the step: Python numbers from here
+    def read(self, rankings: np.ndarray) -> dict[Search, Ranking]:
+        """Each search's ranking, from ``rankings`` downloaded once the step has run."""
+        planes = rankings.tolist()  # one conversion for the step: Python numbers from here
         rankings = {}
         for row, search in enumerate(self.searches):
             offered = len(search.hypotheses) * (len(search.hypotheses) + 1)
@@ -78,6 +80,20 @@ class DeviceBeamChooser:
         self.use_triton = (
             use_triton if use_triton is not None else runner.device.type == "cuda" and triton_available()
         )
+        self.kernel_args = ChoiceKernelArgs(
+            self.sums,
+            runner.next_tokens,
+            runner.tables.self_tables,
+            rules.history,
+            rules.special.timestamp_begin,
+            runner.storage,
+        )
+        # On a GPU both kernels replay from CUDA graphs (engine/decode/choice_graphs.py).
+        self.graphs = (
+            ChoiceGraphs(self.kernel_args, num_slots)
+            if self.use_triton and runner.device.type == "cuda"
+            else None
+        )
 
     def choose(self, step_id: int, choosing: list[SearchRows], candidates: torch.Tensor) -> DeviceChoices:
         """Make the choices of ``choosing`` from ``candidates`` [2, H, width] (tokens as floats,
@@ -94,7 +110,7 @@ class DeviceBeamChooser:
             rankings = self._choose_in_one_kernel(choosing, spares, candidates, most_written)
         else:
             rankings = self._choose_with_torch(choosing, spares, candidates, most_written)
-        return DeviceChoices(PendingDownload(rankings), [entry.search for entry in choosing])
+        return DeviceChoices(rankings, [entry.search for entry in choosing])
 
     def _choose_in_one_kernel(
         self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
@@ -114,25 +130,13 @@ class DeviceBeamChooser:
                 _eot_of(entry.search),
             )
             slots += entry.slots
-        num_hypotheses = len(slots)
-        spare_ids = [block_id for spare in spares for block_id in spare]
-        # One upload: the searches' fields, then each hypothesis's slot and spare.
-        packed = upload(fields + slots + spare_ids, torch.long, self.sums.device)
-        searches = packed[: len(fields)].view(len(choosing), len(SEARCH_FIELDS))
-        hypotheses = packed[len(fields) :].view(2, num_hypotheses)
-        rankings, copies = triton_choose_beams(
-            candidates,
-            searches,
-            hypotheses,
-            self.sums,
-            self.runner.next_tokens,
-            self.runner.tables.self_tables,
-            self.rules.history,
-            self.rules.special.timestamp_begin,
-            max(len(entry.rows) for entry in choosing),
-        )
-        self.runner.storage.copy_blocks_on_device(copies[0], copies[1], copies[2], most_written)
-        return rankings
+        # The searches' fields, then each hypothesis's slot and spare: one upload.
+        packed = fields + slots + [block_id for spare in spares for block_id in spare]
+        most_beams = max(len(entry.rows) for entry in choosing)
+        if self.graphs is not None:
+            return self.graphs.choose(candidates, packed, len(choosing), most_beams)
+        on_device = upload(packed, torch.long, self.sums.device)
+        return launch_choice(self.kernel_args, candidates, on_device, len(choosing), most_beams, most_written)
 
     def _choose_with_torch(
         self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int

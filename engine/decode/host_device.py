@@ -25,18 +25,23 @@ def upload(values: Sequence[int] | np.ndarray, dtype: torch.dtype, device: torch
 
 
 class PendingDownload:
-    """A device tensor on its way to the host; ``wait()`` returns it once the copy has landed."""
+    """Device tensors on their way to the host; ``wait(i)`` returns the i-th once the copies have
+    landed. One event marks them all (an event costs the host as much as a copy)."""
 
-    def __init__(self, values: torch.Tensor):
-        if values.device.type != "cuda":
-            self._host, self._ready = values, None
+    def __init__(self, *values: torch.Tensor):
+        if values[0].device.type != "cuda":
+            self._hosts, self._ready = list(values), None
             return
-        self._host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
-        self._host.copy_(values, non_blocking=True)
+        self._hosts = []
+        for tensor in values:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            self._hosts.append(host)
         self._ready = torch.cuda.Event()
         self._ready.record()
 
-    def wait(self) -> np.ndarray:
+    def wait(self, index: int = 0) -> np.ndarray:
         if self._ready is not None:
             self._ready.synchronize()
-        return self._host.numpy()
+            self._ready = None
+        return self._hosts[index].numpy()

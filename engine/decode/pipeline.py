@@ -46,7 +46,8 @@ class LaunchedStep:
     sot_rows: list[int]  # rows that fed <|startoftranscript|>: their no-speech probability is read
     detect_rows: list[int]  # of those, rows whose language is detected there
     computed_after: list[int]  # each row's tokens in the cache once this step has run
-    readback: PendingDownload  # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH
+    # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH; then the device choices' rankings, if any.
+    readback: PendingDownload
     hypothesis_rows: list[int] = field(default_factory=list)  # rows of a search's hypotheses that sampled
     # [2, len(hypothesis_rows), width] float32: their candidate tokens and log-probabilities.
     candidates: PendingDownload | None = None
@@ -150,7 +151,10 @@ class StepPipeline:
         )
         if sot_rows:
             self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
-        self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
+        if sampled is not None and sampled.row_index is None and not sot_rows:
+            self.runner.next_tokens[: len(batch)] = sampled.tokens  # every row sampled: no conversion
+        else:
+            self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
         choosing = self._device_choosers(batch, logits.slots, computed_after, sampled) if sampled else []
         device_choices = self.beam_chooser.choose(step_id, choosing, sampled.candidates) if choosing else None
         host_chooses = bool(sampled and len(sampled.hypothesis_rows) > sum(len(c.rows) for c in choosing))
@@ -162,7 +166,7 @@ class StepPipeline:
             sot_rows=sot_rows,
             detect_rows=detect_rows,
             computed_after=computed_after,
-            readback=PendingDownload(readback),
+            readback=PendingDownload(readback, *([device_choices.rankings] if device_choices else [])),
             generator_states=sampled.generator_states if sampled else {},
             hypothesis_rows=sampled.hypothesis_rows if sampled else [],
             candidates=PendingDownload(sampled.candidates) if host_chooses else None,
@@ -313,5 +317,5 @@ class StepPipeline:
             candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)}
             if candidates is not None
             else {},
-            device_rankings=step.device_choices.read() if step.device_choices else {},
+            device_rankings=step.device_choices.read(step.readback.wait(1)) if step.device_choices else {},
         )

@@ -240,3 +240,41 @@ def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_t
     ours = decode_all(loaded, submissions, async_steps=True)
     assert_same_results(ours, reference)
     assert DecoderEngine(loaded).runner.graphs is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_beam_choices_replayed_from_cuda_graphs_decode_as_choices_launched_each_step(
+    random_multilingual_whisper_folder,
+):
+    """engine/decode/choice_graphs.py: a choice's shape is captured the second time it is seen and
+    replayed from then on; the windows decode as they do with the choice's kernels launched at every
+    step, and every block comes back."""
+    loaded = load_model(
+        EngineConfig(
+            model=str(random_multilingual_whisper_folder),
+            device="cuda",
+            dtype="float32",
+            block_size=16,
+            kv_cache_memory_mb=256,
+            max_num_seqs=8,
+        )
+    )
+    kvs = cross_kvs_of(loaded, [clip.path for clip in short_english_clips()[:2]])
+    options = DecodeOptions(language="en", beam_size=3, timestamps=True, max_tokens=40)
+
+    def decode(replayed: bool) -> tuple[DecoderEngine, dict[str, DecodeResult]]:
+        engine = engine_with(loaded, async_steps=True)
+        if not replayed:
+            engine.pipeline.beam_chooser.graphs = None
+        for index, kv in enumerate(kvs):
+            engine.submit(engine.make_request(options, CrossKVTensor(kv), request_id=str(index)))
+        results = {}
+        while engine.has_work:
+            results.update((result.request_id, result) for result in engine.step())
+        assert engine.pool.num_used_blocks == 0
+        return engine, results
+
+    engine, replayed = decode(replayed=True)
+    assert engine.pipeline.beam_chooser.graphs.num_captured >= 1
+    assert_same_results(replayed, decode(replayed=False)[1])

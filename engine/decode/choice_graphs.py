@@ -1,0 +1,162 @@
+"""The device's beam choice (engine/decode/beam_on_device.py) replayed from CUDA graphs.
+
+A beam step's choice is two kernels: the choice itself and the block copies it asks for. Launched
+one by one they cost the host more than the GPU spends on them: on the lent GPU machines each
+launch takes ~20 µs of host time for a plain PyTorch operation and 60-85 µs for these Triton
+kernels, and the fields' upload as much again, while a beam step is bound by the host
+(benchmarks/RESULTS.md). A graph replays both kernels in one launch.
+
+What makes a captured choice replayable for any searches of its shape:
+* the key is the step's shape: searches, hypotheses, candidate rows and width, most beams;
+* the candidates and the searches' packed fields live in static device buffers, refilled each
+  step (the candidates by one device copy, the fields by one host-to-device copy out of pinned
+  host buffers used in turn, as the decode graphs' inputs are);
+* everything else the kernels read or write (sums, next tokens, block tables, timestamp
+  histories, the cache) is a tensor the engine keeps for its lifetime;
+* the copy kernel's grid covers a block's every position, not the step's most written: positions
+  a copy does not ask for are masked, so the grid is the same at every step.
+
+A shape is captured the second time it is seen (the first runs eagerly, which compiles the
+kernels), so a server whose batches keep changing shape only pays the eager launches. Captured
+shapes are kept up to ``max_graphs``, the least recently used dropped beyond it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
+from engine.kv.storage import PagedKVStorage
+
+# Pinned host buffers the fields are staged in, used in turn (see engine/decode/cuda_graphs.py).
+_HOST_BUFFERS = 2
+# A captured choice's copies cover a block's every position before the last (see above).
+_EVERY_POSITION = -1
+
+
+@dataclass(frozen=True)
+class ChoiceKernelArgs:
+    """What both kernels read besides the step's candidates and fields: tensors the engine keeps."""
+
+    sums: torch.Tensor
+    next_tokens: torch.Tensor
+    tables: torch.Tensor
+    history: torch.Tensor
+    timestamp_begin: int
+    storage: PagedKVStorage
+
+
+@dataclass(frozen=True)
+class _CapturedChoice:
+    graph: torch.cuda.CUDAGraph
+    candidates: torch.Tensor  # static input [2, H, width]
+    packed: torch.Tensor  # static input: the searches' fields, then each hypothesis's slot and spare
+    rankings: torch.Tensor  # static output [4, S, most]
+
+
+class ChoiceGraphs:
+    def __init__(self, args: ChoiceKernelArgs, num_slots: int, max_graphs: int = 32):
+        self.args = args
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple, _CapturedChoice] = OrderedDict()
+        self._seen: set[tuple] = set()
+        # At most every slot a search, and every slot a hypothesis.
+        largest = num_slots * (len(SEARCH_FIELDS) + 2)
+        self._hosts = [torch.zeros(largest, dtype=torch.long, pin_memory=True) for _ in range(_HOST_BUFFERS)]
+        self._copied = [torch.cuda.Event() for _ in range(_HOST_BUFFERS)]
+        self._turn = 0
+
+    @property
+    def num_captured(self) -> int:
+        return len(self._graphs)
+
+    def choose(
+        self, candidates: torch.Tensor, packed: list[int], num_searches: int, most_beams: int
+    ) -> torch.Tensor:
+        """The choice of ``num_searches`` searches from ``candidates`` [2, H, width] and their
+        ``packed`` fields (``DeviceBeamChooser._choose_in_one_kernel``'s layout); returns the
+        rankings [4, S, most] (a static buffer: valid until this shape's next choice)."""
+        key = (
+            num_searches,
+            len(packed) - num_searches * len(SEARCH_FIELDS),
+            *candidates.shape[1:],
+            most_beams,
+        )
+        captured = self._graphs.get(key)
+        if captured is None:
+            if key not in self._seen:
+                self._seen.add(key)
+                staged = self._stage(
+                    packed, torch.empty(len(packed), dtype=torch.long, device=candidates.device)
+                )
+                return launch_choice(self.args, candidates, staged, num_searches, most_beams, _EVERY_POSITION)
+            captured = self._capture(key, candidates, len(packed), most_beams)
+        self._graphs.move_to_end(key)
+        captured.candidates.copy_(candidates, non_blocking=True)
+        self._stage(packed, captured.packed)
+        captured.graph.replay()
+        return captured.rankings
+
+    def _stage(self, packed: list[int], target: torch.Tensor) -> torch.Tensor:
+        """Copy ``packed`` into ``target`` (on the device) through a pinned buffer, without waiting
+        for the device unless that buffer's last copy is still queued."""
+        turn = self._turn
+        self._turn = (turn + 1) % _HOST_BUFFERS
+        self._copied[turn].synchronize()
+        host = self._hosts[turn]
+        count = len(packed)
+        host.numpy()[:count] = packed
+        target.copy_(host[:count], non_blocking=True)
+        self._copied[turn].record()
+        return target
+
+    def _capture(
+        self, key: tuple, candidates: torch.Tensor, num_packed: int, most_beams: int
+    ) -> _CapturedChoice:
+        device = candidates.device
+        static_candidates = torch.zeros_like(candidates)
+        static_packed = torch.zeros(num_packed, dtype=torch.long, device=device)
+        graph = torch.cuda.CUDAGraph()
+        # A memory pool of its own (a graph's memory is not shared with another's); thread-local:
+        # K/V loader threads may use the device meanwhile (engine/decode/kv_loader.py).
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            rankings = launch_choice(
+                self.args, static_candidates, static_packed, key[0], most_beams, _EVERY_POSITION
+            )
+        captured = _CapturedChoice(graph, static_candidates, static_packed, rankings)
+        self._graphs[key] = captured
+        if len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        return captured
+
+
+def launch_choice(
+    args: ChoiceKernelArgs,
+    candidates: torch.Tensor,
+    packed: torch.Tensor,
+    num_searches: int,
+    most_beams: int,
+    most_written: int,
+) -> torch.Tensor:
+    """The choice's two kernels: ``packed`` (on the device) holds the searches' fields (columns
+    SEARCH_FIELDS), then each hypothesis's slot, then its spare; the copies move up to
+    ``most_written`` positions (``_EVERY_POSITION``: a block's every position but its last).
+    Returns the rankings [4, S, most]."""
+    num_fields = num_searches * len(SEARCH_FIELDS)
+    rankings, copies = triton_choose_beams(
+        candidates,
+        packed[:num_fields].view(num_searches, len(SEARCH_FIELDS)),
+        packed[num_fields:].view(2, -1),
+        args.sums,
+        args.next_tokens,
+        args.tables,
+        args.history,
+        args.timestamp_begin,
+        most_beams,
+    )
+    most = args.storage.block_size - 1 if most_written == _EVERY_POSITION else most_written
+    args.storage.copy_blocks_on_device(copies[0], copies[1], copies[2], most)
+    return rankings
