@@ -1,10 +1,9 @@
 """The device's beam choice (engine/decode/beam_on_device.py) replayed from CUDA graphs.
 
-A beam step's choice is two kernels: the choice itself and the block copies it asks for. Launched
-one by one they cost the host more than the GPU spends on them: on the lent GPU machines each
-launch takes ~20 µs of host time for a plain PyTorch operation and 60-85 µs for these Triton
-kernels, and the fields' upload as much again, while a beam step is bound by the host
-(benchmarks/RESULTS.md). A graph replays both kernels in one launch.
+A beam step's choice is two kernels: the choice itself and the block copies it asks for. A beam
+step is bound by the host, and launched one by one (with the fields' upload) these cost the host
+several times what one graph replay of both does; Triton's launches cost it more than PyTorch's
+(measured: benchmarks/RESULTS.md).
 
 What makes a captured choice replayable for any searches of its shape:
 * the key is the step's shape: searches, hypotheses, candidate rows and width, most beams;

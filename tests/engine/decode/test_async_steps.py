@@ -204,6 +204,21 @@ def test_the_detected_language_is_fed_from_the_device_as_the_next_prompt_token(
     assert ours["given"].language == "de" and ours["detect"].language in loaded.tokenizer.language_tokens
 
 
+def small_gpu_model(folder) -> LoadedModel:
+    """The random multilingual model on the GPU in fp32, with 16-token blocks (forks cross block
+    boundaries) and room for 8 sequences."""
+    return load_model(
+        EngineConfig(
+            model=str(folder),
+            device="cuda",
+            dtype="float32",
+            block_size=16,
+            kv_cache_memory_mb=256,
+            max_num_seqs=8,
+        )
+    )
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_turn(
@@ -212,16 +227,7 @@ def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_t
     """Where it is on by default: decode steps replayed from CUDA graphs, each fed the tokens of the
     step before from the device, the prompt a token a step, timestamp rules from the device, beam
     choices made on the device (block tables, copies and histories there)."""
-    loaded = load_model(
-        EngineConfig(
-            model=str(random_multilingual_whisper_folder),
-            device="cuda",
-            dtype="float32",
-            block_size=16,
-            kv_cache_memory_mb=256,
-            max_num_seqs=8,
-        )
-    )
+    loaded = small_gpu_model(random_multilingual_whisper_folder)
     kvs = cross_kvs_of(loaded, [clip.path for clip in short_english_clips()[:8]])
     options = [
         DecodeOptions(max_tokens=20),
@@ -250,16 +256,7 @@ def test_on_the_gpu_beam_choices_replayed_from_cuda_graphs_decode_as_choices_lau
     """engine/decode/choice_graphs.py: a choice's shape is captured the second time it is seen and
     replayed from then on; the windows decode as they do with the choice's kernels launched at every
     step, and every block comes back."""
-    loaded = load_model(
-        EngineConfig(
-            model=str(random_multilingual_whisper_folder),
-            device="cuda",
-            dtype="float32",
-            block_size=16,
-            kv_cache_memory_mb=256,
-            max_num_seqs=8,
-        )
-    )
+    loaded = small_gpu_model(random_multilingual_whisper_folder)
     kvs = cross_kvs_of(loaded, [clip.path for clip in short_english_clips()[:2]])
     options = DecodeOptions(language="en", beam_size=3, timestamps=True, max_tokens=40)
 
