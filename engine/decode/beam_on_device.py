@@ -1,8 +1,9 @@
 """Beam choices made on the device, so that a beam search's next step can launch before the host
 has read the last one (engine/decode/pipeline.py's async steps).
 
-For each search (on a GPU in one Triton kernel for the whole step, engine/kernels/beam_choice.py;
-elsewhere in PyTorch operations, a batch of searches of one beam size at a time): its
+For each search (on a GPU in one Triton kernel for the whole step, engine/kernels/beam_choice.py,
+replayed with its block copies from a CUDA graph, engine/decode/choice_graphs.py; elsewhere in
+PyTorch operations, a batch of searches of one beam size at a time): its
 hypotheses' candidates are ranked by their float32 sums of log-probabilities (a stable sort, best
 first, as ``BeamSearch.update`` ranks them), the first ``beam_size`` that do not end the text are
 the children, and then, for every child, on the device:
