@@ -31,6 +31,7 @@ from engine.decode.choice_graphs import ChoiceGraphs, ChoiceKernelArgs, launch_c
 from engine.decode.host_device import upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
+from engine.decode.sampling import top_candidates
 from engine.decode.search import Ranking, Search
 from engine.kernels import triton_available
 
@@ -41,7 +42,7 @@ class SearchRows(NamedTuple):
 
     search: Search
     rows: list[int]  # its hypotheses' rows in the step, in the search's order
-    candidate_rows: range  # their rows of the step's candidates
+    logprob_rows: range  # their rows of the step's sampled log-probabilities
     slots: list[int]  # their block-table slots
     position: int  # where the children write next
 
@@ -96,9 +97,9 @@ class DeviceBeamChooser:
             else None
         )
 
-    def choose(self, step_id: int, choosing: list[SearchRows], candidates: torch.Tensor) -> DeviceChoices:
-        """Make the choices of ``choosing`` from ``candidates`` [2, H, width] (tokens as floats,
-        log-probabilities), with no read to the host."""
+    def choose(self, step_id: int, choosing: list[SearchRows], logprobs: torch.Tensor) -> DeviceChoices:
+        """Make the choices of ``choosing`` from the step's log-probabilities [rows, vocab] (each
+        hypothesis's ``k + 1`` likeliest tokens its candidates), with no read to the host."""
         device = self.sums.device
         pushed = [entry for entry in choosing if entry.search.host_chose_last]
         if pushed:  # the host made these searches' last choice: their sums start from the host's
@@ -108,39 +109,43 @@ class DeviceBeamChooser:
         spares = [entry.search.launch_device_choice(step_id, entry.position).spares for entry in choosing]
         most_written = max(entry.position % self.block_size for entry in choosing)
         if self.use_triton:
-            rankings = self._choose_in_one_kernel(choosing, spares, candidates, most_written)
+            rankings = self._choose_in_one_kernel(choosing, spares, logprobs, most_written)
         else:
-            rankings = self._choose_with_torch(choosing, spares, candidates, most_written)
+            rankings = self._choose_with_torch(choosing, spares, logprobs, most_written)
         return DeviceChoices(rankings, [entry.search for entry in choosing])
 
     def _choose_in_one_kernel(
-        self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
+        self, choosing: list[SearchRows], spares: list[list[int]], logprobs: torch.Tensor, most_written: int
     ) -> torch.Tensor:
-        """Every search's choice in one Triton kernel, and the block copies in one more."""
+        """Every hypothesis's candidates in one Triton kernel, every search's choice in one more,
+        and the block copies in a third."""
         fields: list[int] = []
         slots: list[int] = []
+        logprob_rows: list[int] = []
         for entry in choosing:
             # In SEARCH_FIELDS's order (a dict per search would cost the host more than the kernel).
             fields += (
                 len(entry.rows),
                 len(slots),
-                entry.candidate_rows[0],
+                len(slots),  # the candidates are the hypotheses', in their order
                 entry.rows[0],
                 entry.position // self.block_size,
                 entry.position % self.block_size,
                 _eot_of(entry.search),
             )
             slots += entry.slots
-        # The searches' fields, then each hypothesis's slot and spare: one upload.
-        packed = fields + slots + [block_id for spare in spares for block_id in spare]
+            logprob_rows += entry.logprob_rows
+        # The searches' fields, then each hypothesis's slot, spare and row of log-probabilities:
+        # one upload.
+        packed = fields + slots + [block_id for spare in spares for block_id in spare] + logprob_rows
         most_beams = max(len(entry.rows) for entry in choosing)
         if self.graphs is not None:
-            return self.graphs.choose(candidates, packed, len(choosing), most_beams)
+            return self.graphs.choose(logprobs, packed, len(choosing), most_beams)
         on_device = upload(packed, torch.long, self.sums.device)
-        return launch_choice(self.kernel_args, candidates, on_device, len(choosing), most_beams, most_written)
+        return launch_choice(self.kernel_args, logprobs, on_device, len(choosing), most_beams, most_written)
 
     def _choose_with_torch(
-        self, choosing: list[SearchRows], spares: list[list[int]], candidates: torch.Tensor, most_written: int
+        self, choosing: list[SearchRows], spares: list[list[int]], logprobs: torch.Tensor, most_written: int
     ) -> torch.Tensor:
         """The same choices as PyTorch operations, a batch of searches of one beam size at a time."""
         most = max(len(entry.rows) for entry in choosing)
@@ -153,7 +158,7 @@ class DeviceBeamChooser:
         for beam_size, positions in by_size.items():
             group = [choosing[position] for position in positions]
             group_spares = [spares[position] for position in positions]
-            ranking = self._choose_group(beam_size, group, group_spares, candidates, most_written)
+            ranking = self._choose_group(beam_size, group, group_spares, logprobs, most_written)
             rows = upload(positions, torch.long, self.sums.device)
             rankings[:, rows, : beam_size * (beam_size + 1)] = ranking
         return rankings
@@ -163,13 +168,13 @@ class DeviceBeamChooser:
         beam_size: int,
         group: list[SearchRows],
         spares: list[list[int]],
-        candidates: torch.Tensor,
+        logprobs: torch.Tensor,
         most_written: int,
     ) -> torch.Tensor:
         """The choices of searches of one beam size; returns their rankings [4, searches, k * (k + 1)]."""
         k, width, count = beam_size, beam_size + 1, len(group)
         per_row = [
-            [row for entry in group for row in entry.candidate_rows],
+            [row for entry in group for row in entry.logprob_rows],
             [slot for entry in group for slot in entry.slots],
             [row for entry in group for row in entry.rows],
             [block_id for spare in spares for block_id in spare],
@@ -177,10 +182,10 @@ class DeviceBeamChooser:
             [entry.position % self.block_size for entry in group for _ in range(k)],
             [_eot_of(entry.search) for entry in group for _ in range(k)],
         ]
-        candidate_rows, slots, rows, spare_ids, index, offset, eot = upload(
+        logprob_rows, slots, rows, spare_ids, index, offset, eot = upload(
             per_row, torch.long, self.sums.device
         )
-        offered = candidates[:, candidate_rows, :width]
+        offered = top_candidates(logprobs, logprob_rows, width)
         tokens = offered[0].long().view(count, k * width)
         sums = (self.sums[slots].view(count, k, 1) + offered[1].view(count, k, width)).view(count, k * width)
         order = torch.sort(sums, dim=1, descending=True, stable=True).indices

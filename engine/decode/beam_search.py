@@ -27,11 +27,12 @@ class BeamSearch(Search):
 
     def chooses_on_device(self) -> bool:
         # Not the first choice (one hypothesis to beam_size: the prompt's blocks are shared with
-        # the restart's hold), nor the last one by length (nothing writes after it).
+        # the restart's hold), nor the last one by length (nothing writes after it): the step's
+        # own token is not counted unread yet.
         if len(self.hypotheses) != self.beam_size:
             return False
         first = self.hypotheses[0]
-        return not self._at_length(len(first.output_tokens) + first.unread_tokens)
+        return not self._at_length(len(first.output_tokens) + first.unread_tokens + 1)
 
     def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),

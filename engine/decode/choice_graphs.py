@@ -1,15 +1,16 @@
 """The device's beam choice (engine/decode/beam_on_device.py) replayed from CUDA graphs.
 
-A beam step's choice is two kernels: the choice itself and the block copies it asks for. A beam
-step is bound by the host, and launched one by one (with the fields' upload) these cost the host
-several times what one graph replay of both does; Triton's launches cost it more than PyTorch's
-(measured: benchmarks/RESULTS.md).
+A beam step's choice is three kernels: each hypothesis's candidates, the choice itself and the
+block copies it asks for. A beam step is bound by the host, and launched one by one (with the
+fields' upload) these cost the host several times what one graph replay of them does; Triton's
+launches cost it more than PyTorch's (measured: benchmarks/RESULTS.md).
 
 What makes a captured choice replayable for any searches of its shape:
-* the key is the step's shape: searches, hypotheses, candidate rows and width, most beams;
-* the candidates and the searches' packed fields live in static device buffers, refilled each
-  step (the candidates by one device copy, the fields by one host-to-device copy out of pinned
-  host buffers used in turn, as the decode graphs' inputs are);
+* the key is the step's shape: searches, hypotheses, the log-probabilities' rows and vocabulary, most
+  beams;
+* the log-probabilities and the searches' packed fields live in static device buffers, refilled
+  each step (the log-probabilities by one device copy, the fields by one host-to-device copy out
+  of pinned host buffers used in turn, as the decode graphs' inputs are);
 * everything else the kernels read or write (sums, next tokens, block tables, timestamp
   histories, the cache) is a tensor the engine keeps for its lifetime;
 * the copy kernel's grid covers a block's every position, not the step's most written: positions
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
+from engine.kernels.top_candidates import triton_top_candidates
 from engine.kv.storage import PagedKVStorage
 
 # Pinned host buffers the fields are staged in, used in turn (see engine/decode/cuda_graphs.py).
@@ -51,8 +53,8 @@ class ChoiceKernelArgs:
 @dataclass(frozen=True)
 class _CapturedChoice:
     graph: torch.cuda.CUDAGraph
-    candidates: torch.Tensor  # static input [2, H, width]
-    packed: torch.Tensor  # static input: the searches' fields, then each hypothesis's slot and spare
+    logprobs: torch.Tensor  # static input [rows, vocab]
+    packed: torch.Tensor  # static input: the searches' fields, then each hypothesis's slot, spare, row
     rankings: torch.Tensor  # static output [4, S, most]
 
 
@@ -63,7 +65,7 @@ class ChoiceGraphs:
         self._graphs: OrderedDict[tuple, _CapturedChoice] = OrderedDict()
         self._seen: set[tuple] = set()
         # At most every slot a search, and every slot a hypothesis.
-        largest = num_slots * (len(SEARCH_FIELDS) + 2)
+        largest = num_slots * (len(SEARCH_FIELDS) + 3)
         self._hosts = [torch.zeros(largest, dtype=torch.long, pin_memory=True) for _ in range(_HOST_BUFFERS)]
         self._copied = [torch.cuda.Event() for _ in range(_HOST_BUFFERS)]
         self._turn = 0
@@ -73,15 +75,15 @@ class ChoiceGraphs:
         return len(self._graphs)
 
     def choose(
-        self, candidates: torch.Tensor, packed: list[int], num_searches: int, most_beams: int
+        self, logprobs: torch.Tensor, packed: list[int], num_searches: int, most_beams: int
     ) -> torch.Tensor:
-        """The choice of ``num_searches`` searches from ``candidates`` [2, H, width] and their
-        ``packed`` fields (``DeviceBeamChooser._choose_in_one_kernel``'s layout); returns the
+        """The choice of ``num_searches`` searches from the step's ``logprobs`` [rows, vocab] and
+        their ``packed`` fields (``DeviceBeamChooser._choose_in_one_kernel``'s layout); returns the
         rankings [4, S, most] (a static buffer: valid until this shape's next choice)."""
         key = (
             num_searches,
             len(packed) - num_searches * len(SEARCH_FIELDS),
-            *candidates.shape[1:],
+            *logprobs.shape,
             most_beams,
         )
         captured = self._graphs.get(key)
@@ -89,12 +91,12 @@ class ChoiceGraphs:
             if key not in self._seen:
                 self._seen.add(key)
                 staged = self._stage(
-                    packed, torch.empty(len(packed), dtype=torch.long, device=candidates.device)
+                    packed, torch.empty(len(packed), dtype=torch.long, device=logprobs.device)
                 )
-                return launch_choice(self.args, candidates, staged, num_searches, most_beams, _EVERY_POSITION)
-            captured = self._capture(key, candidates, len(packed), most_beams)
+                return launch_choice(self.args, logprobs, staged, num_searches, most_beams, _EVERY_POSITION)
+            captured = self._capture(key, logprobs, len(packed), most_beams)
         self._graphs.move_to_end(key)
-        captured.candidates.copy_(candidates, non_blocking=True)
+        captured.logprobs.copy_(logprobs, non_blocking=True)
         self._stage(packed, captured.packed)
         captured.graph.replay()
         return captured.rankings
@@ -113,19 +115,18 @@ class ChoiceGraphs:
         return target
 
     def _capture(
-        self, key: tuple, candidates: torch.Tensor, num_packed: int, most_beams: int
+        self, key: tuple, logprobs: torch.Tensor, num_packed: int, most_beams: int
     ) -> _CapturedChoice:
-        device = candidates.device
-        static_candidates = torch.zeros_like(candidates)
-        static_packed = torch.zeros(num_packed, dtype=torch.long, device=device)
+        static_logprobs = torch.zeros_like(logprobs)
+        static_packed = torch.zeros(num_packed, dtype=torch.long, device=logprobs.device)
         graph = torch.cuda.CUDAGraph()
         # A memory pool of its own (a graph's memory is not shared with another's); thread-local:
         # K/V loader threads may use the device meanwhile (engine/decode/kv_loader.py).
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             rankings = launch_choice(
-                self.args, static_candidates, static_packed, key[0], most_beams, _EVERY_POSITION
+                self.args, static_logprobs, static_packed, key[0], most_beams, _EVERY_POSITION
             )
-        captured = _CapturedChoice(graph, static_candidates, static_packed, rankings)
+        captured = _CapturedChoice(graph, static_logprobs, static_packed, rankings)
         self._graphs[key] = captured
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
@@ -134,21 +135,23 @@ class ChoiceGraphs:
 
 def launch_choice(
     args: ChoiceKernelArgs,
-    candidates: torch.Tensor,
+    logprobs: torch.Tensor,
     packed: torch.Tensor,
     num_searches: int,
     most_beams: int,
     most_written: int,
 ) -> torch.Tensor:
-    """The choice's two kernels: ``packed`` (on the device) holds the searches' fields (columns
-    SEARCH_FIELDS), then each hypothesis's slot, then its spare; the copies move up to
-    ``most_written`` positions (``_EVERY_POSITION``: a block's every position but its last).
-    Returns the rankings [4, S, most]."""
+    """The choice's three kernels: ``packed`` (on the device) holds the searches' fields (columns
+    SEARCH_FIELDS), then each hypothesis's slot, then its spare, then its row of ``logprobs``; the
+    copies move up to ``most_written`` positions (``_EVERY_POSITION``: a block's every position but
+    its last). Returns the rankings [4, S, most]."""
     num_fields = num_searches * len(SEARCH_FIELDS)
+    hypotheses = packed[num_fields:].view(3, -1)  # slot, spare, row of log-probabilities
+    candidates = triton_top_candidates(logprobs, hypotheses[2], most_beams + 1)
     rankings, copies = triton_choose_beams(
         candidates,
         packed[:num_fields].view(num_searches, len(SEARCH_FIELDS)),
-        packed[num_fields:].view(2, -1),
+        hypotheses,
         args.sums,
         args.next_tokens,
         args.tables,

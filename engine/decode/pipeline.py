@@ -48,7 +48,7 @@ class LaunchedStep:
     computed_after: list[int]  # each row's tokens in the cache once this step has run
     # [3, rows] float32: _TOKEN, _LOGPROB, _NO_SPEECH; then the device choices' rankings, if any.
     readback: PendingDownload
-    hypothesis_rows: list[int] = field(default_factory=list)  # rows of a search's hypotheses that sampled
+    hypothesis_rows: list[int] = field(default_factory=list)  # rows of hypotheses the host chooses for
     # [2, len(hypothesis_rows), width] float32: their candidate tokens and log-probabilities.
     candidates: PendingDownload | None = None
     # Per request that sampled with its own generator: the generator's state before this step's draw.
@@ -146,18 +146,20 @@ class StepPipeline:
             else:
                 sampling_rows.append(row)
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
-        sampled = (
-            self._sample(logits.last, logits.slots, batch, sampling_rows, readback) if sampling_rows else None
-        )
+        sampled, choosing = None, []
+        if sampling_rows:
+            choosing = self._device_choosers(batch, logits.slots, computed_after, sampling_rows)
+            sampled = self._sample(logits.last, logits.slots, batch, sampling_rows, readback, choosing)
         if sot_rows:
             self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
         if sampled is not None and sampled.row_index is None and not sot_rows:
             self.runner.next_tokens[: len(batch)] = sampled.tokens  # every row sampled: no conversion
         else:
             self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
-        choosing = self._device_choosers(batch, logits.slots, computed_after, sampled) if sampled else []
-        device_choices = self.beam_chooser.choose(step_id, choosing, sampled.candidates) if choosing else None
-        host_chooses = bool(sampled and len(sampled.hypothesis_rows) > sum(len(c.rows) for c in choosing))
+        device_choices = (
+            self.beam_chooser.choose(step_id, choosing, sampled.vocab_logprobs) if choosing else None
+        )
+        host_chooses = bool(sampled and sampled.hypothesis_rows)
         return LaunchedStep(
             step_id=step_id,
             batch=batch,
@@ -175,34 +177,35 @@ class StepPipeline:
         )
 
     def _device_choosers(
-        self, batch: list[Request], slots: list[int], computed_after: list[int], sampled: SampledRows
+        self, batch: list[Request], slots: list[int], computed_after: list[int], sampling_rows: list[int]
     ) -> list[SearchRows]:
-        """The searches whose choice this step makes on the device: their hypotheses then feed the
-        next step from there. The others' hypotheses wait for the host's choice."""
-        if self.beam_chooser is None or not sampled.hypothesis_rows:
+        """The searches whose choice this step makes on the device, from its log-probabilities (the
+        rows ``sampling_rows`` of them): their hypotheses then feed the next step from there. The
+        others' hypotheses offer candidates for the host's choice."""
+        if self.beam_chooser is None:
             return []
         choosing = []
-        rows_of = sampled.hypothesis_rows
         start = 0
-        while start < len(rows_of):
-            # A search's hypotheses are adjacent rows, and so are their candidates.
-            search = batch[rows_of[start]].hypothesis_of
+        while start < len(sampling_rows):
+            search = batch[sampling_rows[start]].hypothesis_of
             end = start + 1
-            while end < len(rows_of) and batch[rows_of[end]].hypothesis_of is search:
+            if search is None:
+                start = end
+                continue
+            # A search's hypotheses are adjacent rows.
+            while end < len(sampling_rows) and batch[sampling_rows[end]].hypothesis_of is search:
                 end += 1
-            rows = rows_of[start:end]
+            rows = sampling_rows[start:end]
             if len(rows) == len(search.hypotheses) and search.chooses_on_device():
                 choosing.append(
                     SearchRows(
                         search=search,
                         rows=rows,
-                        candidate_rows=range(start, end),
+                        logprob_rows=range(start, end),
                         slots=[slots[row] for row in rows],
                         position=computed_after[rows[0]],
                     )
                 )
-                for row in rows:
-                    batch[row].pending_tokens, batch[row].pending_source_row = [FROM_LAST_STEP], row
             start = end
         return choosing
 
@@ -256,11 +259,13 @@ class StepPipeline:
         batch: list[Request],
         rows: list[int],
         readback: torch.Tensor,
+        choosing: list[SearchRows],
     ) -> SampledRows:
         """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; a
         search's hypothesis offers candidates instead (its likeliest tokens, or its draws), which the
-        host chooses from."""
-        sampled = sample_rows(self.rules, logits, slots, batch, rows)
+        host chooses from, unless its search chooses on the device (``choosing``)."""
+        on_device = {row for entry in choosing for row in entry.rows}
+        sampled = sample_rows(self.rules, logits, slots, batch, rows, on_device)
         if sampled.row_index is None:
             readback[_TOKEN] = sampled.tokens
             readback[_LOGPROB] = sampled.logprobs
@@ -269,9 +274,10 @@ class StepPipeline:
             readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
         for row in rows:
             request = batch[row]
-            # A hypothesis's next token is its search's choice, made on the host once this step is read.
-            next_tokens = [FROM_LAST_STEP] if request.hypothesis_of is None else []
-            request.pending_tokens, request.pending_source_row = next_tokens, row
+            # A hypothesis's next token is its search's choice: from the device when the search
+            # chooses there, else made on the host once this step is read.
+            from_device = request.hypothesis_of is None or row in on_device
+            request.pending_tokens, request.pending_source_row = [FROM_LAST_STEP] if from_device else [], row
             request.unread_tokens += 1
         return sampled
 

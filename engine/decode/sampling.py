@@ -24,16 +24,26 @@ class SampledRows:
     # Per request that drew from its own generator: the generator's state before this draw, so a
     # fallback restart can undo a draw made by a step launched ahead of the host's reading.
     generator_states: dict[str, torch.Tensor]
-    hypothesis_rows: list[int] = field(default_factory=list)  # the step's rows of hypotheses
+    # The step's rows of hypotheses that offer candidates (their search chooses on the host).
+    hypothesis_rows: list[int] = field(default_factory=list)
     candidates_wanted: list[int] = field(default_factory=list)  # how many candidates each offers
     # [2, len(hypothesis_rows), width] float32: their candidate tokens (as floats) and log-probabilities.
     candidates: torch.Tensor | None = None
+    # [rows, vocab] float32: the sampled rows' log-probabilities of every token under the rules (a
+    # search that chooses on the device takes its candidates from there).
+    vocab_logprobs: torch.Tensor | None = None
 
 
 def sample_rows(
-    rules: LogitRules, logits: torch.Tensor, slots: list[int], batch: list[Request], rows: list[int]
+    rules: LogitRules,
+    logits: torch.Tensor,
+    slots: list[int],
+    batch: list[Request],
+    rows: list[int],
+    chosen_on_device: set[int] = frozenset(),
 ) -> SampledRows:
-    """The logit rules and sampling for the rows ``rows`` of a step's logits [B, V]."""
+    """The logit rules and sampling for the rows ``rows`` of a step's logits [B, V]; hypotheses
+    offer candidates, except those of the rows ``chosen_on_device``."""
     requests = [batch[row] for row in rows]
     every_row = len(rows) == len(batch)
     row_index = None if every_row else upload(rows, torch.long, logits.device)
@@ -76,17 +86,18 @@ def sample_rows(
         [r.generator for r in requests],
     )
     rules.record(tokens, stamp_rows)
-    sampled = SampledRows(tokens, logprobs, row_index, generator_states)
-    if hypotheses:
-        sampled.hypothesis_rows = [rows[index] for index in hypotheses]
+    sampled = SampledRows(tokens, logprobs, row_index, generator_states, vocab_logprobs=row_logprobs)
+    offering = [index for index in hypotheses if rows[index] not in chosen_on_device]
+    if offering:
+        sampled.hypothesis_rows = [rows[index] for index in offering]
         sampled.candidates_wanted = [
-            requests[index].hypothesis_of.candidates_wanted(requests[index]) for index in hypotheses
+            requests[index].hypothesis_of.candidates_wanted(requests[index]) for index in offering
         ]
         sampled.candidates = _candidates(
             row_logits,
             row_logprobs,
-            [requests[index] for index in hypotheses],
-            hypotheses,
+            [requests[index] for index in offering],
+            offering,
             sampled.candidates_wanted,
         )
     return sampled
@@ -104,9 +115,8 @@ def _candidates(
     the rule-filtered logits (``logprobs``, their log-softmax), as openai-whisper scores both."""
     some_rows = len(rows) < len(logits)  # greedy rows share the step: only the hypotheses' rows
     row_index = upload(rows, torch.long, logits.device) if some_rows else None
-    if logprobs.is_cuda and triton_available() and all(h.temperature == 0 for h in hypotheses):
-        # Beams only: one kernel (engine/kernels/top_candidates.py), not topk, a gather and a stack.
-        return triton_top_candidates(logprobs, row_index, max(wanted))
+    if all(h.temperature == 0 for h in hypotheses):
+        return top_candidates(logprobs, row_index, max(wanted))
     if some_rows:
         logprobs = logprobs[row_index]
     tokens = logprobs.topk(max(wanted), dim=-1).indices
@@ -118,6 +128,19 @@ def _candidates(
             tokens[index, :count] = torch.multinomial(
                 probs, count, replacement=True, generator=hypothesis.generator
             )
+    return torch.stack([tokens.float(), logprobs.gather(1, tokens)])
+
+
+def top_candidates(logprobs: torch.Tensor, rows: torch.Tensor | None, width: int) -> torch.Tensor:
+    """The rows ``rows`` (on the device; None: every row) of ``logprobs`` [R, V]: each one's
+    ``width`` likeliest tokens, best first, as [2, H, width] float32 (tokens as floats, their
+    log-probabilities). On a GPU one kernel (engine/kernels/top_candidates.py), not topk, a gather
+    and a stack."""
+    if logprobs.is_cuda and triton_available():
+        return triton_top_candidates(logprobs, rows, width)
+    if rows is not None:
+        logprobs = logprobs[rows]
+    tokens = logprobs.topk(width, dim=-1).indices
     return torch.stack([tokens.float(), logprobs.gather(1, tokens)])
 
 

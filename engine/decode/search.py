@@ -122,7 +122,7 @@ class Search:
 
     def chooses_on_device(self) -> bool:
         """Whether the step being launched may make this search's choice on the device (called
-        once its hypotheses are in the step)."""
+        once its hypotheses are in the step, before its token counts as unread)."""
         return False
 
     def launch_device_choice(self, step_id: int, position: int) -> DeviceChoice:
