@@ -18,7 +18,8 @@ What makes a captured choice replayable for any searches of its shape:
 
 A shape is captured the second time it is seen (the first runs eagerly, which compiles the
 kernels), so a server whose batches keep changing shape only pays the eager launches. Captured
-shapes are kept up to ``max_graphs``, the least recently used dropped beyond it.
+shapes, and shapes seen once, are kept up to ``max_graphs`` each, the least recently used dropped
+beyond it.
 """
 
 from __future__ import annotations
@@ -28,12 +29,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.decode.host_device import PinnedStaging
 from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
 from engine.kernels.top_candidates import triton_top_candidates
 from engine.kv.storage import PagedKVStorage
 
-# Pinned host buffers the fields are staged in, used in turn (see engine/decode/cuda_graphs.py).
-_HOST_BUFFERS = 2
 # A captured choice's copies cover a block's every position before the last (see above).
 _EVERY_POSITION = -1
 
@@ -63,12 +63,12 @@ class ChoiceGraphs:
         self.args = args
         self.max_graphs = max_graphs
         self._graphs: OrderedDict[tuple, _CapturedChoice] = OrderedDict()
-        self._seen: set[tuple] = set()
+        # Shapes seen once and not captured yet, as an LRU of the same size: a server whose
+        # shapes keep changing forgets the ones it does not meet again.
+        self._seen_once: OrderedDict[tuple, None] = OrderedDict()
         # At most every slot a search, and every slot a hypothesis.
         largest = num_slots * (len(SEARCH_FIELDS) + 3)
-        self._hosts = [torch.zeros(largest, dtype=torch.long, pin_memory=True) for _ in range(_HOST_BUFFERS)]
-        self._copied = [torch.cuda.Event() for _ in range(_HOST_BUFFERS)]
-        self._turn = 0
+        self._staging = PinnedStaging((largest,), torch.long)
 
     @property
     def num_captured(self) -> int:
@@ -88,12 +88,15 @@ class ChoiceGraphs:
         )
         captured = self._graphs.get(key)
         if captured is None:
-            if key not in self._seen:
-                self._seen.add(key)
+            if key not in self._seen_once:
+                self._seen_once[key] = None
+                if len(self._seen_once) > self.max_graphs:
+                    self._seen_once.popitem(last=False)
                 staged = self._stage(
                     packed, torch.empty(len(packed), dtype=torch.long, device=logprobs.device)
                 )
                 return launch_choice(self.args, logprobs, staged, num_searches, most_beams, _EVERY_POSITION)
+            del self._seen_once[key]
             captured = self._capture(key, logprobs, len(packed), most_beams)
         self._graphs.move_to_end(key)
         captured.logprobs.copy_(logprobs, non_blocking=True)
@@ -104,14 +107,8 @@ class ChoiceGraphs:
     def _stage(self, packed: list[int], target: torch.Tensor) -> torch.Tensor:
         """Copy ``packed`` into ``target`` (on the device) through a pinned buffer, without waiting
         for the device unless that buffer's last copy is still queued."""
-        turn = self._turn
-        self._turn = (turn + 1) % _HOST_BUFFERS
-        self._copied[turn].synchronize()
-        host = self._hosts[turn]
-        count = len(packed)
-        host.numpy()[:count] = packed
-        target.copy_(host[:count], non_blocking=True)
-        self._copied[turn].record()
+        self._staging.next_buffer()[: len(packed)] = packed
+        self._staging.copy_to(target)
         return target
 
     def _capture(

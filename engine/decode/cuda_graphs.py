@@ -20,14 +20,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.decode.host_device import PinnedStaging
 from engine.decode.runner import ModelRunner, StepInput, StepTensors
 
 # Rows of the static input buffer.
 _TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN, _CROSS_READERS = range(7)
 _ROWS = _CROSS_READERS + 1
-# Pinned host buffers the inputs are staged in, used in turn: while the decode loop runs a step
-# ahead, the copy out of one may still be queued when the next step's inputs are written.
-_HOST_BUFFERS = 2
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:
@@ -43,12 +41,7 @@ class DecodeGraphs:
         self.sizes = capture_sizes(max_batch_size)
         largest = self.sizes[-1]
         device = runner.device
-        self._hosts = [
-            torch.zeros((_ROWS, largest), dtype=torch.int32, pin_memory=True) for _ in range(_HOST_BUFFERS)
-        ]
-        # Recorded after each copy out of the host buffer of the same index.
-        self._copied = [torch.cuda.Event() for _ in range(_HOST_BUFFERS)]
-        self._turn = 0
+        self._staging = PinnedStaging((_ROWS, largest), torch.int32)
         self._inputs = torch.zeros((_ROWS, largest), dtype=torch.int32, device=device)
         self._token_rows = torch.arange(largest, device=device)
         self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
@@ -74,8 +67,8 @@ class DecodeGraphs:
         )
 
     def _capture(self) -> None:
-        self._hosts[0].numpy()[:] = self._padding
-        self._inputs.copy_(self._hosts[0])
+        self._staging.next_buffer()[:] = self._padding
+        self._staging.copy_to(self._inputs)
         pool = torch.cuda.graph_pool_handle()
         # Largest first: smaller graphs then reuse the memory pool the largest one reserved.
         for size in reversed(self.sizes):
@@ -98,13 +91,7 @@ class DecodeGraphs:
         rows = step.rows
         count = len(rows)
         size = next(s for s in self.sizes if s >= count)
-        turn = self._turn
-        self._turn = (turn + 1) % _HOST_BUFFERS
-        # The last copy out of this pinned buffer may still be queued: the host waits for the
-        # device only when it reads tokens, and a step ahead of that it has not.
-        self._copied[turn].synchronize()
-        host_tensor = self._hosts[turn]
-        host = host_tensor.numpy()
+        host = self._staging.next_buffer()
         positions = np.fromiter((row.start for row in rows), dtype=np.int32, count=count)
         host[_TOKEN, :count] = [row.tokens[0] for row in rows]
         host[_SOURCE, :count] = [row.source_row for row in rows]
@@ -114,7 +101,6 @@ class DecodeGraphs:
         host[_CROSS_LEN, :count] = self.runner.cross_len
         host[_CROSS_READERS, :count] = 1 if step.cross_readers is None else step.cross_readers
         host[:, count:size] = self._padding
-        self._inputs.copy_(host_tensor, non_blocking=True)
-        self._copied[turn].record()
+        self._staging.copy_to(self._inputs)
         self._graphs[size].replay()
         return self._logits[size][:count]

@@ -45,3 +45,29 @@ class PendingDownload:
             self._ready.synchronize()
             self._ready = None
         return self._hosts[index].numpy()
+
+
+class PinnedStaging:
+    """Pinned host buffers of ``shape`` used in turn to fill device buffers each step without waiting
+    for the device: while the decode loop runs a step ahead, the copy out of one buffer may still be
+    queued when the next step's values are written, so a buffer is reused only once its last copy
+    has run (its event), and with two in turn that wait is on a copy a step old."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, turns: int = 2):
+        self._hosts = [torch.zeros(shape, dtype=dtype, pin_memory=True) for _ in range(turns)]
+        self._copied = [torch.cuda.Event() for _ in range(turns)]
+        self._turn = 0
+
+    def next_buffer(self) -> np.ndarray:
+        """The next buffer to fill (a numpy view of it), once its last copy has run."""
+        self._copied[self._turn].synchronize()
+        return self._hosts[self._turn].numpy()
+
+    def copy_to(self, target: torch.Tensor) -> None:
+        """Copy the buffer ``next_buffer`` returned (as much of it as ``target`` holds, from its
+        start along the first dimension) into ``target``, and move to the next buffer."""
+        turn = self._turn
+        self._turn = (turn + 1) % len(self._hosts)
+        host = self._hosts[turn]
+        target.copy_(host if host.shape == target.shape else host[: target.shape[0]], non_blocking=True)
+        self._copied[turn].record()

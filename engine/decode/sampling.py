@@ -3,6 +3,7 @@ a search's hypothesis offers candidates for its search to choose from (engine/de
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +41,7 @@ def sample_rows(
     slots: list[int],
     batch: list[Request],
     rows: list[int],
-    chosen_on_device: set[int] = frozenset(),
+    chosen_on_device: AbstractSet[int] = frozenset(),
 ) -> SampledRows:
     """The logit rules and sampling for the rows ``rows`` of a step's logits [B, V]; hypotheses
     offer candidates, except those of the rows ``chosen_on_device``."""
