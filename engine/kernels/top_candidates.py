@@ -29,11 +29,13 @@ from engine.kernels import tl, triton, triton_available
 
 _BLOCK = 1024  # keys per tile
 _TILES_PER_CHUNK = 4
-# Below every key a pair makes (the least has a nonzero low half).
-_NO_KEY = -(2**63)
-_TOKEN_TOP = 2**31 - 1
+_CHUNK_WARPS = 4
 
 if triton_available():
+    # Below every key a pair makes (the least has a nonzero low half), and above every one.
+    _NO_KEY = tl.constexpr(-(2**63))
+    _ABOVE_ALL = tl.constexpr(2**63 - 1)
+    _TOKEN_TOP = tl.constexpr(2**31 - 1)
 
     def _chunk_best_kernel(
         LOGPROBS,
@@ -54,7 +56,8 @@ if triton_available():
         start = chunk * chunk_size
         end = tl.minimum(start + chunk_size, vocab)
         no_key = tl.full((), _NO_KEY, tl.int64)
-        last = tl.full((), 2**63 - 1, tl.int64)
+        last = tl.full((), _ABOVE_ALL, tl.int64)
+        token_top = tl.full((), _TOKEN_TOP, tl.int64)
         best_out = BEST + (program.to(tl.int64) * NUM_CHUNKS + chunk) * width
         for rank in range(0, width):
             best = no_key
@@ -63,7 +66,7 @@ if triton_available():
                 value = tl.load(values + tokens, mask=tokens < end, other=0.0)
                 bits = value.to(tl.int32, bitcast=True)
                 ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-                key = (ordered.to(tl.int64) << 32) | (_TOKEN_TOP - tokens).to(tl.int64)
+                key = (ordered.to(tl.int64) << 32) | (token_top - tokens.to(tl.int64))
                 key = tl.where((tokens < end) & (key < last), key, no_key)
                 best = tl.maximum(best, tl.max(key, axis=0))
             tl.store(best_out + rank, best)
@@ -83,13 +86,13 @@ if triton_available():
         count = NUM_CHUNKS * width
         no_key = tl.full((), _NO_KEY, tl.int64)
         keys = tl.load(BEST + program * count + offsets, mask=offsets < count, other=_NO_KEY)
-        last = tl.full((), 2**63 - 1, tl.int64)
+        last = tl.full((), _ABOVE_ALL, tl.int64)
         out = OUT + program * stride_candidate
         for rank in range(0, width):
             best = tl.max(tl.where(keys < last, keys, no_key), axis=0)
             ordered = (best >> 32).to(tl.int32)
             bits = ordered ^ ((ordered >> 31) & 0x7FFFFFFF)
-            token = _TOKEN_TOP - (best & 0xFFFFFFFF)
+            token = tl.full((), _TOKEN_TOP, tl.int64) - (best & 0xFFFFFFFF)
             tl.store(out + rank, token.to(tl.float32))
             tl.store(out + stride_plane + rank, bits.to(tl.float32, bitcast=True))
             last = best
@@ -124,7 +127,7 @@ def triton_top_candidates(logprobs: torch.Tensor, rows: torch.Tensor | None, wid
         HAS_ROWS=rows is not None,
         BLOCK=_BLOCK,
         NUM_CHUNKS=num_chunks,
-        num_warps=4,
+        num_warps=_CHUNK_WARPS,
     )
     _JITTED["merge"][(count,)](
         best,
