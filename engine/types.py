@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Literal
 
 
@@ -55,6 +56,12 @@ class DecodeOptions:
     def hypotheses_at(self, temperature: float) -> int:
         """Sequences an attempt at ``temperature`` decodes at once: beams at 0, best-of samples above."""
         return self.beam_size if temperature == 0 else self.best_of
+
+    @cached_property
+    def max_hypotheses(self) -> int:
+        """The most sequences any of its attempts decodes at once (what admission reserves); kept,
+        since the decode loop asks for every running window at every step."""
+        return max(self.hypotheses_at(temperature) for temperature in self.temperatures())
 
     def temperatures(self) -> tuple[float, ...]:
         """The temperatures a window may be decoded at, in the order they are tried."""

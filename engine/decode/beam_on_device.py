@@ -58,14 +58,38 @@ class DeviceChoices:
     searches: list[Search]
 
     def read(self, rankings: np.ndarray) -> dict[Search, Ranking]:
-        """Each search's ranking, from ``rankings`` downloaded once the step has run."""
-        planes = rankings.tolist()  # one conversion for the step: Python numbers from here
-        rankings = {}
-        for row, search in enumerate(self.searches):
-            offered = len(search.hypotheses) * (len(search.hypotheses) + 1)
-            candidate, total, token, logprob = (plane[row][:offered] for plane in planes)
-            rankings[search] = Ranking(candidate, total, token, logprob)
-        return rankings
+        """Each search's ranking, from ``rankings`` downloaded once the step has run: its first
+        ``beam_size`` ranks, or every rank for a search whose text may end among them (only those
+        ranks are converted to Python numbers: the usual step needs no more)."""
+        searches = self.searches
+        beams = np.fromiter((len(search.hypotheses) for search in searches), np.int64, len(searches))
+        ends = np.fromiter((_eot_of(search) for search in searches), np.int64, len(searches))
+        most = int(beams.max())
+        parents = rankings[0] // (beams + 1)[:, None]
+        head = (parents[:, :most], rankings[2, :, :most], rankings[3, :, :most], rankings[1, :, :most])
+        may_end = ((head[1] == ends[:, None]) & (np.arange(most) < beams[:, None])).any(axis=1)
+        parent, token, logprob, total = (
+            head[0].astype(np.int64).tolist(),
+            head[1].astype(np.int64).tolist(),
+            head[2].tolist(),
+            head[3].tolist(),
+        )
+        read = {}
+        for row, search in enumerate(searches):
+            k = int(beams[row])
+            if may_end[row]:
+                offered = k * (k + 1)
+                read[search] = Ranking(
+                    parents[row, :offered].astype(np.int64).tolist(),
+                    rankings[2, row, :offered].astype(np.int64).tolist(),
+                    rankings[3, row, :offered].tolist(),
+                    rankings[1, row, :offered].tolist(),
+                )
+            elif k == most:
+                read[search] = Ranking(parent[row], token[row], logprob[row], total[row])
+            else:
+                read[search] = Ranking(parent[row][:k], token[row][:k], logprob[row][:k], total[row][:k])
+        return read
 
 
 class DeviceBeamChooser:
@@ -96,6 +120,11 @@ class DeviceBeamChooser:
             if self.use_triton and runner.device.type == "cuda"
             else None
         )
+
+    def logprobs_buffer(self, rows: int, vocab: int) -> torch.Tensor | None:
+        """Where sampling should write a step's log-probabilities [rows, vocab] when this step
+        chooses on the device (the choice's graphs read them there), or None: anywhere."""
+        return self.graphs.logprobs_buffer(rows, vocab) if self.graphs is not None else None
 
     def choose(self, step_id: int, choosing: list[SearchRows], logprobs: torch.Tensor) -> DeviceChoices:
         """Make the choices of ``choosing`` from the step's log-probabilities [rows, vocab] (each

@@ -54,20 +54,14 @@ class BeamSearch(Search):
         return len(self.finished) >= self.max_finished or at_length
 
     def follow_device_choice(self, ranking: Ranking) -> bool:
-        width, k = self.beam_size + 1, self.beam_size
-        candidate, total, token, logprob = ranking
-        if self.window.options.ignore_eot or self.eot not in token[:k]:
+        parents, tokens, logprobs, sums = ranking
+        k = self.beam_size
+        if len(parents) == k or self.window.options.ignore_eot or self.eot not in tokens[:k]:
             # The usual step: the best k all go on, and nothing finishes.
-            chosen = [
-                Choice(int(candidate[rank]) // width, int(token[rank]), logprob[rank], total[rank])
-                for rank in range(k)
-            ]
+            at_length = self._follow_device_choice(parents[:k], tokens[:k], logprobs[:k], sums[:k])
         else:
-            chosen = self._take(
-                Choice(int(candidate) // width, int(token), logprob, total)
-                for candidate, total, token, logprob in zip(*ranking)
-            )
-        at_length = self._follow_device_choice(chosen)
+            chosen = self._take(map(Choice._make, zip(*ranking)))
+            at_length = self._follow_device_choice(*(list(column) for column in zip(*chosen)))
         return len(self.finished) >= self.max_finished or at_length
 
     def _take(self, ranked: Iterator[Choice]) -> list[Choice]:

@@ -9,8 +9,10 @@ What makes a captured choice replayable for any searches of its shape:
 * the key is the step's shape: searches, hypotheses, the log-probabilities' rows and vocabulary, most
   beams;
 * the log-probabilities and the searches' packed fields live in static device buffers, refilled
-  each step (the log-probabilities by one device copy, the fields by one host-to-device copy out
-  of pinned host buffers used in turn, as the decode graphs' inputs are);
+  each step: the log-probabilities are one buffer of every slot's row that all captured shapes
+  read a leading part of, and that sampling writes its log-softmax into (``logprobs_buffer``; a
+  step's log-probabilities found elsewhere are copied in), the fields by one host-to-device copy
+  out of pinned host buffers used in turn, as the decode graphs' inputs are;
 * everything else the kernels read or write (sums, next tokens, block tables, timestamp
   histories, the cache) is a tensor the engine keeps for its lifetime;
 * the copy kernel's grid covers a block's every position, not the step's most written: positions
@@ -53,7 +55,7 @@ class ChoiceKernelArgs:
 @dataclass(frozen=True)
 class _CapturedChoice:
     graph: torch.cuda.CUDAGraph
-    logprobs: torch.Tensor  # static input [rows, vocab]
+    logprobs: torch.Tensor  # static input [rows, vocab]: the leading rows of the shared buffer
     packed: torch.Tensor  # static input: the searches' fields, then each hypothesis's slot, spare, row
     rankings: torch.Tensor  # static output [4, S, most]
 
@@ -69,6 +71,18 @@ class ChoiceGraphs:
         # At most every slot a search, and every slot a hypothesis.
         largest = num_slots * (len(SEARCH_FIELDS) + 3)
         self._staging = PinnedStaging((largest,), torch.long)
+        self._num_slots = num_slots
+        self._logprobs: torch.Tensor | None = None  # [slots, vocab] float32, made on first use
+
+    def logprobs_buffer(self, rows: int, vocab: int) -> torch.Tensor:
+        """Where a step of ``rows`` sampled rows should write its log-probabilities [rows, vocab]
+        for its choice: the captured choices read them there, with no copy."""
+        if self._logprobs is None or self._logprobs.shape[1] != vocab:
+            self._logprobs = torch.empty(
+                (self._num_slots, vocab), dtype=torch.float32, device=self.args.sums.device
+            )
+            self._graphs.clear()  # they read the old buffer
+        return self._logprobs[:rows]
 
     @property
     def num_captured(self) -> int:
@@ -99,7 +113,8 @@ class ChoiceGraphs:
             del self._seen_once[key]
             captured = self._capture(key, logprobs, len(packed), most_beams)
         self._graphs.move_to_end(key)
-        captured.logprobs.copy_(logprobs, non_blocking=True)
+        if logprobs.data_ptr() != captured.logprobs.data_ptr():
+            captured.logprobs.copy_(logprobs, non_blocking=True)
         self._stage(packed, captured.packed)
         captured.graph.replay()
         return captured.rankings
@@ -114,7 +129,7 @@ class ChoiceGraphs:
     def _capture(
         self, key: tuple, logprobs: torch.Tensor, num_packed: int, most_beams: int
     ) -> _CapturedChoice:
-        static_logprobs = torch.zeros_like(logprobs)
+        static_logprobs = self.logprobs_buffer(*logprobs.shape)
         static_packed = torch.zeros(num_packed, dtype=torch.long, device=logprobs.device)
         graph = torch.cuda.CUDAGraph()
         # A memory pool of its own (a graph's memory is not shared with another's); thread-local:

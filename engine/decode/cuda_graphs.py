@@ -83,18 +83,17 @@ class DecodeGraphs:
 
     def fits(self, step: StepInput) -> bool:
         """A step of a captured size that feeds one token per request (sampled, or a prompt's)."""
-        return len(step.rows) <= self.sizes[-1] and all(len(row.tokens) == 1 for row in step.rows)
+        return step.num_rows <= self.sizes[-1] and step.max_fed == 1
 
     def replay(self, step: StepInput) -> torch.Tensor:
-        """Run the step; returns float32 logits [len(step.rows), vocab] (a view, valid until the next
+        """Run the step; returns float32 logits [step.num_rows, vocab] (a view, valid until the next
         replay)."""
-        rows = step.rows
-        count = len(rows)
+        count = step.num_rows
         size = next(s for s in self.sizes if s >= count)
         host = self._staging.next_buffer()
-        positions = np.fromiter((row.start for row in rows), dtype=np.int32, count=count)
-        host[_TOKEN, :count] = [row.tokens[0] for row in rows]
-        host[_SOURCE, :count] = [row.source_row for row in rows]
+        positions = np.array(step.starts, dtype=np.int32)
+        host[_TOKEN, :count] = [fed[0] for fed in step.tokens]
+        host[_SOURCE, :count] = step.sources
         host[_POSITION, :count] = positions
         host[_SLOT, :count] = step.slots
         host[_SELF_LEN, :count] = positions + 1

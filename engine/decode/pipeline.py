@@ -24,7 +24,7 @@ from engine.decode.language import detect_language, no_speech_probability
 from engine.decode.logit_rules import LogitRules
 from engine.decode.prompt import next_prompt_tokens
 from engine.decode.request import FROM_LAST_STEP, Request
-from engine.decode.runner import ModelRunner, StepInput, StepRow
+from engine.decode.runner import ModelRunner, StepInput
 from engine.decode.sampling import SampledRows, sample_rows
 from engine.decode.search import Candidates
 from engine.decode.step_output import StepOutput
@@ -111,16 +111,30 @@ class StepPipeline:
             or request.num_computed_tokens + 1 >= self.n_text_ctx
         )
 
+    def _still_to_step(self, scheduled: list[Request]) -> list[Request]:
+        """The scheduled requests that still need a step. A search's hypotheses are adjacent, read
+        one window's K/V, and are at one length with as many tokens unread (they end together), so
+        its first one answers for all of them: the loop runs over every hypothesis of every search."""
+        batch = []
+        search, steps = None, False
+        for request in scheduled:
+            if request.hypothesis_of is None or request.hypothesis_of is not search:
+                search = request.hypothesis_of
+                steps = (
+                    request.finish_reason is None
+                    and not request.waits_for_cross_kv
+                    and not self._ends_with_unread_token(request)
+                )
+            if steps:
+                batch.append(request)
+        return batch
+
     @torch.inference_mode()
     def launch(self, scheduled: list[Request]) -> LaunchedStep | None:
         """One decoder forward, logit rules and sampling for every request that still needs a step:
         not ended since it was scheduled, not waiting for its K/V (a pull started at its admission),
         not done by length with its last token still unread."""
-        batch = [
-            r
-            for r in scheduled
-            if r.finish_reason is None and not r.waits_for_cross_kv and not self._ends_with_unread_token(r)
-        ]
+        batch = self._still_to_step(scheduled)
         if not batch:
             return None
         step_id = next(self._step_ids)
@@ -211,28 +225,23 @@ class StepPipeline:
 
     def step_input(self, batch: list[Request]) -> StepInput:
         """What the runner needs of ``batch`` this step: slots, fed tokens, positions."""
-        rows = []
         tables = self.runner.tables
         rewrites: dict[int, list[int]] = {}
+        slots, tokens, sources, starts, sot_offsets = [], [], [], [], []
         for request in batch:
             start, fed = request.num_computed_tokens, request.pending_tokens
             slot = tables.slot_of(request.request_id, request.blocks)
             if request.tables_changed:  # a hypothesis forked, or copied a block it writes
                 rewrites[slot] = request.blocks.self_block_ids
                 request.tables_changed = False
-            rows.append(
-                StepRow(
-                    slot=slot,
-                    tokens=fed,
-                    source_row=request.fed_from_row,
-                    start=start,
-                    sot_offset=request.sot_index - start
-                    if start <= request.sot_index < start + len(fed)
-                    else -1,
-                )
-            )
+            slots.append(slot)
+            tokens.append(fed)
+            sources.append(request.fed_from_row)
+            starts.append(start)
+            sot = request.sot_index - start
+            sot_offsets.append(sot if 0 <= sot < len(fed) else -1)
         tables.rewrite_self(rewrites)
-        return StepInput(rows, self._cross_readers(batch))
+        return StepInput(slots, tokens, sources, starts, sot_offsets, self._cross_readers(batch))
 
     def _cross_readers(self, batch: list[Request]) -> list[int] | None:
         """A search's hypotheses, adjacent in the batch, read their window's one copy of the
@@ -265,7 +274,8 @@ class StepPipeline:
         search's hypothesis offers candidates instead (its likeliest tokens, or its draws), which the
         host chooses from, unless its search chooses on the device (``choosing``)."""
         on_device = {row for entry in choosing for row in entry.rows}
-        sampled = sample_rows(self.rules, logits, slots, batch, rows, on_device)
+        logprobs_out = self.beam_chooser.logprobs_buffer(len(rows), logits.shape[1]) if choosing else None
+        sampled = sample_rows(self.rules, logits, slots, batch, rows, on_device, logprobs_out)
         if sampled.row_index is None:
             readback[_TOKEN] = sampled.tokens
             readback[_LOGPROB] = sampled.logprobs

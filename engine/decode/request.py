@@ -90,7 +90,7 @@ class Request:
     @property
     def max_hypotheses(self) -> int:
         """The most sequences any of its attempts steps: what admission reserves and counts."""
-        return max(self.options.hypotheses_at(temperature) for temperature in self.options.temperatures())
+        return self.options.max_hypotheses
 
     @property
     def waits_for_cross_kv(self) -> bool:

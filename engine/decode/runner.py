@@ -25,28 +25,28 @@ from engine.kv.storage import PagedKVStorage
 from engine.model.whisper import DecoderStepMetadata, Whisper
 
 
-@dataclass(slots=True)
-class StepRow:
-    """What the runner needs of one request in a step (never the request itself). Not frozen: a
-    step makes one per row, and a frozen data class costs several times as much to make."""
-
-    slot: int  # its block-table row
-    tokens: list[int]  # fed this step; the first may be FROM_LAST_STEP
-    source_row: int  # the row of the last launched step whose token a FROM_LAST_STEP means, or -1
-    start: int  # position of the first fed token
-    sot_offset: int  # index of <|startoftranscript|> in ``tokens``, or -1 when it is not fed
-
-
 @dataclass(frozen=True)
 class StepInput:
-    rows: list[StepRow]
+    """What the runner needs of a step's rows (never the requests themselves), as columns: a step
+    has one row per running sequence, every hypothesis of every beam search included, and the
+    columns are filled in one pass and read as they are (no object per row)."""
+
+    slots: list[int]  # each row's block-table row
+    tokens: list[list[int]]  # fed this step; the first may be FROM_LAST_STEP
+    sources: list[int]  # the row of the last launched step whose token a FROM_LAST_STEP means, or -1
+    starts: list[int]  # position of the first fed token
+    sot_offsets: list[int]  # index of <|startoftranscript|> in the row's tokens, or -1 when not fed
     # Per row, the rows from it on that read its cross-attention K/V (a window's beams, adjacent
     # rows), 0 for a row counted by an earlier one; None: each row reads its own.
     cross_readers: list[int] | None = None
 
     @property
-    def slots(self) -> list[int]:
-        return [row.slot for row in self.rows]
+    def num_rows(self) -> int:
+        return len(self.slots)
+
+    @property
+    def max_fed(self) -> int:
+        return max(map(len, self.tokens))
 
 
 @dataclass
@@ -150,12 +150,14 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.fits(step):
             last = self.graphs.replay(step)
             # Every row fed one token: a row that fed <|startoftranscript|> has those logits in ``last``.
-            at_sot = {index: last[index] for index, row in enumerate(step.rows) if row.sot_offset == 0}
+            at_sot = {}
+            if max(step.sot_offsets) >= 0:
+                at_sot = {index: last[index] for index, offset in enumerate(step.sot_offsets) if offset == 0}
             return StepLogits(last=last, at_sot=at_sot, slots=slots)
         return self._execute_eager(step)
 
     def _execute_eager(self, step_input: StepInput) -> StepLogits:
-        rows, slots = step_input.rows, step_input.slots
+        slots = step_input.slots
         token_ids: list[int] = []
         token_sources: list[int] = []
         positions: list[int] = []
@@ -164,19 +166,18 @@ class ModelRunner:
         self_lens: list[int] = []
         last_index: list[int] = []
         sot_rows: dict[int, int] = {}
-        for index, row in enumerate(rows):
-            start = row.start
-            fed = row.tokens
-            if row.sot_offset >= 0:
-                sot_rows[index] = len(token_ids) + row.sot_offset
+        rows = zip(step_input.tokens, step_input.sources, step_input.starts, step_input.sot_offsets)
+        for index, (fed, source, start, sot_offset) in enumerate(rows):
+            if sot_offset >= 0:
+                sot_rows[index] = len(token_ids) + sot_offset
             if len(fed) == 1:  # a decode step's every row: appends, not lists made to extend with
                 token_ids.append(fed[0])
-                token_sources.append(row.source_row)
+                token_sources.append(source)
                 positions.append(start)
                 token_rows.append(index)
             else:
                 token_ids.extend(fed)
-                token_sources.extend([row.source_row] + [-1] * (len(fed) - 1))
+                token_sources.extend([source] + [-1] * (len(fed) - 1))
                 positions.extend(range(start, start + len(fed)))
                 token_rows.extend([index] * len(fed))
             query_start.append(len(token_ids))
@@ -184,7 +185,7 @@ class ModelRunner:
             last_index.append(len(token_ids) - 1)
 
         # One upload for every per-token and per-request list.
-        count = len(rows)
+        count = step_input.num_rows
         host = np.asarray(
             token_ids
             + token_sources
@@ -213,7 +214,7 @@ class ModelRunner:
             query_start_loc=query_start_t.int(),
             self_lens=self_lens_t.int(),
             cross_lens=torch.full((count,), self.cross_len, dtype=torch.int32, device=self.device),
-            max_query_len=max(len(row.tokens) for row in rows),
+            max_query_len=step_input.max_fed,
             max_self_len=max(self_lens),
             cross_readers=None
             if step_input.cross_readers is None

@@ -42,9 +42,11 @@ def sample_rows(
     batch: list[Request],
     rows: list[int],
     chosen_on_device: AbstractSet[int] = frozenset(),
+    logprobs_out: torch.Tensor | None = None,
 ) -> SampledRows:
     """The logit rules and sampling for the rows ``rows`` of a step's logits [B, V]; hypotheses
-    offer candidates, except those of the rows ``chosen_on_device``."""
+    offer candidates, except those of the rows ``chosen_on_device``. ``logprobs_out`` [rows, V]
+    float32: where the rows' log-probabilities go (the device's choice reads them there)."""
     requests = [batch[row] for row in rows]
     every_row = len(rows) == len(batch)
     row_index = None if every_row else upload(rows, torch.long, logits.device)
@@ -74,18 +76,20 @@ def sample_rows(
         ]
         stamp_rows = rules.timestamp_rows(first, unchosen, row_slots)
     # A hypothesis draws its candidates below, not here.
-    drawing = [r.temperature > 0 and r.hypothesis_of is None for r in requests]
-    generator_states = {
-        r.request_id: r.generator.get_state() for r, draws in zip(requests, drawing) if draws and r.generator
-    }
+    temperatures = [r.temperature if r.hypothesis_of is None else 0.0 for r in requests]
+    generator_states = {}
+    if max(temperatures) > 0:
+        generator_states = {
+            r.request_id: r.generator.get_state()
+            for r, temperature in zip(requests, temperatures)
+            if temperature > 0 and r.generator
+        }
     # One log-softmax serves the sampled tokens' log-probabilities and the hypotheses' candidates.
-    row_logprobs = torch.log_softmax(row_logits, dim=-1)
-    tokens, logprobs = sample(
-        row_logits,
-        row_logprobs,
-        [r.temperature if draws else 0.0 for r, draws in zip(requests, drawing)],
-        [r.generator for r in requests],
-    )
+    if logprobs_out is None:
+        row_logprobs = torch.log_softmax(row_logits, dim=-1)
+    else:
+        row_logprobs = torch.log_softmax(row_logits, dim=-1, out=logprobs_out)
+    tokens, logprobs = sample(row_logits, row_logprobs, temperatures, [r.generator for r in requests])
     rules.record(tokens, stamp_rows)
     sampled = SampledRows(tokens, logprobs, row_index, generator_states, vocab_logprobs=row_logprobs)
     offering = [index for index in hypotheses if rows[index] not in chosen_on_device]

@@ -213,37 +213,51 @@ class Scheduler:
         """Append a read step's tokens to their requests; return the requests that reached a stop."""
         stopped: list[tuple[Request, FinishReason]] = []
         offered: dict[Search, list[int]] = {}  # a search's rows that offered candidates
+        # Locals: the loop runs once per row of the step (every hypothesis of every search).
+        epochs, tokens, logprobs, step_id = output.epochs, output.tokens, output.logprobs, output.step_id
+        no_speech_probs, languages, sampled_rows = (
+            output.no_speech_probs,
+            output.languages,
+            output.sampled_rows,
+        )
+        finished, eot, isfinite = RequestStatus.FINISHED, self.eot, math.isfinite
         for row, request in enumerate(output.batch):
-            if request.status == RequestStatus.FINISHED or request.epoch != output.epochs[row]:
+            if request.status is finished or request.epoch != epochs[row]:
                 continue  # ended, or started again, since: the row is stale
-            token = output.tokens[row]
-            if row in output.no_speech_probs:
-                request.no_speech_prob = output.no_speech_probs[row]
-            if row in output.languages:
-                request.language = output.languages[row]
+            token = tokens[row]
+            if no_speech_probs and row in no_speech_probs:
+                request.no_speech_prob = no_speech_probs[row]
+            if languages and row in languages:
+                request.language = languages[row]
                 request.prompt_tokens[request.sot_index + 1] = token
-            if request.launched_in == output.step_id and request.fed_from_row >= 0:
+            if request.launched_in == step_id and request.fed_from_row >= 0:
                 request.pending_tokens[0] = token  # no later step ran it: the next one takes it from the host
-            if row not in output.sampled_rows:
+            if row not in sampled_rows:
                 continue
             request.unread_tokens -= 1
-            window = request.hypothesis_of.window if request.hypothesis_of is not None else request
-            if not math.isfinite(output.logprobs[row]):
+            search = request.hypothesis_of
+            logprob = logprobs[row]
+            if not isfinite(logprob):
                 # NaN or infinite logits: the activations overflowed (fp16's range ends at 65504).
                 # The token would be garbage; fail the window in words instead.
+                window = search.window if search is not None else request
                 if window.error is None:
                     window.error = NON_FINITE_LOGITS
                     stopped.append((window, FinishReason.ERROR))
                 continue
-            if request.hypothesis_of is not None:
-                offered.setdefault(request.hypothesis_of, []).append(row)
+            if search is not None:
+                rows = offered.get(search)
+                if rows is None:
+                    offered[search] = [row]
+                else:
+                    rows.append(row)
                 continue
-            request.sum_logprob += output.logprobs[row]
-            if token == self.eot and not request.options.ignore_eot:
+            request.sum_logprob += logprob
+            if token == eot and not request.options.ignore_eot:
                 stopped.append((request, FinishReason.STOP))
                 continue
             request.output_tokens.append(token)
-            request.output_logprobs.append(output.logprobs[row])
+            request.output_logprobs.append(logprob)
             full = output.computed_after[row] + 1 >= self.n_text_ctx
             if len(request.output_tokens) >= request.max_tokens or full:
                 stopped.append((request, FinishReason.LENGTH))

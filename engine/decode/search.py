@@ -54,14 +54,15 @@ class Candidates:
 
 
 class Ranking(NamedTuple):
-    """A choice made on the device, read back: the candidates by rank, best first (rank r's flat
-    index ``candidate[r]``, hypothesis ``candidate[r] // (k + 1)``), with their sums, tokens and
-    log-probabilities (float32 values; tokens as floats)."""
+    """A choice made on the device, read back: its candidates by rank, best first, each one's
+    parent (the hypothesis it continues), token, log-probability and sum of log-probabilities (in
+    ``Choice``'s order). Every rank where the text may end among the first ``beam_size``; else
+    only those, which are then the children (the usual step)."""
 
-    candidate: list[float]
-    sum_logprob: list[float]
-    token: list[float]
+    parent: list[int]
+    token: list[int]
     logprob: list[float]
+    sum_logprob: list[float]
 
 
 class Choice(NamedTuple):
@@ -237,45 +238,50 @@ class Search:
         """Whether hypotheses of ``length`` tokens have reached the window's length."""
         return length >= self.window.max_tokens or len(self.window.prompt_tokens) + length >= self.n_text_ctx
 
-    def _follow_device_choice(self, chosen: list[Choice]) -> bool:
+    def _follow_device_choice(
+        self, parents: list[int], tokens: list[int], logprobs: list[float], sums: list[float]
+    ) -> bool:
         """What the device did with a choice launched on it, on the host: the chosen sequences
-        become the hypotheses (each one's row, slot and next token stay as launched); every child
-        holds its parent's blocks, and in the block it writes next, the last child of each parent
-        keeps the parent's block, the others write into their spare (with a copy of what the parent
-        wrote there), and all of them where that block starts. Returns whether the search has
-        reached the window's length."""
+        (child ``j`` continues hypothesis ``parents[j]`` with ``tokens[j]``) become the hypotheses
+        (each one's row, slot and next token stay as launched); every child holds its parent's
+        blocks, and in the block it writes next, the last child of each parent keeps the parent's
+        block, the others write into their spare (with a copy of what the parent wrote there), and
+        all of them where that block starts. Returns whether the search has reached the window's
+        length."""
         launched = self.device_choices.popleft()
         index, offset = divmod(launched.position, self.blocks.block_size)
         blocks, hypotheses = self.blocks, self.hypotheses
-        parents = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in hypotheses]
-        children, last_child = [0] * len(parents), [-1] * len(parents)
-        for child, choice in enumerate(chosen):
-            children[choice.parent] += 1
-            last_child[choice.parent] = child
-        for (_, _, table), count in zip(parents, children):
+        texts = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in hypotheses]
+        children, last_child = [0] * len(texts), [-1] * len(texts)
+        for child, parent in enumerate(parents):
+            children[parent] += 1
+            last_child[parent] = child
+        for (_, _, table), count in zip(texts, children):
             if count != 1:
                 blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
-        for child, (choice, spare) in enumerate(zip(chosen, launched.spares)):
-            tokens, logprobs, table = parents[choice.parent]
-            if last_child[choice.parent] == child:
+        step_id = launched.step_id
+        for child, (hypothesis, parent, token, spare) in enumerate(
+            zip(hypotheses, parents, tokens, launched.spares)
+        ):
+            text, text_logprobs, table = texts[parent]
+            if last_child[parent] == child:
                 # A parent's last child takes over its lists and its table row, which its other
                 # children have copied by now (as ``_continue_with``, without copying them again).
-                tokens.append(choice.token)
-                logprobs.append(choice.logprob)
+                text.append(token)
+                text_logprobs.append(logprobs[child])
                 if offset == 0:
                     blocks.take_over(table, index, spare)
                 else:
                     blocks.give_back(spare)
             else:
-                tokens, logprobs, table = tokens + [choice.token], logprobs + [choice.logprob], list(table)
+                text, text_logprobs, table = text + [token], text_logprobs + [logprobs[child]], list(table)
                 blocks.take_over(table, index, spare)
-            hypothesis = hypotheses[child]
-            hypothesis.output_tokens, hypothesis.output_logprobs = tokens, logprobs
-            hypothesis.sum_logprob = choice.sum_logprob
+            hypothesis.output_tokens, hypothesis.output_logprobs = text, text_logprobs
+            hypothesis.sum_logprob = sums[child]
             hypothesis.blocks.self_block_ids = table  # the device rewrote its row
-            if hypothesis.launched_in == launched.step_id:
-                hypothesis.pending_tokens = [choice.token]  # no later step took it from the device
-        return self._at_length(len(self.hypotheses[0].output_tokens))
+            if hypothesis.launched_in == step_id:
+                hypothesis.pending_tokens = [token]  # no later step took it from the device
+        return self._at_length(len(hypotheses[0].output_tokens))
 
     def finish(self) -> FinishReason:
         """The best hypothesis becomes the window's text (openai-whisper's finalize and ranking)."""

@@ -70,7 +70,7 @@ def test_prompts_fed_a_token_a_step_decode_what_one_prompt_step_decodes(tiny_en,
         execute = engine.runner.execute
 
         def execute_and_note(step, execute=execute, fed=fed_per_request):  # observes what each step feeds
-            fed.extend(len(row.tokens) for row in step.rows)
+            fed.extend(len(tokens) for tokens in step.tokens)
             return execute(step)
 
         engine.runner.execute = execute_and_note
