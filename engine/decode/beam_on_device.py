@@ -41,7 +41,7 @@ class SearchRows(NamedTuple):
     tuple: a step makes one per search, on the host's critical path.)"""
 
     search: Search
-    rows: list[int]  # its hypotheses' rows in the step, in the search's order
+    rows: range  # its hypotheses' rows in the step, in the search's order
     logprob_rows: range  # their rows of the step's sampled log-probabilities
     slots: list[int]  # their block-table slots
     position: int  # where the children write next

@@ -25,8 +25,8 @@ from engine.decode.logit_rules import LogitRules
 from engine.decode.prompt import next_prompt_tokens
 from engine.decode.request import FROM_LAST_STEP, Request
 from engine.decode.runner import ModelRunner, StepInput
-from engine.decode.sampling import SampledRows, sample_rows
-from engine.decode.search import Candidates
+from engine.decode.sampling import RowsToSample, sample_rows
+from engine.decode.search import Candidates, Search
 from engine.decode.step_output import StepOutput
 from engine.model.tokenizer import WhisperTokenizer
 
@@ -43,6 +43,9 @@ class LaunchedStep:
     batch: list[Request]
     epochs: list[int]  # each row's request.epoch at launch: a row of a window restarted since is stale
     sampling_rows: list[int]
+    # Rows read token by token: every row but those of searches whose choice this step made on
+    # the device (read as a whole, from the device's ranking).
+    host_rows: list[int]
     sot_rows: list[int]  # rows that fed <|startoftranscript|>: their no-speech probability is read
     detect_rows: list[int]  # of those, rows whose language is detected there
     computed_after: list[int]  # each row's tokens in the cache once this step has run
@@ -111,77 +114,73 @@ class StepPipeline:
             or request.num_computed_tokens + 1 >= self.n_text_ctx
         )
 
-    def _still_to_step(self, scheduled: list[Request]) -> list[Request]:
-        """The scheduled requests that still need a step. A search's hypotheses are adjacent, read
-        one window's K/V, and are at one length with as many tokens unread (they end together), so
-        its first one answers for all of them: the loop runs over every hypothesis of every search."""
-        batch = []
-        search, steps = None, False
-        for request in scheduled:
-            if request.hypothesis_of is None or request.hypothesis_of is not search:
-                search = request.hypothesis_of
-                steps = (
-                    request.finish_reason is None
-                    and not request.waits_for_cross_kv
-                    and not self._ends_with_unread_token(request)
-                )
-            if steps:
-                batch.append(request)
-        return batch
+    def _still_to_step(self, scheduled: list[Request]) -> tuple[list[Request], dict[int, Search]]:
+        """The scheduled requests that still need a step, and the row where each search's
+        hypotheses start. A search's hypotheses are adjacent (all of them, in its order), read one
+        window's K/V, and are at one length with as many tokens unread (they end together), so its
+        first one answers for all of them."""
+        batch: list[Request] = []
+        searches: dict[int, Search] = {}
+        row, count = 0, len(scheduled)
+        while row < count:
+            request = scheduled[row]
+            search = request.hypothesis_of
+            size = 1 if search is None else len(search.hypotheses)
+            if (
+                request.finish_reason is None
+                and not request.waits_for_cross_kv
+                and not self._ends_with_unread_token(request)
+            ):
+                if search is not None:
+                    searches[len(batch)] = search
+                batch += scheduled[row : row + size]
+            row += size
+        return batch, searches
 
     @torch.inference_mode()
     def launch(self, scheduled: list[Request]) -> LaunchedStep | None:
         """One decoder forward, logit rules and sampling for every request that still needs a step:
         not ended since it was scheduled, not waiting for its K/V (a pull started at its admission),
         not done by length with its last token still unread."""
-        batch = self._still_to_step(scheduled)
+        batch, searches = self._still_to_step(scheduled)
         if not batch:
             return None
         step_id = next(self._step_ids)
-        logits = self.runner.execute(self.step_input(batch))
-        sampling_rows, sot_rows, detect_rows, computed_after = [], [], [], []
-        for row, request in enumerate(batch):
-            start, fed = request.num_computed_tokens, len(request.pending_tokens)
-            feeds_sot = start <= request.sot_index < start + fed
-            if feeds_sot:
-                sot_rows.append(row)
-            request.num_computed_tokens = start + fed
-            request.launched_in = step_id
-            computed_after.append(request.num_computed_tokens)
-            if feeds_sot and request.detect_language:
-                # The rest of the prompt starts with the language detected here, on the device.
-                detect_rows.append(row)
-                request.detect_language = False
-                request.pending_tokens = self.next_prompt_tokens_of(request)
-                request.pending_tokens[0], request.pending_source_row = FROM_LAST_STEP, row
-            elif request.num_computed_tokens < len(request.prompt_tokens):
-                # The rest of the prompt (language, task, timestamp tokens) runs before any sampling.
-                request.pending_tokens = self.next_prompt_tokens_of(request)
-            else:
-                sampling_rows.append(row)
+        plan = _StepPlan(self, batch, searches, step_id)
+        logits = self.runner.execute(plan.step_input())
+        to_sample = plan.to_sample
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
-        sampled, choosing = None, []
-        if sampling_rows:
-            choosing = self._device_choosers(batch, logits.slots, computed_after, sampling_rows)
-            sampled = self._sample(logits.last, logits.slots, batch, sampling_rows, readback, choosing)
-        if sot_rows:
-            self._read_sot_logits(logits.at_sot, sot_rows, detect_rows, readback)
-        if sampled is not None and sampled.row_index is None and not sot_rows:
+        sampled = None
+        if to_sample.rows:
+            logprobs_out = None
+            if plan.choosing:
+                logprobs_out = self.beam_chooser.logprobs_buffer(len(to_sample.rows), logits.last.shape[1])
+            sampled = sample_rows(self.rules, logits.last, to_sample, logprobs_out)
+            if sampled.row_index is None:
+                readback[_TOKEN] = sampled.tokens
+                readback[_LOGPROB] = sampled.logprobs
+            else:
+                readback[_TOKEN].index_copy_(0, sampled.row_index, sampled.tokens.float())
+                readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
+        if plan.sot_rows:
+            self._read_sot_logits(logits.at_sot, plan.sot_rows, plan.detect_rows, readback)
+        if sampled is not None and sampled.row_index is None and not plan.sot_rows:
             self.runner.next_tokens[: len(batch)] = sampled.tokens  # every row sampled: no conversion
         else:
             self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
-        device_choices = (
-            self.beam_chooser.choose(step_id, choosing, sampled.vocab_logprobs) if choosing else None
-        )
+        device_choices = None
+        if plan.choosing:
+            device_choices = self.beam_chooser.choose(step_id, plan.choosing, sampled.vocab_logprobs)
         host_chooses = bool(sampled and sampled.hypothesis_rows)
         return LaunchedStep(
             step_id=step_id,
             batch=batch,
             epochs=[r.epoch for r in batch],
-            sampling_rows=sampling_rows,
-            sot_rows=sot_rows,
-            detect_rows=detect_rows,
-            computed_after=computed_after,
+            sampling_rows=to_sample.rows,
+            host_rows=plan.host_rows,
+            sot_rows=plan.sot_rows,
+            detect_rows=plan.detect_rows,
+            computed_after=plan.computed_after,
             readback=PendingDownload(readback, *([device_choices.rankings] if device_choices else [])),
             generator_states=sampled.generator_states if sampled else {},
             hypothesis_rows=sampled.hypothesis_rows if sampled else [],
@@ -190,106 +189,10 @@ class StepPipeline:
             host_chooses=host_chooses,
         )
 
-    def _device_choosers(
-        self, batch: list[Request], slots: list[int], computed_after: list[int], sampling_rows: list[int]
-    ) -> list[SearchRows]:
-        """The searches whose choice this step makes on the device, from its log-probabilities (the
-        rows ``sampling_rows`` of them): their hypotheses then feed the next step from there. The
-        others' hypotheses offer candidates for the host's choice."""
-        if self.beam_chooser is None:
-            return []
-        choosing = []
-        start = 0
-        while start < len(sampling_rows):
-            search = batch[sampling_rows[start]].hypothesis_of
-            end = start + 1
-            if search is None:
-                start = end
-                continue
-            # A search's hypotheses are adjacent rows.
-            while end < len(sampling_rows) and batch[sampling_rows[end]].hypothesis_of is search:
-                end += 1
-            rows = sampling_rows[start:end]
-            if len(rows) == len(search.hypotheses) and search.chooses_on_device():
-                choosing.append(
-                    SearchRows(
-                        search=search,
-                        rows=rows,
-                        logprob_rows=range(start, end),
-                        slots=[slots[row] for row in rows],
-                        position=computed_after[rows[0]],
-                    )
-                )
-            start = end
-        return choosing
-
     def step_input(self, batch: list[Request]) -> StepInput:
-        """What the runner needs of ``batch`` this step: slots, fed tokens, positions."""
-        tables = self.runner.tables
-        rewrites: dict[int, list[int]] = {}
-        slots, tokens, sources, starts, sot_offsets = [], [], [], [], []
-        for request in batch:
-            start, fed = request.num_computed_tokens, request.pending_tokens
-            slot = tables.slot_of(request.request_id, request.blocks)
-            if request.tables_changed:  # a hypothesis forked, or copied a block it writes
-                rewrites[slot] = request.blocks.self_block_ids
-                request.tables_changed = False
-            slots.append(slot)
-            tokens.append(fed)
-            sources.append(request.fed_from_row)
-            starts.append(start)
-            sot = request.sot_index - start
-            sot_offsets.append(sot if 0 <= sot < len(fed) else -1)
-        tables.rewrite_self(rewrites)
-        return StepInput(slots, tokens, sources, starts, sot_offsets, self._cross_readers(batch))
-
-    def _cross_readers(self, batch: list[Request]) -> list[int] | None:
-        """A search's hypotheses, adjacent in the batch, read their window's one copy of the
-        cross-attention K/V: each group's first row counts its readers (up to what the attention
-        backend serves with one read), the others 0. None when no row shares."""
-        limit = self.runner.max_cross_readers
-        if limit < 2 or not any(request.hypothesis_of is not None for request in batch):
-            return None
-        readers = [1] * len(batch)
-        lead = 0
-        for row in range(1, len(batch)):
-            search = batch[row].hypothesis_of
-            if search is not None and batch[lead].hypothesis_of is search and readers[lead] < limit:
-                readers[lead] += 1
-                readers[row] = 0
-            else:
-                lead = row
-        return readers
-
-    def _sample(
-        self,
-        logits: torch.Tensor,
-        slots: list[int],
-        batch: list[Request],
-        rows: list[int],
-        readback: torch.Tensor,
-        choosing: list[SearchRows],
-    ) -> SampledRows:
-        """Logit rules and sampling for the rows ``rows``, on the device, into ``readback``; a
-        search's hypothesis offers candidates instead (its likeliest tokens, or its draws), which the
-        host chooses from, unless its search chooses on the device (``choosing``)."""
-        on_device = {row for entry in choosing for row in entry.rows}
-        logprobs_out = self.beam_chooser.logprobs_buffer(len(rows), logits.shape[1]) if choosing else None
-        sampled = sample_rows(self.rules, logits, slots, batch, rows, on_device, logprobs_out)
-        if sampled.row_index is None:
-            readback[_TOKEN] = sampled.tokens
-            readback[_LOGPROB] = sampled.logprobs
-        else:
-            readback[_TOKEN].index_copy_(0, sampled.row_index, sampled.tokens.float())
-            readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
-        for row in rows:
-            request = batch[row]
-            # A hypothesis's next token is its search's choice: from the device when the search
-            # chooses there, else made on the host once this step is read.
-            from_device = request.hypothesis_of is None or row in on_device
-            request.pending_tokens, request.pending_source_row = [FROM_LAST_STEP] if from_device else [], row
-            request.unread_tokens += 1
-        return sampled
+        """What the runner needs of ``batch`` this step: slots, fed tokens, positions (the
+        benchmarks' way to a step's input; launching a step makes it along the way)."""
+        return _StepPlan(self, batch, {}, step_id=None).step_input()
 
     def _read_sot_logits(
         self,
@@ -313,6 +216,7 @@ class StepPipeline:
         """Wait for a launched step's tokens."""
         values = step.readback.wait()
         tokens = values[_TOKEN].astype(np.int64).tolist()
+        finite = np.isfinite(values[_LOGPROB])
         candidates = None
         if step.candidates is not None:
             offered = step.candidates.wait()
@@ -325,6 +229,8 @@ class StepPipeline:
             tokens=tokens,
             logprobs=values[_LOGPROB].tolist(),
             sampled_rows=set(step.sampling_rows),
+            host_rows=step.host_rows,
+            nonfinite_rows=set() if finite.all() else set(np.flatnonzero(~finite).tolist()),
             no_speech_probs={row: float(values[_NO_SPEECH, row]) for row in step.sot_rows},
             languages={row: self._language_of_token[tokens[row]] for row in step.detect_rows},
             computed_after=step.computed_after,
@@ -335,3 +241,199 @@ class StepPipeline:
             else {},
             device_rankings=step.device_choices.read(step.readback.wait(1)) if step.device_choices else {},
         )
+
+
+# A hypothesis row's fed tokens in a step after a choice made on the device (shared, never changed).
+_FED_FROM_LAST_STEP = [FROM_LAST_STEP]
+
+
+def _cross_readers_of(hypotheses: int, limit: int) -> list[int]:
+    """A search's rows' cross-attention readers (StepInput.cross_readers): each run of up to
+    ``limit`` rows is read once, counted by its first row."""
+    return [min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses)]
+
+
+class _StepPlan:
+    """One pass over a step's rows: what the runner needs of them (StepInput's columns), which rows
+    sample and how, which searches choose on the device, and, when launching, each request moved
+    on to after the step (its position, what it feeds next, its unread tokens). A beam search whose
+    last choice the device made is gone over a search at a time: its hypotheses all feed the
+    device's tokens from adjacent rows at one position, and at many beams the host's work per row
+    is what bounds a step."""
+
+    def __init__(
+        self, pipeline: StepPipeline, batch: list[Request], searches: dict[int, Search], step_id: int | None
+    ):
+        """``searches``: the row where each search's hypotheses start. ``step_id`` None: describe
+        the rows only, changing nothing (what the benchmarks replay)."""
+        self.pipeline = pipeline
+        self.tables = pipeline.runner.tables
+        self.step_id = step_id
+        self.limit = pipeline.runner.max_cross_readers
+        self.rewrites: dict[int, list[int]] = {}
+        self.slots: list[int] = []
+        self.tokens: list[list[int]] = []
+        self.sources: list[int] = []
+        self.starts: list[int] = []
+        self.sot_offsets: list[int] = []
+        self.readers: list[int] | None = [] if self.limit > 1 and searches else None
+        self.computed_after: list[int] = []
+        self.sot_rows: list[int] = []
+        self.detect_rows: list[int] = []
+        self.host_rows: list[int] = []
+        self.to_sample = RowsToSample()
+        self.choosing: list[SearchRows] = []
+        row, count = 0, len(batch)
+        while row < count:
+            search = searches.get(row)
+            if search is None:
+                self._add_row(batch[row], row)
+                if self.readers is not None:
+                    self.readers.append(1)
+                row += 1
+            elif search.host_chose_last:
+                row = self._add_search_row_by_row(batch, row, search)
+            else:
+                row = self._add_search_after_device_choice(row, search)
+
+    def step_input(self) -> StepInput:
+        self.tables.rewrite_self(self.rewrites)
+        return StepInput(self.slots, self.tokens, self.sources, self.starts, self.sot_offsets, self.readers)
+
+    def _add_row(self, request: Request, row: int) -> None:
+        start, fed = request.num_computed_tokens, request.pending_tokens
+        slot = self.tables.slot_of(request.request_id, request.blocks)
+        if request.tables_changed:  # a hypothesis forked, or copied a block it writes
+            self.rewrites[slot] = request.blocks.self_block_ids
+            request.tables_changed = False
+        self.slots.append(slot)
+        self.tokens.append(fed)
+        self.sources.append(request.fed_from_row)
+        self.starts.append(start)
+        sot = request.sot_index - start
+        feeds_sot = 0 <= sot < len(fed)
+        self.sot_offsets.append(sot if feeds_sot else -1)
+        computed = start + len(fed)
+        self.computed_after.append(computed)
+        if self.step_id is None:
+            return
+        request.num_computed_tokens = computed
+        request.launched_in = self.step_id
+        if feeds_sot:
+            self.sot_rows.append(row)
+        if feeds_sot and request.detect_language:
+            # The rest of the prompt starts with the language detected here, on the device.
+            self.detect_rows.append(row)
+            request.detect_language = False
+            request.pending_tokens = self.pipeline.next_prompt_tokens_of(request)
+            request.pending_tokens[0], request.pending_source_row = FROM_LAST_STEP, row
+            self.host_rows.append(row)
+            return
+        if computed < len(request.prompt_tokens):
+            # The rest of the prompt (language, task, timestamp tokens) runs before any sampling.
+            request.pending_tokens = self.pipeline.next_prompt_tokens_of(request)
+            self.host_rows.append(row)
+            return
+        to_sample = self.to_sample
+        first = not request.output_tokens and not request.unread_tokens
+        timestamps = request.options.timestamps
+        to_sample.rows.append(row)
+        to_sample.requests.append(request)
+        to_sample.slots.append(slot)
+        to_sample.first.append(first)
+        to_sample.timestamps.append(timestamps)
+        search = request.hypothesis_of
+        to_sample.temperatures.append(request.temperature if search is None else 0.0)
+        request.pending_source_row = row
+        request.unread_tokens += 1
+        self.host_rows.append(row)
+        if search is None:
+            request.pending_tokens = [FROM_LAST_STEP]
+            return
+        # Its next token is its search's choice (``_add_search_row_by_row`` says where it is made).
+        index = len(to_sample.rows) - 1
+        to_sample.hypotheses.append(index)
+        if timestamps and not first:
+            # It takes over a forked parent's text: its slot's timestamp history follows that text.
+            to_sample.restore_history.append(index)
+
+    def _add_search_row_by_row(self, batch: list[Request], row: int, search: Search) -> int:
+        """A search whose last choice the host made (or that has made none): its hypotheses may
+        differ in where they are (a prompt's rows, forks). Returns the row after its last."""
+        end = row + len(search.hypotheses)
+        to_sample = self.to_sample
+        sampled_before, host_before = len(to_sample.rows), len(self.host_rows)
+        # Asked before any of its tokens of this step counts as unread.
+        may_choose_on_device = (
+            self.step_id is not None and self.pipeline.beam_chooser is not None and search.chooses_on_device()
+        )
+        for index in range(row, end):
+            self._add_row(batch[index], index)
+        if self.readers is not None:
+            self.readers += _cross_readers_of(end - row, self.limit)
+        if self.step_id is None:
+            return end
+        sampled = range(sampled_before, len(to_sample.rows))
+        if may_choose_on_device and len(sampled) == end - row:
+            self.choosing.append(
+                SearchRows(search, range(row, end), sampled, self.slots[row:end], self.computed_after[row])
+            )
+            del self.host_rows[host_before:]
+            for hypothesis in batch[row:end]:
+                hypothesis.pending_tokens = [FROM_LAST_STEP]
+        else:
+            to_sample.offering += sampled
+            for index in sampled:
+                to_sample.requests[index].pending_tokens = []  # chosen on the host once read
+        return end
+
+    def _add_search_after_device_choice(self, row: int, search: Search) -> int:
+        """A search whose last choice the device made: every hypothesis feeds one token (the
+        device's, or the host's once that step was read) at one position, from adjacent rows of
+        the last step, and samples; its block-table rows are the device's. Returns the row after
+        its last."""
+        hypotheses = search.hypotheses
+        count = len(hypotheses)
+        end = row + count
+        if len(search.hypothesis_slots) != count:
+            search.hypothesis_slots = [self.tables.slot_of(h.request_id, h.blocks) for h in hypotheses]
+        slots = search.hypothesis_slots
+        start = hypotheses[0].num_computed_tokens
+        source = hypotheses[0].fed_from_row
+        self.slots += slots
+        if source >= 0:
+            self.tokens += [_FED_FROM_LAST_STEP] * count
+            self.sources += range(source, source + count)
+        else:
+            self.tokens += [hypothesis.pending_tokens for hypothesis in hypotheses]
+            self.sources += [-1] * count
+        self.starts += [start] * count
+        self.sot_offsets += [-1] * count
+        if self.readers is not None:
+            self.readers += _cross_readers_of(count, self.limit)
+        computed = start + 1
+        self.computed_after += [computed] * count
+        on_device = search.chooses_on_device()  # before its tokens of this step count as unread
+        to_sample = self.to_sample
+        index = len(to_sample.rows)
+        rows, sampled = range(row, end), range(index, index + count)
+        to_sample.rows += rows
+        to_sample.requests += hypotheses
+        to_sample.slots += slots
+        to_sample.first += [False] * count
+        to_sample.timestamps += [search.window.options.timestamps] * count
+        to_sample.temperatures += [0.0] * count
+        to_sample.hypotheses += sampled
+        if on_device:
+            self.choosing.append(SearchRows(search, rows, sampled, slots, computed))
+        else:
+            to_sample.offering += sampled
+            self.host_rows += rows
+        step_id = self.step_id
+        for fed_from, hypothesis in enumerate(hypotheses, row):
+            hypothesis.num_computed_tokens = computed
+            hypothesis.launched_in = step_id
+            hypothesis.pending_tokens = [FROM_LAST_STEP] if on_device else []
+            hypothesis.pending_source_row = fed_from
+            hypothesis.unread_tokens += 1
+        return end

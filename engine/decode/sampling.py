@@ -3,7 +3,6 @@ a search's hypothesis offers candidates for its search to choose from (engine/de
 
 from __future__ import annotations
 
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import torch
@@ -13,6 +12,24 @@ from engine.decode.logit_rules import LogitRules
 from engine.decode.request import Request
 from engine.kernels import triton_available
 from engine.kernels.top_candidates import triton_top_candidates
+
+
+@dataclass
+class RowsToSample:
+    """The rows of a step that sample, as columns, filled in the pipeline's one pass over a step's
+    rows (engine/decode/pipeline.py): a beam search's hypotheses add theirs a search at a time."""
+
+    rows: list[int] = field(default_factory=list)  # of the step
+    requests: list[Request] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    first: list[bool] = field(default_factory=list)  # its first sampled token (the rules suppress more)
+    timestamps: list[bool] = field(default_factory=list)
+    # A hypothesis's is 0 here: it draws its candidates below, not a token.
+    temperatures: list[float] = field(default_factory=list)
+    hypotheses: list[int] = field(default_factory=list)  # indexes (into ``rows``) of hypotheses' rows
+    offering: list[int] = field(default_factory=list)  # of those, the ones offering the host candidates
+    # Of those, the ones whose timestamp history is to follow the text the host chose for them.
+    restore_history: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -27,7 +44,6 @@ class SampledRows:
     generator_states: dict[str, torch.Tensor]
     # The step's rows of hypotheses that offer candidates (their search chooses on the host).
     hypothesis_rows: list[int] = field(default_factory=list)
-    candidates_wanted: list[int] = field(default_factory=list)  # how many candidates each offers
     # [2, len(hypothesis_rows), width] float32: their candidate tokens (as floats) and log-probabilities.
     candidates: torch.Tensor | None = None
     # [rows, vocab] float32: the sampled rows' log-probabilities of every token under the rules (a
@@ -38,47 +54,41 @@ class SampledRows:
 def sample_rows(
     rules: LogitRules,
     logits: torch.Tensor,
-    slots: list[int],
-    batch: list[Request],
-    rows: list[int],
-    chosen_on_device: AbstractSet[int] = frozenset(),
+    to_sample: RowsToSample,
     logprobs_out: torch.Tensor | None = None,
 ) -> SampledRows:
-    """The logit rules and sampling for the rows ``rows`` of a step's logits [B, V]; hypotheses
-    offer candidates, except those of the rows ``chosen_on_device``. ``logprobs_out`` [rows, V]
-    float32: where the rows' log-probabilities go (the device's choice reads them there)."""
-    requests = [batch[row] for row in rows]
-    every_row = len(rows) == len(batch)
+    """The logit rules and sampling for the rows ``to_sample`` of a step's logits [B, V]; hypotheses
+    offer candidates where ``to_sample.offering`` says. ``logprobs_out`` [rows, V] float32: where
+    the rows' log-probabilities go (the device's choice reads them there)."""
+    rows, requests, first, timestamps = (
+        to_sample.rows,
+        to_sample.requests,
+        to_sample.first,
+        to_sample.timestamps,
+    )
+    every_row = len(rows) == logits.shape[0]
     row_index = None if every_row else upload(rows, torch.long, logits.device)
     row_logits = logits if every_row else logits[row_index]  # the usual step samples every row: no gather
-    first = [not r.output_tokens and not r.unread_tokens for r in requests]
-    timestamps = [r.options.timestamps for r in requests]
-    row_slots = slots if every_row else [slots[row] for row in rows]
-    hypotheses = [index for index, r in enumerate(requests) if r.hypothesis_of is not None]
     # A hypothesis takes over a forked parent's text: its slot's timestamp history follows that text,
     # restored here when the host chose it (a choice made on the device moves histories there).
-    any_timestamps = any(timestamps)
-    stamped = [
-        index
-        for index in (hypotheses if any_timestamps else ())
-        if timestamps[index] and not first[index] and requests[index].hypothesis_of.host_chose_last
-    ]
-    if stamped:
+    if to_sample.restore_history:
         rules.restore_histories(
-            [row_slots[index] for index in stamped], [requests[index].output_tokens for index in stamped]
+            [to_sample.slots[index] for index in to_sample.restore_history],
+            [requests[index].output_tokens for index in to_sample.restore_history],
         )
-    stamp_rows = rules.timestamp_rows(first, timestamps, row_slots)
+    stamp_rows = rules.timestamp_rows(first, timestamps, to_sample.slots)
     rules.apply(row_logits, first, stamp_rows)
-    if hypotheses and any_timestamps:
+    if to_sample.hypotheses and stamp_rows is not None:
         # A hypothesis's history moves on with the token its search chooses, not its likeliest one.
-        unchosen = [
-            with_timestamps and r.hypothesis_of is None for r, with_timestamps in zip(requests, timestamps)
-        ]
-        stamp_rows = rules.timestamp_rows(first, unchosen, row_slots)
-    # A hypothesis draws its candidates below, not here.
-    temperatures = [r.temperature if r.hypothesis_of is None else 0.0 for r in requests]
+        unchosen = list(timestamps)
+        for index in to_sample.hypotheses:
+            unchosen[index] = False
+        stamp_rows = rules.timestamp_rows(first, unchosen, to_sample.slots)
+    temperatures = to_sample.temperatures
     generator_states = {}
+    generators: list[torch.Generator | None] = []
     if max(temperatures) > 0:
+        generators = [r.generator for r in requests]
         generator_states = {
             r.request_id: r.generator.get_state()
             for r, temperature in zip(requests, temperatures)
@@ -89,22 +99,15 @@ def sample_rows(
         row_logprobs = torch.log_softmax(row_logits, dim=-1)
     else:
         row_logprobs = torch.log_softmax(row_logits, dim=-1, out=logprobs_out)
-    tokens, logprobs = sample(row_logits, row_logprobs, temperatures, [r.generator for r in requests])
+    tokens, logprobs = sample(row_logits, row_logprobs, temperatures, generators)
     rules.record(tokens, stamp_rows)
     sampled = SampledRows(tokens, logprobs, row_index, generator_states, vocab_logprobs=row_logprobs)
-    offering = [index for index in hypotheses if rows[index] not in chosen_on_device]
+    offering = to_sample.offering
     if offering:
         sampled.hypothesis_rows = [rows[index] for index in offering]
-        sampled.candidates_wanted = [
-            requests[index].hypothesis_of.candidates_wanted(requests[index]) for index in offering
-        ]
-        sampled.candidates = _candidates(
-            row_logits,
-            row_logprobs,
-            [requests[index] for index in offering],
-            offering,
-            sampled.candidates_wanted,
-        )
+        offered = [requests[index] for index in offering]
+        wanted = [hypothesis.hypothesis_of.candidates_wanted(hypothesis) for hypothesis in offered]
+        sampled.candidates = _candidates(row_logits, row_logprobs, offered, offering, wanted)
     return sampled
 
 
@@ -155,11 +158,14 @@ def sample(
     temperatures: list[float],
     generators: list[torch.Generator | None],
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows with temperature 0 take the argmax; others sample from softmax(logits / T).
+    """Rows with temperature 0 take the argmax; others sample from softmax(logits / T), with the
+    row's generator (``generators`` may be empty when every temperature is 0).
 
     ``logprobs`` is the log-softmax of ``logits``. Returns the tokens [B] and their
     log-probabilities under the rule-filtered logits [B]."""
     tokens = logits.argmax(dim=-1)
+    if not generators:
+        return tokens, logprobs.gather(1, tokens[:, None])[:, 0]
     for row, (temperature, generator) in enumerate(zip(temperatures, generators)):
         if temperature > 0:
             # NaN logits (an overflow, failed when read) must not reach multinomial: on a GPU it

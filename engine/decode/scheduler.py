@@ -42,7 +42,6 @@ without sleeping.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -213,15 +212,23 @@ class Scheduler:
         """Append a read step's tokens to their requests; return the requests that reached a stop."""
         stopped: list[tuple[Request, FinishReason]] = []
         offered: dict[Search, list[int]] = {}  # a search's rows that offered candidates
-        # Locals: the loop runs once per row of the step (every hypothesis of every search).
-        epochs, tokens, logprobs, step_id = output.epochs, output.tokens, output.logprobs, output.step_id
-        no_speech_probs, languages, sampled_rows = (
+        # Locals: the loop runs once per row of the step read token by token.
+        batch, epochs, tokens, logprobs, step_id = (
+            output.batch,
+            output.epochs,
+            output.tokens,
+            output.logprobs,
+            output.step_id,
+        )
+        no_speech_probs, languages, sampled_rows, nonfinite = (
             output.no_speech_probs,
             output.languages,
             output.sampled_rows,
+            output.nonfinite_rows,
         )
-        finished, eot, isfinite = RequestStatus.FINISHED, self.eot, math.isfinite
-        for row, request in enumerate(output.batch):
+        finished, eot = RequestStatus.FINISHED, self.eot
+        for row in range(len(batch)) if output.host_rows is None else output.host_rows:
+            request = batch[row]
             if request.status is finished or request.epoch != epochs[row]:
                 continue  # ended, or started again, since: the row is stale
             token = tokens[row]
@@ -236,14 +243,8 @@ class Scheduler:
                 continue
             request.unread_tokens -= 1
             search = request.hypothesis_of
-            logprob = logprobs[row]
-            if not isfinite(logprob):
-                # NaN or infinite logits: the activations overflowed (fp16's range ends at 65504).
-                # The token would be garbage; fail the window in words instead.
-                window = search.window if search is not None else request
-                if window.error is None:
-                    window.error = NON_FINITE_LOGITS
-                    stopped.append((window, FinishReason.ERROR))
+            if nonfinite and row in nonfinite:
+                self._fail_non_finite(search.window if search is not None else request, stopped)
                 continue
             if search is not None:
                 rows = offered.get(search)
@@ -252,6 +253,7 @@ class Scheduler:
                 else:
                     rows.append(row)
                 continue
+            logprob = logprobs[row]
             request.sum_logprob += logprob
             if token == eot and not request.options.ignore_eot:
                 stopped.append((request, FinishReason.STOP))
@@ -262,17 +264,26 @@ class Scheduler:
             if len(request.output_tokens) >= request.max_tokens or full:
                 stopped.append((request, FinishReason.LENGTH))
         for search, rows in offered.items():
-            if search.window.error is not None:
-                continue
-            ranking = output.device_rankings.get(search)
-            if ranking is not None:
-                over = search.follow_device_choice(ranking)
-            else:
+            if search.window.error is None:
                 offers = output.candidates.select([output.candidate_index[row] for row in rows])
-                over = search.update([output.batch[row] for row in rows], offers)
-            if over:
+                if search.update([batch[row] for row in rows], offers):
+                    stopped.append((search.window, search.finish()))
+        for search, ranking in output.device_rankings.items():
+            if search.hypotheses[0].status is finished:
+                continue  # the search ended since (its window finished, or started again)
+            if nonfinite and any(batch[row].hypothesis_of is search for row in nonfinite):
+                self._fail_non_finite(search.window, stopped)
+            if search.window.error is None and search.follow_device_choice(ranking):
                 stopped.append((search.window, search.finish()))
         return stopped
+
+    @staticmethod
+    def _fail_non_finite(window: Request, stopped: list[tuple[Request, FinishReason]]) -> None:
+        """NaN or infinite logits: the activations overflowed (fp16's range ends at 65504). The
+        token would be garbage; fail the window in words instead."""
+        if window.error is None:
+            window.error = NON_FINITE_LOGITS
+            stopped.append((window, FinishReason.ERROR))
 
     @property
     def has_runnable(self) -> bool:

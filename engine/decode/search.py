@@ -106,6 +106,9 @@ class Search:
         # are there already.
         self.host_chose_last = True
         self.device_choices: deque[DeviceChoice] = deque()  # launched, not followed on the host yet
+        # The hypotheses' block-table slots, in order, while they stay the same hypotheses (kept by
+        # the step pipeline, emptied here when they change).
+        self.hypothesis_slots: list[int] = []
 
     def candidates_wanted(self, hypothesis: Request) -> int:
         """How many candidate tokens the hypothesis offers this step."""
@@ -118,7 +121,8 @@ class Search:
 
     def follow_device_choice(self, ranking: Ranking) -> bool:
         """What the choice the device made did (``launch_device_choice``), from its ranking of the
-        candidates; returns whether the search is over."""
+        candidates: the step that made it is read, for all of its hypotheses (the scheduler does not
+        read their rows one by one); returns whether the search is over."""
         raise NotImplementedError
 
     def chooses_on_device(self) -> bool:
@@ -188,6 +192,7 @@ class Search:
         """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
         whether the search has reached the window's length."""
         self.host_chose_last = True
+        self.hypothesis_slots = []
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
             self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)
@@ -279,6 +284,7 @@ class Search:
             hypothesis.output_tokens, hypothesis.output_logprobs = text, text_logprobs
             hypothesis.sum_logprob = sums[child]
             hypothesis.blocks.self_block_ids = table  # the device rewrote its row
+            hypothesis.unread_tokens -= 1
             if hypothesis.launched_in == step_id:
                 hypothesis.pending_tokens = [token]  # no later step took it from the device
         return self._at_length(len(hypotheses[0].output_tokens))

@@ -21,6 +21,10 @@ class StepOutput:
     no_speech_probs: dict[int, float]  # rows that fed <|startoftranscript|>
     languages: dict[int, str]  # rows whose language was detected
     computed_after: list[int]
+    # Rows appended token by token (None: every row); a search whose choice the step made on the
+    # device is read as a whole, from its ranking (``device_rankings``).
+    host_rows: list[int] | None = None
+    nonfinite_rows: set[int] = field(default_factory=set)  # rows whose log-probability is NaN or infinite
     # What the hypotheses' rows offered: row ``candidate_index[row]`` of ``candidates``.
     candidates: Candidates | None = None
     candidate_index: dict[int, int] = field(default_factory=dict)
