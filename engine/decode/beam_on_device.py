@@ -75,9 +75,8 @@ class DeviceChoices:
             head[3].tolist(),
         )
         read = {}
-        for row, search in enumerate(searches):
-            k = int(beams[row])
-            if may_end[row]:
+        for row, (search, k, ends) in enumerate(zip(searches, beams.tolist(), may_end.tolist())):
+            if ends:
                 offered = k * (k + 1)
                 read[search] = Ranking(
                     parents[row, :offered].astype(np.int64).tolist(),

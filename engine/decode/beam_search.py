@@ -31,13 +31,13 @@ class BeamSearch(Search):
         # own token is not counted unread yet.
         if len(self.hypotheses) != self.beam_size:
             return False
-        first = self.hypotheses[0]
-        return not self._at_length(len(first.output_tokens) + first.unread_tokens + 1)
+        return not self._at_length(self.text_length() + self.hypotheses[0].unread_tokens + 1)
 
     def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),
         # so a sequence is its parent and token. All of a step's candidates are ranked at once:
         # float32 sums (openai-whisper's), best first, equal sums in the order offered.
+        self._texts_up_to_date()
         parent_of = self._parents_of(hypotheses)
         width = self.beam_size + 1
         logprobs = offers.logprobs[:, :width]
@@ -60,6 +60,7 @@ class BeamSearch(Search):
             # The usual step: the best k all go on, and nothing finishes.
             at_length = self._follow_device_choice(parents[:k], tokens[:k], logprobs[:k], sums[:k])
         else:
+            self._texts_up_to_date()  # a text that ends now is its parent's, as chosen so far
             chosen = self._take(map(Choice._make, zip(*ranking)))
             at_length = self._follow_device_choice(*(list(column) for column in zip(*chosen)))
         return len(self.finished) >= self.max_finished or at_length

@@ -12,6 +12,7 @@ finished status tells the row is stale), and its blocks are held until that step
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, field
 
@@ -109,8 +110,10 @@ class StepPipeline:
         not run again (a window ending at end of text cannot be told apart before reading)."""
         if not request.unread_tokens:
             return False
+        search = request.hypothesis_of
+        written = len(request.output_tokens) if search is None else search.text_length()
         return (
-            len(request.output_tokens) + request.unread_tokens >= request.max_tokens
+            written + request.unread_tokens >= request.max_tokens
             or request.num_computed_tokens + 1 >= self.n_text_ctx
         )
 
@@ -247,10 +250,11 @@ class StepPipeline:
 _FED_FROM_LAST_STEP = [FROM_LAST_STEP]
 
 
-def _cross_readers_of(hypotheses: int, limit: int) -> list[int]:
+@functools.cache
+def _cross_readers_of(hypotheses: int, limit: int) -> tuple[int, ...]:
     """A search's rows' cross-attention readers (StepInput.cross_readers): each run of up to
     ``limit`` rows is read once, counted by its first row."""
-    return [min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses)]
+    return tuple(min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses))
 
 
 class _StepPlan:

@@ -109,6 +109,10 @@ class Search:
         # The hypotheses' block-table slots, in order, while they stay the same hypotheses (kept by
         # the step pipeline, emptied here when they change).
         self.hypothesis_slots: list[int] = []
+        # The device's choices followed and not applied to the texts yet, oldest first: each
+        # child's parent, token and log-probability; and the last one's sums.
+        self._trail: list[tuple[list[int], list[int], list[float]]] = []
+        self._trail_sums: list[float] = []
 
     def candidates_wanted(self, hypothesis: Request) -> int:
         """How many candidate tokens the hypothesis offers this step."""
@@ -251,46 +255,70 @@ class Search:
         (each one's row, slot and next token stay as launched); every child holds its parent's
         blocks, and in the block it writes next, the last child of each parent keeps the parent's
         block, the others write into their spare (with a copy of what the parent wrote there), and
-        all of them where that block starts. Returns whether the search has reached the window's
-        length."""
+        all of them where that block starts. The texts and sums follow only when the host reads
+        them (``_texts_up_to_date``): a step followed here is a few list operations per child.
+        Returns whether the search has reached the window's length."""
         launched = self.device_choices.popleft()
-        index, offset = divmod(launched.position, self.blocks.block_size)
         blocks, hypotheses = self.blocks, self.hypotheses
-        texts = [(h.output_tokens, h.output_logprobs, h.blocks.self_block_ids) for h in hypotheses]
-        children, last_child = [0] * len(texts), [-1] * len(texts)
-        for child, parent in enumerate(parents):
-            children[parent] += 1
-            last_child[parent] = child
-        for (_, _, table), count in zip(texts, children):
-            if count != 1:
-                blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
-        step_id = launched.step_id
-        for child, (hypothesis, parent, token, spare) in enumerate(
-            zip(hypotheses, parents, tokens, launched.spares)
-        ):
-            text, text_logprobs, table = texts[parent]
+        index, offset = divmod(launched.position, blocks.block_size)
+        tables = [hypothesis.blocks.self_block_ids for hypothesis in hypotheses]
+        last_child = {parent: child for child, parent in enumerate(parents)}
+        if len(last_child) != len(tables):  # not one child each: some parents fork, others end
+            for parent, table in enumerate(tables):
+                count = parents.count(parent)
+                if count != 1:
+                    blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
+        for child, (hypothesis, parent, spare) in enumerate(zip(hypotheses, parents, launched.spares)):
+            table = tables[parent]
             if last_child[parent] == child:
-                # A parent's last child takes over its lists and its table row, which its other
-                # children have copied by now (as ``_continue_with``, without copying them again).
-                text.append(token)
-                text_logprobs.append(logprobs[child])
+                # A parent's last child takes over its table row, which its other children have
+                # copied by now.
                 if offset == 0:
                     blocks.take_over(table, index, spare)
                 else:
                     blocks.give_back(spare)
             else:
-                text, text_logprobs, table = text + [token], text_logprobs + [logprobs[child]], list(table)
+                table = list(table)
                 blocks.take_over(table, index, spare)
-            hypothesis.output_tokens, hypothesis.output_logprobs = text, text_logprobs
-            hypothesis.sum_logprob = sums[child]
             hypothesis.blocks.self_block_ids = table  # the device rewrote its row
             hypothesis.unread_tokens -= 1
-            if hypothesis.launched_in == step_id:
-                hypothesis.pending_tokens = [token]  # no later step took it from the device
-        return self._at_length(len(hypotheses[0].output_tokens))
+        self._trail.append((parents, tokens, logprobs))
+        self._trail_sums = sums
+        if hypotheses[0].launched_in == launched.step_id:  # no later step took the tokens from the device
+            for hypothesis, token in zip(hypotheses, tokens):
+                hypothesis.pending_tokens = [token]
+        return self._at_length(self.text_length())
+
+    def text_length(self) -> int:
+        """How many tokens each hypothesis's text has (they all have as many)."""
+        return len(self.hypotheses[0].output_tokens) + len(self._trail)
+
+    def _texts_up_to_date(self) -> None:
+        """Bring the hypotheses' texts, log-probabilities and sums up to the device's choices
+        followed since (``_trail``): each hypothesis's tokens since, found by walking back through
+        its parents, after the text of the hypothesis it descends from."""
+        trail = self._trail
+        if not trail:
+            return
+        hypotheses = self.hypotheses
+        texts = [(hypothesis.output_tokens, hypothesis.output_logprobs) for hypothesis in hypotheses]
+        for child, hypothesis in enumerate(hypotheses):
+            tokens, logprobs, index = [], [], child
+            for parents, step_tokens, step_logprobs in reversed(trail):
+                tokens.append(step_tokens[index])
+                logprobs.append(step_logprobs[index])
+                index = parents[index]
+            tokens.reverse()
+            logprobs.reverse()
+            hypothesis.output_tokens = texts[index][0] + tokens
+            hypothesis.output_logprobs = texts[index][1] + logprobs
+        for hypothesis, total in zip(hypotheses, self._trail_sums):
+            hypothesis.sum_logprob = total
+        trail.clear()
 
     def finish(self) -> FinishReason:
         """The best hypothesis becomes the window's text (openai-whisper's finalize and ranking)."""
+        self._texts_up_to_date()
         finished = dict(self.finished)
         for hypothesis in self._unfinished_to_rank(finished):
             finished[(*hypothesis.output_tokens, self.eot)] = (

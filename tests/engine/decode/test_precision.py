@@ -15,7 +15,7 @@ from engine.decode.engine import DecoderEngine
 from engine.kv.sources import CrossKVTensor
 from engine.model.loading import LoadedModel, load_model
 from engine.types import DecodeOptions, FallbackOptions, FinishReason
-from tests.support.engines import cross_kv_of, decode_one
+from tests.support.engines import cross_kv_of, decode_one, engine_with
 from tests.support.speech import SPEECH_DIR
 
 JFK = SPEECH_DIR / "jfk.flac"
@@ -66,4 +66,35 @@ def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(where, 
     assert "overflowed" in result.error and "engine.dtype" in result.error
     assert request.attempt == 0, "an overflow is not retried hotter: every temperature would overflow"
     assert result.tokens == []
+    assert engine.pool.num_used_blocks == 0 and not engine.has_work
+
+
+@pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
+def test_an_overflow_in_the_middle_of_a_beam_search_fails_its_window_in_words_and_frees_its_blocks(
+    async_steps,
+):
+    """Beside a greedy window. With async steps the beam window's choices are being made on the
+    device when its logits stop being finite: its rows are read from the device's ranking, not one
+    by one, and the overflow must still fail it."""
+    loaded = tiny_en_fp16()
+    engine = engine_with(loaded, async_steps=async_steps)
+    cross_kv = cross_kv_of(loaded, JFK)
+    beams = engine.make_request(DecodeOptions(beam_size=5), CrossKVTensor(cross_kv), "beams")
+    greedy = engine.make_request(DecodeOptions(), CrossKVTensor(cross_kv), "greedy")
+    engine.submit(beams)
+    engine.submit(greedy)
+    results = {}
+    chosen_on_device_at_overflow = None
+    for step in range(200):
+        if step == 8:
+            # From here on every activation above ~1 overflows: the model's own fp16 overflow path.
+            chosen_on_device_at_overflow = not beams.search.host_chose_last
+            loaded.model.decoder.norm.weight.data.fill_(FP16_MAX)
+        results |= {result.request_id: result for result in engine.step()}
+        if not engine.has_work:
+            break
+    assert chosen_on_device_at_overflow is async_steps
+    for request_id in ("beams", "greedy"):
+        assert results[request_id].finish_reason == FinishReason.ERROR, request_id
+        assert "overflowed" in results[request_id].error
     assert engine.pool.num_used_blocks == 0 and not engine.has_work
