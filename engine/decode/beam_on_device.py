@@ -63,7 +63,7 @@ class DeviceChoices:
         ranks are converted to Python numbers: the usual step needs no more)."""
         searches = self.searches
         beams = np.fromiter((len(search.hypotheses) for search in searches), np.int64, len(searches))
-        ends = np.fromiter((_eot_of(search) for search in searches), np.int64, len(searches))
+        ends = np.fromiter((search.text_end for search in searches), np.int64, len(searches))
         most = int(beams.max())
         parents = rankings[0] // (beams + 1)[:, None]
         head = (parents[:, :most], rankings[2, :, :most], rankings[3, :, :most], rankings[1, :, :most])
@@ -129,12 +129,16 @@ class DeviceBeamChooser:
         """Make the choices of ``choosing`` from the step's log-probabilities [rows, vocab] (each
         hypothesis's ``k + 1`` likeliest tokens its candidates), with no read to the host."""
         device = self.sums.device
-        pushed = [entry for entry in choosing if entry.search.host_chose_last]
+        pushed, spares = [], []
+        for entry in choosing:
+            search = entry.search
+            if search.host_chose_last:
+                pushed.append(entry)
+            spares.append(search.launch_device_choice(step_id, entry.position).spares)
         if pushed:  # the host made these searches' last choice: their sums start from the host's
             slots = [slot for entry in pushed for slot in entry.slots]
             sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
             self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
-        spares = [entry.search.launch_device_choice(step_id, entry.position).spares for entry in choosing]
         most_written = max(entry.position % self.block_size for entry in choosing)
         if self.use_triton:
             rankings = self._choose_in_one_kernel(choosing, spares, logprobs, most_written)
@@ -159,7 +163,7 @@ class DeviceBeamChooser:
                 entry.rows[0],
                 entry.position // self.block_size,
                 entry.position % self.block_size,
-                _eot_of(entry.search),
+                entry.search.text_end,
             )
             slots += entry.slots
             logprob_rows += entry.logprob_rows
@@ -208,7 +212,7 @@ class DeviceBeamChooser:
             [block_id for spare in spares for block_id in spare],
             [entry.position // self.block_size for entry in group for _ in range(k)],
             [entry.position % self.block_size for entry in group for _ in range(k)],
-            [_eot_of(entry.search) for entry in group for _ in range(k)],
+            [entry.search.text_end for entry in group for _ in range(k)],
         ]
         logprob_rows, slots, rows, spare_ids, index, offset, eot = upload(
             per_row, torch.long, self.sums.device
@@ -259,8 +263,3 @@ class DeviceBeamChooser:
         tables.index_copy_(0, slots, rows)
         positions = torch.where(takes_spare, offset, 0)
         self.runner.storage.copy_blocks_on_device(current.long(), spares, positions, most_written)
-
-
-def _eot_of(search: Search) -> int:
-    """The token that ends a hypothesis's text, or -1 (none) when the window ignores end of text."""
-    return -1 if search.window.options.ignore_eot else search.eot

@@ -56,8 +56,9 @@ class BeamSearch(Search):
     def follow_device_choice(self, ranking: Ranking) -> bool:
         parents, tokens, logprobs, sums = ranking
         k = self.beam_size
-        if len(parents) == k or self.window.options.ignore_eot or self.eot not in tokens[:k]:
-            # The usual step: the best k all go on, and nothing finishes.
+        if len(parents) == k:  # the usual step: the best k all go on, and nothing finishes
+            at_length = self._follow_device_choice(parents, tokens, logprobs, sums)
+        elif self.text_end not in tokens[:k]:
             at_length = self._follow_device_choice(parents[:k], tokens[:k], logprobs[:k], sums[:k])
         else:
             self._texts_up_to_date()  # a text that ends now is its parent's, as chosen so far
@@ -68,7 +69,7 @@ class BeamSearch(Search):
     def _take(self, ranked: Iterator[Choice]) -> list[Choice]:
         """From the sequences best first: the first ``beam_size`` that go on are chosen; those
         ending at end of text before them finish (up to ``max_finished``)."""
-        eot = None if self.window.options.ignore_eot else self.eot
+        eot = self.text_end
         chosen: list[Choice] = []
         newly_finished: list[Choice] = []
         for choice in ranked:

@@ -33,7 +33,7 @@ class BestOfSamples(Search):
         return self.samples if not hypothesis.output_tokens and len(self.hypotheses) == 1 else 1
 
     def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
-        eot = None if self.window.options.ignore_eot else self.eot
+        eot = self.text_end
         parent_of = self._parents_of(hypotheses)
         wanted = self.candidates_wanted(hypotheses[0])  # as at launch: nothing has changed since
         logprobs = offers.logprobs[:, :wanted]

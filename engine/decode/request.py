@@ -88,11 +88,6 @@ class Request:
         return self.options.hypotheses_at(self.temperature)
 
     @property
-    def max_hypotheses(self) -> int:
-        """The most sequences any of its attempts steps: what admission reserves and counts."""
-        return self.options.max_hypotheses
-
-    @property
     def waits_for_cross_kv(self) -> bool:
         """Its window's cross-attention K/V is still on its way into the blocks."""
         window = self.hypothesis_of.window if self.hypothesis_of is not None else self

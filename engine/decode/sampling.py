@@ -136,7 +136,7 @@ def _candidates(
             tokens[index, :count] = torch.multinomial(
                 probs, count, replacement=True, generator=hypothesis.generator
             )
-    return torch.stack([tokens.float(), logprobs.gather(1, tokens)])
+    return _with_logprobs(tokens, logprobs)
 
 
 def top_candidates(logprobs: torch.Tensor, rows: torch.Tensor | None, width: int) -> torch.Tensor:
@@ -148,7 +148,12 @@ def top_candidates(logprobs: torch.Tensor, rows: torch.Tensor | None, width: int
         return triton_top_candidates(logprobs, rows, width)
     if rows is not None:
         logprobs = logprobs[rows]
-    tokens = logprobs.topk(width, dim=-1).indices
+    return _with_logprobs(logprobs.topk(width, dim=-1).indices, logprobs)
+
+
+def _with_logprobs(tokens: torch.Tensor, logprobs: torch.Tensor) -> torch.Tensor:
+    """Candidate ``tokens`` [H, width] with their log-probabilities of ``logprobs`` [H, V], as
+    [2, H, width] float32."""
     return torch.stack([tokens.float(), logprobs.gather(1, tokens)])
 
 

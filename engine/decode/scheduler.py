@@ -102,22 +102,23 @@ class Scheduler:
 
     def blocks_for(self, request: Request) -> int:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
-        if request.max_hypotheses > 1:
+        if request.options.max_hypotheses > 1:
             # Each hypothesis's worst case, the prompt's blocks, held for a fallback restart, and
             # two steps' spares for choices made on the device (engine/decode/beam_on_device.py).
             prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
-            self_blocks = (self_blocks + 2) * request.max_hypotheses + prompt_blocks
+            self_blocks = (self_blocks + 2) * request.options.max_hypotheses + prompt_blocks
         return self.cross_blocks_per_request + self_blocks
 
     @property
     def num_sequences(self) -> int:
         """Sequences running: a window decoded as several hypotheses counts each of them."""
-        return sum(request.max_hypotheses for request in self.running)
+        return sum(request.options.max_hypotheses for request in self.running)
 
     def add(self, request: Request) -> None:
-        if request.max_hypotheses > self.max_num_seqs:
+        hypotheses = request.options.max_hypotheses
+        if hypotheses > self.max_num_seqs:
             raise RequestRejectedError(
-                f"beam_size or best_of {request.max_hypotheses} is more than this decoder runs at once "
+                f"beam_size or best_of {hypotheses} is more than this decoder runs at once "
                 f"(max_num_seqs {self.max_num_seqs})",
                 param="beam_size",
             )
@@ -197,7 +198,7 @@ class Scheduler:
         return self.waiting[0]
 
     def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
-        sequences = self.num_sequences + request.max_hypotheses
+        sequences = self.num_sequences + request.options.max_hypotheses
         if self._admits_as_interactive(request, now):
             return sequences <= self.max_num_seqs and self.pool.can_allocate(needed_blocks)
         reserved = self.interactive_reserved_seqs

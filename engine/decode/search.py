@@ -91,6 +91,8 @@ class Search:
     ):
         self.window = window
         self.eot = eot
+        # The token that ends a text, or -1 (none) when the window ignores end of text.
+        self.text_end = -1 if window.options.ignore_eot else eot
         self.n_text_ctx = n_text_ctx
         self.length_penalty = window.options.length_penalty
         self.blocks = SharedBlocks(window.blocks.spare_block_ids, block_size, in_use=prompt_block_ids)
