@@ -14,9 +14,10 @@ the children, and then, for every child, on the device:
   handed out at launch, after a copy of the positions the parent wrote there (where that block
   starts, every child takes its spare, and nothing is copied).
 The host follows each choice one step late from the ranking (each rank's candidate, sum, token
-and log-probability), read back with the step (``Search.follow_device_choice``), so its texts,
-sums and block references stay the device's. Each hypothesis writes only into a block of its own
-(copy on write at every choice), which is what lets the device decide without reference counts.
+and log-probability), read back with the step (``Search.follow_device_choice``), so its block
+references stay the device's, and its texts and sums are the device's once read. Each hypothesis
+writes only into a block of its own (copy on write at every choice), which is what lets the device
+decide without reference counts.
 """
 
 from __future__ import annotations

@@ -86,9 +86,9 @@ class LogitRules:
         """Per row of a batch: is this its first sampled token, does it want timestamps, its slot
         (whose history ``record`` keeps) -> [3, R] on the device for the R rows with timestamps on:
         their row, slot and first flag (None when no row has them); ``apply`` and ``record`` take it."""
-        rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
-        if not rows:
+        if not any(timestamps):
             return None
+        rows = [row for row, with_timestamps in enumerate(timestamps) if with_timestamps]
         return upload(
             [rows, [slots[row] for row in rows], [int(first[row]) for row in rows]], torch.long, self.device
         )
@@ -98,8 +98,8 @@ class LogitRules:
         ``stamp_rows``: from ``timestamp_rows``."""
         # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
         logits.index_fill_(1, self.suppress_ids, -math.inf)
-        first_rows = [row for row, is_first in enumerate(first) if is_first]
-        if first_rows:
+        if any(first):
+            first_rows = [row for row, is_first in enumerate(first) if is_first]
             rows = upload(first_rows, torch.long, self.device)
             logits[rows[:, None], self.begin_suppress[None, :]] = -math.inf
         if stamp_rows is not None:

@@ -178,7 +178,7 @@ class StepPipeline:
         return LaunchedStep(
             step_id=step_id,
             batch=batch,
-            epochs=[r.epoch for r in batch],
+            epochs=plan.epochs,
             sampling_rows=to_sample.rows,
             host_rows=plan.host_rows,
             sot_rows=plan.sot_rows,
@@ -280,6 +280,7 @@ class _StepPlan:
         self.sources: list[int] = []
         self.starts: list[int] = []
         self.sot_offsets: list[int] = []
+        self.epochs: list[int] = []  # each row's request's epoch
         self.readers: list[int] | None = [] if self.limit > 1 and searches else None
         self.computed_after: list[int] = []
         self.sot_rows: list[int] = []
@@ -314,6 +315,7 @@ class _StepPlan:
         self.tokens.append(fed)
         self.sources.append(request.fed_from_row)
         self.starts.append(start)
+        self.epochs.append(request.epoch)
         sot = request.sot_index - start
         feeds_sot = 0 <= sot < len(fed)
         self.sot_offsets.append(sot if feeds_sot else -1)
@@ -413,6 +415,7 @@ class _StepPlan:
             self.sources += [-1] * count
         self.starts += [start] * count
         self.sot_offsets += [-1] * count
+        self.epochs += [hypotheses[0].epoch] * count
         if self.readers is not None:
             self.readers += _cross_readers_of(count, self.limit)
         computed = start + 1

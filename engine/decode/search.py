@@ -18,7 +18,8 @@ last choice are made on the host, so a step with such a choice is read before th
 launched. A beam search's other choices are made on the device with async steps
 (engine/decode/beam_on_device.py): the next step launches before the host has read the last, and
 the host follows each choice one step late from the device's ranking of the candidates, so its
-texts, sums and block references are the device's (``follow_device_choice``).
+block references are the device's (``follow_device_choice``); its texts and sums follow those
+choices when the host next reads them (a choice on the host, a text ending, the search's end).
 """
 
 from __future__ import annotations
@@ -261,27 +262,14 @@ class Search:
         them (``_texts_up_to_date``): a step followed here is a few list operations per child.
         Returns whether the search has reached the window's length."""
         launched = self.device_choices.popleft()
-        blocks, hypotheses = self.blocks, self.hypotheses
-        index, offset = divmod(launched.position, blocks.block_size)
-        tables = [hypothesis.blocks.self_block_ids for hypothesis in hypotheses]
-        last_child = {parent: child for child, parent in enumerate(parents)}
-        if len(last_child) != len(tables):  # not one child each: some parents fork, others end
-            for parent, table in enumerate(tables):
-                count = parents.count(parent)
-                if count != 1:
-                    blocks.hold(table, count - 1)  # each child holds its parent's blocks; the parent lets go
-        for child, (hypothesis, parent, spare) in enumerate(zip(hypotheses, parents, launched.spares)):
-            table = tables[parent]
-            if last_child[parent] == child:
-                # A parent's last child takes over its table row, which its other children have
-                # copied by now.
-                if offset == 0:
-                    blocks.take_over(table, index, spare)
-                else:
-                    blocks.give_back(spare)
-            else:
-                table = list(table)
-                blocks.take_over(table, index, spare)
+        hypotheses = self.hypotheses
+        tables = self.blocks.follow_choice(
+            [hypothesis.blocks.self_block_ids for hypothesis in hypotheses],
+            parents,
+            launched.spares,
+            launched.position,
+        )
+        for hypothesis, table in zip(hypotheses, tables):
             hypothesis.blocks.self_block_ids = table  # the device rewrote its row
             hypothesis.unread_tokens -= 1
         self._trail.append((parents, tokens, logprobs))
