@@ -30,9 +30,10 @@ that many sequences against ``max_num_seqs``, and steps its hypotheses, each a r
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
 
-After a step is read, ``update_from_output`` appends each row's token to its request and says
-which requests reached a stop (end of text, their length, or an error: logits that are not finite
-numbers); the engine decides whether such a request restarts (fallback) or finishes. A request
+After a step is read, ``update_from_output`` appends each row's token to its request (a search
+whose choice the step made on the device follows it from the device's ranking, not row by row) and
+says which requests reached a stop (end of text, their length, or an error: logits that are not
+finite numbers); the engine decides whether such a request restarts (fallback) or finishes. A request
 finished while a step launched with it is still on the device keeps its blocks until that step has
 been read (``step_read``).
 
