@@ -56,7 +56,9 @@ PEAK_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.
 
 
 def release_memory(device: str) -> None:
-    """Free what deleted engines held (their KV pools are tens of GB) before the next one is built."""
+    """Free what deleted engines held (their KV pools are tens of GB) before the next one is built
+    (what a benchmark froze, as a replica freezes its start-up objects, goes back to the collector)."""
+    gc.unfreeze()
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import bench_gpu  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.decode.engine import DecoderEngine  # noqa: E402
+from engine.decode.heap import freeze_start_up_objects  # noqa: E402
 from engine.encode.overlap import OverlappedEncoder  # noqa: E402
 from engine.encode.runner import EncoderRunner  # noqa: E402
 from engine.kv.sources import EncoderStates  # noqa: E402
@@ -49,6 +50,7 @@ def closed_loop(
     engine.submit(engine.make_request(bench_gpu.fixed_options(), EncoderStates(runner.encode(window[:1])[0])))
     while engine.has_work:
         engine.step()
+    freeze_start_up_objects()  # as a decoder replica does once started (release_memory undoes it)
     to_encode, in_encoder = clients, 0
     started = time.perf_counter()
     steady_from, stop_at = started + warmup_s, started + warmup_s + seconds

@@ -34,6 +34,7 @@ from deployments.encoder import EncoderStats
 from deployments.routing import KVRoutingStats
 from deployments.window_batcher import WindowBatcher, WindowJob
 from engine.decode.engine import DecoderEngine
+from engine.decode.heap import freeze_start_up_objects
 from engine.decode.timings import LoopTimings
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
@@ -120,6 +121,9 @@ class DecoderCore:
         self.tokens_generated = 0
         self.loop_busy_s = 0.0
         self._routing_reports = itertools.count()
+        # The replica keeps what it started with for its life: out of the collector's full
+        # collections, which would otherwise pause the decode loop (engine/decode/heap.py).
+        self.frozen_objects = freeze_start_up_objects()
         self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
         self._loop_thread.start()
 
