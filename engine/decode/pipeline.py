@@ -28,7 +28,7 @@ from engine.decode.runner import ModelRunner, StepInput
 from engine.decode.sampling import sample_rows
 from engine.decode.search import Candidates, Search
 from engine.decode.step_output import StepOutput
-from engine.decode.step_plan import StepPlan
+from engine.decode.step_plan import SteadyColumns, StepPlan
 from engine.model.tokenizer import WhisperTokenizer
 
 # Rows of a launched step's read-back: the token (sampled, or the detected language), its
@@ -83,6 +83,8 @@ class StepPipeline:
             DeviceBeamChooser(runner, rules, runner.tables.pad_slot + 1) if async_steps else None
         )
         self._step_ids = itertools.count()
+        # The last launched plan's columns of each search choosing on the device (StepPlan reuses them).
+        self.steady_columns: dict[Search, SteadyColumns] = {}
         self._language_of_token = {token: code for code, token in tokenizer.language_tokens.items()}
 
     def next_prompt_tokens_of(self, request: Request) -> list[int]:
@@ -150,6 +152,7 @@ class StepPipeline:
             return None
         step_id = next(self._step_ids)
         plan = StepPlan(self, batch, searches, step_id)
+        self.steady_columns = plan.steady
         logits = self.runner.execute(plan.step_input())
         to_sample = plan.to_sample
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)

@@ -109,9 +109,6 @@ class Search:
         # are there already.
         self.host_chose_last = True
         self.device_choices: deque[DeviceChoice] = deque()  # launched, not followed on the host yet
-        # The hypotheses' block-table slots, in order, while they stay the same hypotheses (kept by
-        # the step pipeline, emptied here when they change).
-        self.hypothesis_slots: list[int] = []
         # The device's choices followed and not applied to the texts yet, oldest first: each
         # child's parent, token and log-probability; and the last one's sums.
         self._trail: list[tuple[list[int], list[int], list[float]]] = []
@@ -199,7 +196,6 @@ class Search:
         """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
         whether the search has reached the window's length."""
         self.host_chose_last = True
-        self.hypothesis_slots = []
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
             self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)

@@ -5,7 +5,7 @@ moved on to after the step."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.decode.beam_on_device import SearchRows
 from engine.decode.request import FROM_LAST_STEP, Request
@@ -25,6 +25,20 @@ def _cross_readers_of(hypotheses: int, limit: int) -> tuple[int, ...]:
     """A search's rows' cross-attention readers (StepInput.cross_readers): each run of up to
     ``limit`` rows is read once, counted by its first row."""
     return tuple(min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses))
+
+
+class SteadyColumns(NamedTuple):
+    """A search's rows' columns that stay the same from step to step while its choices are made on
+    the device (its hypotheses feed the device's tokens and sample, at one position): made once per
+    number of hypotheses and extended with as they are, rather than made again every step."""
+
+    slots: list[int]
+    fed: list[list[int]]
+    no_sot: list[int]
+    readers: tuple[int, ...]
+    not_first: list[bool]
+    timestamps: list[bool]
+    temperatures: list[float]
 
 
 class StepPlan:
@@ -58,6 +72,9 @@ class StepPlan:
         self.host_rows: list[int] = []
         self.to_sample = RowsToSample()
         self.choosing: list[SearchRows] = []
+        # Each search's SteadyColumns from the last plan, and this plan's (what the next one reuses).
+        self.last_steady = pipeline.steady_columns
+        self.steady: dict[Search, SteadyColumns] = {}
         row, count = 0, len(batch)
         while row < count:
             search = searches.get(row)
@@ -171,23 +188,21 @@ class StepPlan:
         hypotheses = search.hypotheses
         count = len(hypotheses)
         end = row + count
-        if len(search.hypothesis_slots) != count:
-            search.hypothesis_slots = [self.tables.slot_of(h.request_id, h.blocks) for h in hypotheses]
-        slots = search.hypothesis_slots
+        columns = self._steady_columns_of(search)
         start = hypotheses[0].num_computed_tokens
         source = hypotheses[0].fed_from_row
-        self.slots += slots
+        self.slots += columns.slots
         if source >= 0:
-            self.tokens += [_FED_FROM_LAST_STEP] * count
+            self.tokens += columns.fed
             self.sources += range(source, source + count)
         else:
             self.tokens += [hypothesis.pending_tokens for hypothesis in hypotheses]
             self.sources += [-1] * count
         self.starts += [start] * count
-        self.sot_offsets += [-1] * count
+        self.sot_offsets += columns.no_sot
         self.epochs += [hypotheses[0].epoch] * count
         if self.readers is not None:
-            self.readers += _cross_readers_of(count, self.limit)
+            self.readers += columns.readers
         computed = start + 1
         self.computed_after += [computed] * count
         on_device = search.chooses_on_device()  # before its tokens of this step count as unread
@@ -196,13 +211,13 @@ class StepPlan:
         rows, sampled = range(row, end), range(index, index + count)
         to_sample.rows += rows
         to_sample.requests += hypotheses
-        to_sample.slots += slots
-        to_sample.first += [False] * count
-        to_sample.timestamps += [search.window.options.timestamps] * count
-        to_sample.temperatures += [0.0] * count
+        to_sample.slots += columns.slots
+        to_sample.first += columns.not_first
+        to_sample.timestamps += columns.timestamps
+        to_sample.temperatures += columns.temperatures
         to_sample.hypotheses += sampled
         if on_device:
-            self.choosing.append(SearchRows(search, rows, sampled, slots, computed))
+            self.choosing.append(SearchRows(search, rows, sampled, columns.slots, computed))
         else:
             to_sample.offering += sampled
             self.host_rows += rows
@@ -214,3 +229,24 @@ class StepPlan:
             hypothesis.pending_source_row = fed_from
             hypothesis.unread_tokens += 1
         return end
+
+    def _steady_columns_of(self, search: Search) -> SteadyColumns:
+        """The search's SteadyColumns: the last plan's while it has as many hypotheses (each keeps
+        its block-table slot, and the columns depend on nothing else)."""
+        hypotheses = search.hypotheses
+        count = len(hypotheses)
+        columns = self.last_steady.get(search)
+        if columns is None or len(columns.slots) != count:
+            columns = SteadyColumns(
+                slots=[
+                    self.tables.slot_of(hypothesis.request_id, hypothesis.blocks) for hypothesis in hypotheses
+                ],
+                fed=[_FED_FROM_LAST_STEP] * count,
+                no_sot=[-1] * count,
+                readers=_cross_readers_of(count, self.limit),
+                not_first=[False] * count,
+                timestamps=[search.window.options.timestamps] * count,
+                temperatures=[0.0] * count,
+            )
+        self.steady[search] = columns
+        return columns
