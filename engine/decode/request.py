@@ -26,7 +26,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)
 class Request:
     request_id: str
     prompt_tokens: list[int]  # the whole decoder prompt, <|startofprev|> ... <|notimestamps|>
