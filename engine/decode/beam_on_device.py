@@ -66,21 +66,22 @@ class DeviceChoices:
         beams = np.fromiter((len(search.hypotheses) for search in searches), np.int64, len(searches))
         ends = np.fromiter((search.text_end for search in searches), np.int64, len(searches))
         most = int(beams.max())
-        parents = rankings[0] // (beams + 1)[:, None]
-        head = (parents[:, :most], rankings[2, :, :most], rankings[3, :, :most], rankings[1, :, :most])
-        may_end = ((head[1] == ends[:, None]) & (np.arange(most) < beams[:, None])).any(axis=1)
+        # Integer division of the flat candidate indexes, and only of the first ranks: dividing
+        # every rank's float index costs more than the rest of the read.
+        flat, token_head = rankings[0, :, :most].astype(np.int64), rankings[2, :, :most].astype(np.int64)
+        may_end = ((token_head == ends[:, None]) & (np.arange(most) < beams[:, None])).any(axis=1)
         parent, token, logprob, total = (
-            head[0].astype(np.int64).tolist(),
-            head[1].astype(np.int64).tolist(),
-            head[2].tolist(),
-            head[3].tolist(),
+            (flat // (beams + 1)[:, None]).tolist(),
+            token_head.tolist(),
+            rankings[3, :, :most].tolist(),
+            rankings[1, :, :most].tolist(),
         )
         read = {}
         for row, (search, k, ends) in enumerate(zip(searches, beams.tolist(), may_end.tolist())):
             if ends:
                 offered = k * (k + 1)
                 read[search] = Ranking(
-                    parents[row, :offered].astype(np.int64).tolist(),
+                    (rankings[0, row, :offered].astype(np.int64) // (k + 1)).tolist(),
                     rankings[2, row, :offered].astype(np.int64).tolist(),
                     rankings[3, row, :offered].tolist(),
                     rankings[1, row, :offered].tolist(),

@@ -94,7 +94,9 @@ class Search:
         self.eot = eot
         # The token that ends a text, or -1 (none) when the window ignores end of text.
         self.text_end = -1 if window.options.ignore_eot else eot
-        self.n_text_ctx = n_text_ctx
+        # The most tokens a hypothesis's text may have: the window's limit, or what the text context
+        # leaves after its prompt (whose length a detected language does not change).
+        self.max_text_length = min(window.max_tokens, n_text_ctx - len(window.prompt_tokens))
         self.length_penalty = window.options.length_penalty
         self.blocks = SharedBlocks(window.blocks.spare_block_ids, block_size, in_use=prompt_block_ids)
         self.self_blocks_per_hypothesis = blocks_needed(window.max_total_tokens, block_size)
@@ -244,7 +246,7 @@ class Search:
 
     def _at_length(self, length: int) -> bool:
         """Whether hypotheses of ``length`` tokens have reached the window's length."""
-        return length >= self.window.max_tokens or len(self.window.prompt_tokens) + length >= self.n_text_ctx
+        return length >= self.max_text_length
 
     def _follow_device_choice(
         self, parents: list[int], tokens: list[int], logprobs: list[float], sums: list[float]
@@ -273,7 +275,7 @@ class Search:
         if hypotheses[0].launched_in == launched.step_id:  # no later step took the tokens from the device
             for hypothesis, token in zip(hypotheses, tokens):
                 hypothesis.pending_tokens = [token]
-        return self._at_length(self.text_length())
+        return len(hypotheses[0].output_tokens) + len(self._trail) >= self.max_text_length
 
     def text_length(self) -> int:
         """How many tokens each hypothesis's text has (they all have as many)."""
