@@ -163,6 +163,13 @@ class DecoderOptions(ReplicaOptions):
         "default: its decode steps were faster, but its encoder thread then waited behind the decode "
         "loop and a colocated turbo replica served fewer tokens a second (benchmarks/RESULTS.md)",
     )
+    freeze_start_up_objects: bool = Field(
+        True,
+        description="once started, leave every object the replica made while starting (weights' "
+        "modules, tokenizer, the framework's own) out of Python's full garbage collections, which "
+        "otherwise pause the decode loop for milliseconds each (engine/decode/heap.py). Off: every "
+        "collection walks them, as a plain Python process does",
+    )
 
 
 class HTTPLimits(BaseModel):

@@ -103,14 +103,21 @@ class DecoderCore:
                 may_start=self._may_encode,
             )
         self.node_id = node_id
-        self.ready_info = "decoder prepared in %.1f s: %s loaded in %.1f s, engine and %s in %.1f s" % (
-            time.perf_counter() - started,
-            config.engine.model,
-            loaded_s,
-            f"encoder ({config.engine.encoder_precision})"
-            if config.colocated
-            else f"{config.transfer.resolved_connector()} receiver",
-            time.perf_counter() - started - loaded_s,
+        # The replica keeps what it started with for its life: out of the collector's full
+        # collections, which would otherwise pause the decode loop (engine/decode/heap.py).
+        self.frozen_objects = freeze_start_up_objects() if config.decoder.freeze_start_up_objects else 0
+        self.ready_info = (
+            "decoder prepared in %.1f s: %s loaded in %.1f s, engine and %s in %.1f s"
+            % (
+                time.perf_counter() - started,
+                config.engine.model,
+                loaded_s,
+                f"encoder ({config.engine.encoder_precision})"
+                if config.colocated
+                else f"{config.transfer.resolved_connector()} receiver",
+                time.perf_counter() - started - loaded_s,
+            )
+            + f"; {self.frozen_objects} start-up objects frozen"
         )
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._waiters_lock = threading.Lock()
@@ -121,9 +128,6 @@ class DecoderCore:
         self.tokens_generated = 0
         self.loop_busy_s = 0.0
         self._routing_reports = itertools.count()
-        # The replica keeps what it started with for its life: out of the collector's full
-        # collections, which would otherwise pause the decode loop (engine/decode/heap.py).
-        self.frozen_objects = freeze_start_up_objects()
         self._loop_thread = threading.Thread(target=self._run_loop, name="decode-loop", daemon=True)
         self._loop_thread.start()
 
