@@ -29,12 +29,9 @@ class BeamSearch(Search):
         # Not the first choice (one hypothesis to beam_size: the prompt's blocks are shared with
         # the restart's hold), nor the last one by length (nothing writes after it): the step's
         # own token is not counted unread yet.
-        hypotheses = self.hypotheses
-        if len(hypotheses) != self.beam_size:
+        if len(self.hypotheses) != self.beam_size:
             return False
-        first = hypotheses[0]
-        length = len(first.output_tokens) + len(self._trail) + first.unread_tokens + 1
-        return length < self.max_text_length
+        return not self._at_length(self.text_length() + self.hypotheses[0].unread_tokens + 1)
 
     def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),

@@ -275,7 +275,7 @@ class Search:
         if hypotheses[0].launched_in == launched.step_id:  # no later step took the tokens from the device
             for hypothesis, token in zip(hypotheses, tokens):
                 hypothesis.pending_tokens = [token]
-        return len(hypotheses[0].output_tokens) + len(self._trail) >= self.max_text_length
+        return self._at_length(self.text_length())
 
     def text_length(self) -> int:
         """How many tokens each hypothesis's text has (they all have as many)."""
