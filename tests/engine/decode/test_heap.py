@@ -22,7 +22,8 @@ def test_start_up_objects_are_frozen_and_garbage_is_collected_first():
     try:
         frozen = freeze_start_up_objects()
         assert gone() is None, "garbage in a cycle was frozen instead of collected"
-        assert frozen == gc.get_freeze_count() > 0
+        # (Not equal to the count now: other threads' frozen objects may have been freed since.)
+        assert frozen > 0 and gc.get_freeze_count() > 0
         # A full collection no longer walks what was alive at start-up.
         assert not any(tracked is kept for tracked in gc.get_objects())
         made_later = [_Node()]
