@@ -10,14 +10,16 @@ the children, and then, for every child, on the device:
 - its chosen token goes where the next step feeds its row from (``next_tokens``);
 - its sum, and its timestamp history (its parent's followed by the token), go to its slot;
 - its block-table row becomes its parent's, except in the block it writes next: there the last
-  child of each parent keeps the parent's block, and the others write into a spare block the host
-  handed out at launch, after a copy of the positions the parent wrote there (where that block
-  starts, every child takes its spare, and nothing is copied).
-The host follows each choice one step late from the ranking (each rank's candidate, sum, token
-and log-probability), read back with the step (``Search.follow_device_choice``), so its block
-references stay the device's, and its texts and sums are the device's once read. Each hypothesis
-writes only into a block of its own (copy on write at every choice), which is what lets the device
-decide without reference counts.
+  child of each parent keeps the parent's block, and the others write into a spare block, after a
+  copy of the positions the parent wrote there (where that block starts, every child takes a
+  spare, and nothing is copied). The spares are the search's reserved blocks that no hypothesis's
+  row holds before the choice, in the reservation's order: the device reads that from the rows.
+The block tables are the device's while it chooses; the host takes them back (reads the rows and
+counts the references again) only when it next chooses itself (``Search.take_back_tables``). It
+follows each choice one step late from the ranking (each rank's candidate, sum, token and
+log-probability), read back with the step (``Search.follow_device_choice``): its texts and sums
+are the device's once read. Each hypothesis writes only into a block of its own (copy on write at
+every choice), which is what lets the device decide without reference counts.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from engine.decode.choice_graphs import ChoiceGraphs, ChoiceKernelArgs, launch_choice
+from engine.decode.choice_graphs import ChoiceGraphs, ChoiceKernelArgs, ChoiceShape, launch_choice
 from engine.decode.host_device import upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
@@ -127,36 +129,42 @@ class DeviceBeamChooser:
         chooses on the device (the choice's graphs read them there), or None: anywhere."""
         return self.graphs.logprobs_buffer(rows, vocab) if self.graphs is not None else None
 
-    def choose(self, step_id: int, choosing: list[SearchRows], logprobs: torch.Tensor) -> DeviceChoices:
+    def choose(self, choosing: list[SearchRows], logprobs: torch.Tensor) -> DeviceChoices:
         """Make the choices of ``choosing`` from the step's log-probabilities [rows, vocab] (each
         hypothesis's ``k + 1`` likeliest tokens its candidates), with no read to the host."""
         device = self.sums.device
-        pushed, spares = [], []
+        pushed, reservations = [], []
+        tables = self.runner.tables
         for entry in choosing:
             search = entry.search
             if search.host_chose_last:
                 pushed.append(entry)
-            spares.append(search.launch_device_choice(step_id, entry.position).spares)
+            reservations.append(search.launch_device_choice(tables))
         if pushed:  # the host made these searches' last choice: their sums start from the host's
             slots = [slot for entry in pushed for slot in entry.slots]
             sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
             self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
         most_written = max(entry.position % self.block_size for entry in choosing)
         if self.use_triton:
-            rankings = self._choose_in_one_kernel(choosing, spares, logprobs, most_written)
+            rankings = self._choose_in_one_kernel(choosing, reservations, logprobs, most_written)
         else:
-            rankings = self._choose_with_torch(choosing, spares, logprobs, most_written)
+            rankings = self._choose_with_torch(choosing, reservations, logprobs, most_written)
         return DeviceChoices(rankings, [entry.search for entry in choosing])
 
     def _choose_in_one_kernel(
-        self, choosing: list[SearchRows], spares: list[list[int]], logprobs: torch.Tensor, most_written: int
+        self,
+        choosing: list[SearchRows],
+        reservations: list[list[int]],
+        logprobs: torch.Tensor,
+        most_written: int,
     ) -> torch.Tensor:
         """Every hypothesis's candidates in one Triton kernel, every search's choice in one more,
         and the block copies in a third."""
         fields: list[int] = []
         slots: list[int] = []
         logprob_rows: list[int] = []
-        for entry in choosing:
+        reserved: list[int] = []
+        for entry, reservation in zip(choosing, reservations):
             # In SEARCH_FIELDS's order (a dict per search would cost the host more than the kernel).
             fields += (
                 len(entry.rows),
@@ -166,20 +174,33 @@ class DeviceBeamChooser:
                 entry.position // self.block_size,
                 entry.position % self.block_size,
                 entry.search.text_end,
+                len(reserved),
+                len(reservation),
             )
             slots += entry.slots
             logprob_rows += entry.logprob_rows
-        # The searches' fields, then each hypothesis's slot, spare and row of log-probabilities:
-        # one upload.
-        packed = fields + slots + [block_id for spare in spares for block_id in spare] + logprob_rows
-        most_beams = max(len(entry.rows) for entry in choosing)
+            reserved += reservation
+        # The searches' fields, each hypothesis's slot and row of log-probabilities, the searches'
+        # reserved blocks: one upload.
+        packed = fields + slots + logprob_rows + reserved
+        shape = ChoiceShape(
+            searches=len(choosing),
+            hypotheses=len(slots),
+            reserved=len(reserved),
+            most_beams=max(len(entry.rows) for entry in choosing),
+            most_reserved=1 << (max(map(len, reservations)) - 1).bit_length(),
+        )
         if self.graphs is not None:
-            return self.graphs.choose(logprobs, packed, len(choosing), most_beams)
+            return self.graphs.choose(logprobs, packed, shape)
         on_device = upload(packed, torch.long, self.sums.device)
-        return launch_choice(self.kernel_args, logprobs, on_device, len(choosing), most_beams, most_written)
+        return launch_choice(self.kernel_args, logprobs, on_device, shape, most_written)
 
     def _choose_with_torch(
-        self, choosing: list[SearchRows], spares: list[list[int]], logprobs: torch.Tensor, most_written: int
+        self,
+        choosing: list[SearchRows],
+        reservations: list[list[int]],
+        logprobs: torch.Tensor,
+        most_written: int,
     ) -> torch.Tensor:
         """The same choices as PyTorch operations, a batch of searches of one beam size at a time."""
         most = max(len(entry.rows) for entry in choosing)
@@ -191,8 +212,8 @@ class DeviceBeamChooser:
             by_size.setdefault(len(entry.rows), []).append(position)
         for beam_size, positions in by_size.items():
             group = [choosing[position] for position in positions]
-            group_spares = [spares[position] for position in positions]
-            ranking = self._choose_group(beam_size, group, group_spares, logprobs, most_written)
+            group_reservations = [reservations[position] for position in positions]
+            ranking = self._choose_group(beam_size, group, group_reservations, logprobs, most_written)
             rows = upload(positions, torch.long, self.sums.device)
             rankings[:, rows, : beam_size * (beam_size + 1)] = ranking
         return rankings
@@ -201,7 +222,7 @@ class DeviceBeamChooser:
         self,
         beam_size: int,
         group: list[SearchRows],
-        spares: list[list[int]],
+        reservations: list[list[int]],
         logprobs: torch.Tensor,
         most_written: int,
     ) -> torch.Tensor:
@@ -211,13 +232,17 @@ class DeviceBeamChooser:
             [row for entry in group for row in entry.logprob_rows],
             [slot for entry in group for slot in entry.slots],
             [row for entry in group for row in entry.rows],
-            [block_id for spare in spares for block_id in spare],
             [entry.position // self.block_size for entry in group for _ in range(k)],
             [entry.position % self.block_size for entry in group for _ in range(k)],
             [entry.search.text_end for entry in group for _ in range(k)],
         ]
-        logprob_rows, slots, rows, spare_ids, index, offset, eot = upload(
-            per_row, torch.long, self.sums.device
+        logprob_rows, slots, rows, index, offset, eot = upload(per_row, torch.long, self.sums.device)
+        most_reserved = max(map(len, reservations))
+        # Each search's reserved blocks, padded with -1 (no block).
+        reserved = upload(
+            [reservation + [-1] * (most_reserved - len(reservation)) for reservation in reservations],
+            torch.long,
+            self.sums.device,
         )
         offered = top_candidates(logprobs, logprob_rows, width)
         tokens = offered[0].long().view(count, k * width)
@@ -234,7 +259,7 @@ class DeviceBeamChooser:
         self.runner.next_tokens[rows] = child_tokens
         self.sums[slots] = sums.gather(1, flat).view(-1)
         self.rules.continue_histories(slots, parent_slots, child_tokens)
-        self._follow_parents_blocks(parents, slots, parent_slots, spare_ids, index, offset, most_written)
+        self._follow_parents_blocks(parents, slots, parent_slots, reserved, index, offset, most_written)
         logprobs = offered[1].reshape(count, k * width)
         return torch.stack(
             [order.float(), sums.gather(1, order), tokens.gather(1, order).float(), logprobs.gather(1, order)]
@@ -245,19 +270,21 @@ class DeviceBeamChooser:
         parents: torch.Tensor,
         slots: torch.Tensor,
         parent_slots: torch.Tensor,
-        spares: torch.Tensor,
+        reserved: torch.Tensor,
         index: torch.Tensor,
         offset: torch.Tensor,
         most_written: int,
     ) -> None:
-        """Each child's block-table row: its parent's, with a block of its own at ``index``; the
-        copies of the parents' written positions (``offset``, at most ``most_written``) into the
-        spares taken."""
-        k = parents.shape[1]
+        """Each child's block-table row: its parent's, with a block of its own at ``index`` (a
+        spare: a block of its search's ``reserved`` [searches, R] that no hypothesis's row holds);
+        the copies of the parents' written positions (``offset``, at most ``most_written``) into
+        the spares taken."""
+        count, k = parents.shape
         later = torch.ones(k, k, dtype=torch.bool, device=parents.device).triu(diagonal=1)
         is_last_child = ~((parents[:, :, None] == parents[:, None, :]) & later).any(dim=-1).view(-1)
         takes_spare = (offset == 0) | ~is_last_child
         tables = self.runner.tables.self_tables
+        spares = self._free_blocks(tables.index_select(0, slots), reserved, index, offset, takes_spare)
         rows = tables.index_select(0, parent_slots)  # a copy: parents are read before children are written
         column = index.view(-1, 1)
         current = rows.gather(1, column).view(-1)
@@ -265,3 +292,27 @@ class DeviceBeamChooser:
         tables.index_copy_(0, slots, rows)
         positions = torch.where(takes_spare, offset, 0)
         self.runner.storage.copy_blocks_on_device(current.long(), spares, positions, most_written)
+
+    @staticmethod
+    def _free_blocks(
+        rows: torch.Tensor,
+        reserved: torch.Tensor,
+        index: torch.Tensor,
+        offset: torch.Tensor,
+        takes: torch.Tensor,
+    ) -> torch.Tensor:
+        """The spare each child takes (where ``takes``): the j-th child that takes one in a search
+        takes the j-th of its reserved blocks that none of its hypotheses' ``rows`` [searches * k,
+        width] holds in the columns written so far (and the one written next, unless the write
+        starts it), as the choice's kernel picks them."""
+        count = reserved.shape[0]
+        k = rows.shape[0] // count
+        columns = torch.arange(rows.shape[1], device=rows.device)
+        live = columns[None, :] < (index + (offset > 0).long()).view(-1, 1)
+        held = torch.where(live, rows.long(), -2).view(count, 1, -1)
+        free = (reserved >= 0) & ~(reserved[:, :, None] == held).any(dim=-1)
+        # Positions of the free blocks first, in the reservation's order.
+        free_first = torch.sort((~free).to(torch.int8), dim=1, stable=True).indices
+        takes = takes.view(count, k)
+        takers_before = takes.long().cumsum(dim=1) - takes.long()
+        return reserved.gather(1, free_first.gather(1, takers_before)).view(-1)

@@ -53,17 +53,17 @@ class BeamSearch(Search):
         at_length = self._continue_with(chosen)
         return len(self.finished) >= self.max_finished or at_length
 
-    def follow_device_choice(self, ranking: Ranking) -> bool:
+    def follow_device_choice(self, ranking: Ranking, step_id: int) -> bool:
         parents, tokens, logprobs, sums = ranking
         k = self.beam_size
         if len(parents) == k:  # the usual step: the best k all go on, and nothing finishes
-            at_length = self._follow_device_choice(parents, tokens, logprobs, sums)
+            at_length = self._follow_device_choice(parents, tokens, logprobs, sums, step_id)
         elif self.text_end not in tokens[:k]:
-            at_length = self._follow_device_choice(parents[:k], tokens[:k], logprobs[:k], sums[:k])
+            at_length = self._follow_device_choice(parents[:k], tokens[:k], logprobs[:k], sums[:k], step_id)
         else:
             self._texts_up_to_date()  # a text that ends now is its parent's, as chosen so far
             chosen = self._take(map(Choice._make, zip(*ranking)))
-            at_length = self._follow_device_choice(*(list(column) for column in zip(*chosen)))
+            at_length = self._follow_device_choice(*(list(column) for column in zip(*chosen)), step_id)
         return len(self.finished) >= self.max_finished or at_length
 
     def _take(self, ranked: Iterator[Choice]) -> list[Choice]:

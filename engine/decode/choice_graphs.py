@@ -6,8 +6,7 @@ fields' upload) these cost the host several times what one graph replay of them 
 launches cost it more than PyTorch's (measured: benchmarks/RESULTS.md).
 
 What makes a captured choice replayable for any searches of its shape:
-* the key is the step's shape: searches, hypotheses, the log-probabilities' rows and vocabulary, most
-  beams;
+* the key is the step's shape (``ChoiceShape``) and the log-probabilities' rows and vocabulary;
 * the log-probabilities and the searches' packed fields live in static device buffers, refilled
   each step: the log-probabilities are one buffer of every slot's row that all captured shapes
   read a leading part of, and that sampling writes its log-softmax into (``logprobs_buffer``; a
@@ -28,6 +27,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -38,6 +38,16 @@ from engine.kv.storage import PagedKVStorage
 
 # A captured choice's copies cover a block's every position before the last (see above).
 _EVERY_POSITION = -1
+
+
+class ChoiceShape(NamedTuple):
+    """What a captured choice is captured for, besides its log-probabilities' shape."""
+
+    searches: int
+    hypotheses: int
+    reserved: int  # the searches' reserved blocks, all together
+    most_beams: int
+    most_reserved: int  # one search's most, rounded up to a power of two
 
 
 @dataclass(frozen=True)
@@ -56,7 +66,7 @@ class ChoiceKernelArgs:
 class _CapturedChoice:
     graph: torch.cuda.CUDAGraph
     logprobs: torch.Tensor  # static input [rows, vocab]: the leading rows of the shared buffer
-    packed: torch.Tensor  # static input: the searches' fields, then each hypothesis's slot, spare, row
+    packed: torch.Tensor  # static input: the searches' fields, each hypothesis's slot and row, reservations
     rankings: torch.Tensor  # static output [4, S, most]
 
 
@@ -68,8 +78,8 @@ class ChoiceGraphs:
         # Shapes seen once and not captured yet, as an LRU of the same size: a server whose
         # shapes keep changing forgets the ones it does not meet again.
         self._seen_once: OrderedDict[tuple, None] = OrderedDict()
-        # At most every slot a search, and every slot a hypothesis.
-        largest = num_slots * (len(SEARCH_FIELDS) + 3)
+        # At most every slot a search and every slot a hypothesis, and every block reserved.
+        largest = num_slots * (len(SEARCH_FIELDS) + 2) + args.storage.null_block
         self._staging = PinnedStaging((largest,), torch.long)
         self._num_slots = num_slots
         self._logprobs: torch.Tensor | None = None  # [slots, vocab] float32, made on first use
@@ -88,18 +98,11 @@ class ChoiceGraphs:
     def num_captured(self) -> int:
         return len(self._graphs)
 
-    def choose(
-        self, logprobs: torch.Tensor, packed: list[int], num_searches: int, most_beams: int
-    ) -> torch.Tensor:
-        """The choice of ``num_searches`` searches from the step's ``logprobs`` [rows, vocab] and
-        their ``packed`` fields (``DeviceBeamChooser._choose_in_one_kernel``'s layout); returns the
-        rankings [4, S, most] (a static buffer: valid until this shape's next choice)."""
-        key = (
-            num_searches,
-            len(packed) - num_searches * len(SEARCH_FIELDS),
-            *logprobs.shape,
-            most_beams,
-        )
+    def choose(self, logprobs: torch.Tensor, packed: list[int], shape: ChoiceShape) -> torch.Tensor:
+        """The choice of ``shape.searches`` searches from the step's ``logprobs`` [rows, vocab] and
+        their ``packed`` fields (``launch_choice``'s layout); returns the rankings [4, S, most] (a
+        static buffer: valid until this shape's next choice)."""
+        key = (shape, *logprobs.shape)
         captured = self._graphs.get(key)
         if captured is None:
             if key not in self._seen_once:
@@ -109,9 +112,9 @@ class ChoiceGraphs:
                 staged = self._stage(
                     packed, torch.empty(len(packed), dtype=torch.long, device=logprobs.device)
                 )
-                return launch_choice(self.args, logprobs, staged, num_searches, most_beams, _EVERY_POSITION)
+                return launch_choice(self.args, logprobs, staged, shape, _EVERY_POSITION)
             del self._seen_once[key]
-            captured = self._capture(key, logprobs, len(packed), most_beams)
+            captured = self._capture(key, logprobs, len(packed), shape)
         self._graphs.move_to_end(key)
         if logprobs.data_ptr() != captured.logprobs.data_ptr():
             captured.logprobs.copy_(logprobs, non_blocking=True)
@@ -127,7 +130,7 @@ class ChoiceGraphs:
         return target
 
     def _capture(
-        self, key: tuple, logprobs: torch.Tensor, num_packed: int, most_beams: int
+        self, key: tuple, logprobs: torch.Tensor, num_packed: int, shape: ChoiceShape
     ) -> _CapturedChoice:
         static_logprobs = self.logprobs_buffer(*logprobs.shape)
         static_packed = torch.zeros(num_packed, dtype=torch.long, device=logprobs.device)
@@ -135,9 +138,7 @@ class ChoiceGraphs:
         # A memory pool of its own (a graph's memory is not shared with another's); thread-local:
         # K/V loader threads may use the device meanwhile (engine/decode/kv_loader.py).
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            rankings = launch_choice(
-                self.args, static_logprobs, static_packed, key[0], most_beams, _EVERY_POSITION
-            )
+            rankings = launch_choice(self.args, static_logprobs, static_packed, shape, _EVERY_POSITION)
         captured = _CapturedChoice(graph, static_logprobs, static_packed, rankings)
         self._graphs[key] = captured
         if len(self._graphs) > self.max_graphs:
@@ -149,27 +150,28 @@ def launch_choice(
     args: ChoiceKernelArgs,
     logprobs: torch.Tensor,
     packed: torch.Tensor,
-    num_searches: int,
-    most_beams: int,
+    shape: ChoiceShape,
     most_written: int,
 ) -> torch.Tensor:
     """The choice's three kernels: ``packed`` (on the device) holds the searches' fields (columns
-    SEARCH_FIELDS), then each hypothesis's slot, then its spare, then its row of ``logprobs``; the
-    copies move up to ``most_written`` positions (``_EVERY_POSITION``: a block's every position but
-    its last). Returns the rankings [4, S, most]."""
-    num_fields = num_searches * len(SEARCH_FIELDS)
-    hypotheses = packed[num_fields:].view(3, -1)  # slot, spare, row of log-probabilities
-    candidates = triton_top_candidates(logprobs, hypotheses[2], most_beams + 1)
+    SEARCH_FIELDS), then each hypothesis's slot, then its row of ``logprobs``, then the searches'
+    reserved blocks; the copies move up to ``most_written`` positions (``_EVERY_POSITION``: a
+    block's every position but its last). Returns the rankings [4, S, most]."""
+    num_fields = shape.searches * len(SEARCH_FIELDS)
+    hypotheses = packed[num_fields : num_fields + 2 * shape.hypotheses].view(2, -1)  # slot, row
+    candidates = triton_top_candidates(logprobs, hypotheses[1], shape.most_beams + 1)
     rankings, copies = triton_choose_beams(
         candidates,
-        packed[:num_fields].view(num_searches, len(SEARCH_FIELDS)),
-        hypotheses,
+        packed[:num_fields].view(shape.searches, len(SEARCH_FIELDS)),
+        hypotheses[0],
+        packed[num_fields + 2 * shape.hypotheses :],
         args.sums,
         args.next_tokens,
         args.tables,
         args.history,
         args.timestamp_begin,
-        most_beams,
+        shape.most_beams,
+        shape.most_reserved,
     )
     most = args.storage.block_size - 1 if most_written == _EVERY_POSITION else most_written
     args.storage.copy_blocks_on_device(copies[0], copies[1], copies[2], most)

@@ -176,7 +176,7 @@ class StepPipeline:
             self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
         device_choices = None
         if plan.choosing:
-            device_choices = self.beam_chooser.choose(step_id, plan.choosing, sampled.vocab_logprobs)
+            device_choices = self.beam_chooser.choose(plan.choosing, sampled.vocab_logprobs)
         host_chooses = bool(sampled and sampled.hypothesis_rows)
         return LaunchedStep(
             step_id=step_id,

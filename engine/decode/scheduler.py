@@ -23,9 +23,9 @@ delays batch work by at most that long, never forever).
 
 A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search.py)
 reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
-worth of self-attention blocks, its prompt's blocks, and two blocks more per hypothesis (the
-spares of two steps' choices made on the device, engine/decode/beam_on_device.py); it counts as
-that many sequences against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
+worth of self-attention blocks, its prompt's blocks, and two blocks more per hypothesis (spares
+for choices made on the device: engine/decode/beam_on_device.py); it counts as that many sequences
+against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
 engine/decode/kv_loader.py) holds its blocks and sits out the steps until it has landed.
@@ -105,7 +105,9 @@ class Scheduler:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
         if request.options.max_hypotheses > 1:
             # Each hypothesis's worst case, the prompt's blocks, held for a fallback restart, and
-            # two steps' spares for choices made on the device (engine/decode/beam_on_device.py).
+            # two spares each for choices made on the device (engine/decode/beam_on_device.py):
+            # children take spares while their parents still hold every block, so one each is
+            # needed; the second is a margin, as a device that ran short could not say so.
             prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
             self_blocks = (self_blocks + 2) * request.options.max_hypotheses + prompt_blocks
         return self.cross_blocks_per_request + self_blocks
@@ -275,7 +277,7 @@ class Scheduler:
                 continue  # the search ended since (its window finished, or started again)
             if nonfinite and any(batch[row].hypothesis_of is search for row in nonfinite):
                 self._fail_non_finite(search.window, stopped)
-            if search.window.error is None and search.follow_device_choice(ranking):
+            if search.window.error is None and search.follow_device_choice(ranking, step_id):
                 stopped.append((search.window, search.finish()))
         return stopped
 

@@ -17,16 +17,17 @@ A search's first choice (one hypothesis to several), best-of samples' choices an
 last choice are made on the host, so a step with such a choice is read before the next is
 launched. A beam search's other choices are made on the device with async steps
 (engine/decode/beam_on_device.py): the next step launches before the host has read the last, and
-the host follows each choice one step late from the device's ranking of the candidates, so its
-block references are the device's (``follow_device_choice``); its texts and sums follow those
-choices when the host next reads them (a choice on the host, a text ending, the search's end).
+the host follows each choice one step late from the device's ranking of the candidates
+(``follow_device_choice``); its texts and sums follow those choices when the host next reads them
+(a choice on the host, a text ending, the search's end). Meanwhile the hypotheses' block tables
+are the device's: the host takes them back when it next chooses (``take_back_tables``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from engine.decode.request import Request, RequestStatus
 from engine.kv.block_pool import RequestBlocks, blocks_needed
+from engine.kv.block_tables import DeviceBlockTables
 from engine.kv.shared_blocks import BlockCopy, SharedBlocks
 from engine.types import FinishReason
 
@@ -76,16 +78,6 @@ class Choice(NamedTuple):
     sum_logprob: float
 
 
-class DeviceChoice(NamedTuple):
-    """A choice launched on the device: in step ``step_id``, for the write at ``position``; child
-    ``j`` writes into ``spares[j]`` if it needs a block of its own there. (A tuple: a step makes
-    one per search, on the host's critical path.)"""
-
-    step_id: int
-    position: int
-    spares: list[int]
-
-
 class Search:
     def __init__(
         self, window: Request, prompt_block_ids: list[int], block_size: int, eot: int, n_text_ctx: int
@@ -108,9 +100,10 @@ class Search:
         self.prompt_block_ids: list[int] = []  # the prompt's blocks, held at the first fork for a restart
         # Whether the host made the last choice: then the hypotheses' block tables, timestamp
         # histories and sums go to the device at the next launch; after a choice on the device they
-        # are there already.
+        # are there already, and the block tables are the device's alone (``take_back_tables``).
         self.host_chose_last = True
-        self.device_choices: deque[DeviceChoice] = deque()  # launched, not followed on the host yet
+        self._device_tables: DeviceBlockTables | None = None
+        self._reserved_for_device: list[int] = []  # the blocks the device may hand out as spares
         # The device's choices followed and not applied to the texts yet, oldest first: each
         # child's parent, token and log-probability; and the last one's sums.
         self._trail: list[tuple[list[int], list[int], list[float]]] = []
@@ -125,10 +118,10 @@ class Search:
         search is over."""
         raise NotImplementedError
 
-    def follow_device_choice(self, ranking: Ranking) -> bool:
-        """What the choice the device made did (``launch_device_choice``), from its ranking of the
-        candidates: the step that made it is read, for all of its hypotheses (the scheduler does not
-        read their rows one by one); returns whether the search is over."""
+    def follow_device_choice(self, ranking: Ranking, step_id: int) -> bool:
+        """What the choice the device made in step ``step_id`` did (``launch_device_choice``), from
+        its ranking of the candidates: the step is read, for all of its hypotheses (the scheduler
+        does not read their rows one by one); returns whether the search is over."""
         raise NotImplementedError
 
     def chooses_on_device(self) -> bool:
@@ -136,13 +129,31 @@ class Search:
         once its hypotheses are in the step, before its token counts as unread)."""
         return False
 
-    def launch_device_choice(self, step_id: int, position: int) -> DeviceChoice:
-        """The step ``step_id`` makes this search's choice on the device, for the children's write
-        at ``position``: one spare block per child, for those that need one there."""
-        choice = DeviceChoice(step_id, position, self.blocks.take_spares(len(self.hypotheses)))
-        self.device_choices.append(choice)
+    def launch_device_choice(self, tables: DeviceBlockTables) -> list[int]:
+        """The step being launched makes this search's choice on the device, whose block ``tables``
+        the hypotheses' rows are in. Returns the blocks it may hand out as spares: the window's
+        reservation but the prompt's blocks, held for a restart (no hypothesis writes those)."""
+        if self.host_chose_last:
+            self._device_tables = tables
+            held = set(self.prompt_block_ids)
+            self._reserved_for_device = [b for b in self.blocks.reserved_block_ids if b not in held]
         self.host_chose_last = False
-        return choice
+        return self._reserved_for_device
+
+    def take_back_tables(self) -> None:
+        """After choices on the device, before the host's own: the hypotheses' block tables are the
+        device's rows (their blocks up to the positions written), and their blocks' references are
+        counted again from them. Called when the steps launched with them have been read."""
+        if self.host_chose_last:
+            return
+        tables, hypotheses = self._device_tables, self.hypotheses
+        written = blocks_needed(hypotheses[0].num_computed_tokens, self.blocks.block_size)
+        rows = tables.read_self([tables.slot_of(h.request_id, h.blocks) for h in hypotheses], written)
+        for hypothesis, row in zip(hypotheses, rows):
+            hypothesis.blocks.self_block_ids = row
+        holders = Counter(block_id for row in rows for block_id in row)
+        holders.update(self.prompt_block_ids)  # the restart's hold
+        self.blocks.recount(holders)
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:
         """Live hypotheses ranked beside the finished ones when the search ends (at its length)."""
@@ -197,6 +208,7 @@ class Search:
     def _continue_with(self, chosen: list[Choice]) -> bool:
         """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
         whether the search has reached the window's length."""
+        self.take_back_tables()
         self.host_chose_last = True
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
@@ -249,30 +261,20 @@ class Search:
         return length >= self.max_text_length
 
     def _follow_device_choice(
-        self, parents: list[int], tokens: list[int], logprobs: list[float], sums: list[float]
+        self, parents: list[int], tokens: list[int], logprobs: list[float], sums: list[float], step_id: int
     ) -> bool:
-        """What the device did with a choice launched on it, on the host: the chosen sequences
-        (child ``j`` continues hypothesis ``parents[j]`` with ``tokens[j]``) become the hypotheses
-        (each one's row, slot and next token stay as launched); every child holds its parent's
-        blocks, and in the block it writes next, the last child of each parent keeps the parent's
-        block, the others write into their spare (with a copy of what the parent wrote there), and
-        all of them where that block starts. The texts and sums follow only when the host reads
-        them (``_texts_up_to_date``): a step followed here is a few list operations per child.
-        Returns whether the search has reached the window's length."""
-        launched = self.device_choices.popleft()
+        """What the device did with the choice it made in step ``step_id``, on the host: the chosen
+        sequences (child ``j`` continues hypothesis ``parents[j]`` with ``tokens[j]``) become the
+        hypotheses (each one's row, slot and next token stay as launched; the device moved the
+        blocks). The texts and sums follow only when the host reads them (``_texts_up_to_date``): a
+        step followed here is a few list operations. Returns whether the search has reached the
+        window's length."""
         hypotheses = self.hypotheses
-        tables = self.blocks.follow_choice(
-            [hypothesis.blocks.self_block_ids for hypothesis in hypotheses],
-            parents,
-            launched.spares,
-            launched.position,
-        )
-        for hypothesis, table in zip(hypotheses, tables):
-            hypothesis.blocks.self_block_ids = table  # the device rewrote its row
+        for hypothesis in hypotheses:
             hypothesis.unread_tokens -= 1
         self._trail.append((parents, tokens, logprobs))
         self._trail_sums = sums
-        if hypotheses[0].launched_in == launched.step_id:  # no later step took the tokens from the device
+        if hypotheses[0].launched_in == step_id:  # no later step took the tokens from the device
             for hypothesis, token in zip(hypotheses, tokens):
                 hypothesis.pending_tokens = [token]
         return self._at_length(self.text_length())

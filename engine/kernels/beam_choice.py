@@ -8,7 +8,9 @@ than the choice saves on a small model's step. A search ranks at most a few doze
 it (a larger sum, or the same sum offered earlier: a stable sort, best first) in one square of
 comparisons, with no sort. It reads everything a child takes from its parent (block-table row,
 timestamp history, sum) before it writes any child's: parents and children share the search's
-slots.
+slots. The spare blocks children write into are the search's reserved blocks no hypothesis's
+block-table row holds before the choice, in the reservation's order (the same square of
+comparisons): the device keeps the tables while it chooses, and the host hands out no blocks.
 
 JIT-decorated on first use, so Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it in tests.
 """
@@ -28,6 +30,8 @@ SEARCH_FIELDS = (
     "block_index",
     "offset",
     "eot",
+    "first_reserved",
+    "num_reserved",
 )
 
 if triton_available():
@@ -39,7 +43,7 @@ if triton_available():
         SEARCHES,
         stride_search,
         HYPOTHESES,
-        stride_hypotheses,
+        RESERVED,
         SUMS,
         NEXT_TOKENS,
         TABLES,
@@ -55,6 +59,7 @@ if triton_available():
         MOST: tl.constexpr,
         BEAMS: tl.constexpr,
         WIDTH: tl.constexpr,
+        MOST_RESERVED: tl.constexpr,
     ):
         search = tl.program_id(0)
         fields = SEARCHES + search * stride_search  # in SEARCH_FIELDS's order
@@ -65,6 +70,8 @@ if triton_available():
         block_index = tl.load(fields + 4)
         offset = tl.load(fields + 5)
         eot = tl.load(fields + 6)
+        first_reserved = tl.load(fields + 7)
+        num_reserved = tl.load(fields + 8)
         offered = k * (k + 1)
 
         # Candidate i: hypothesis i // (k + 1)'s (i % (k + 1))-th likeliest token.
@@ -101,11 +108,31 @@ if triton_available():
         child_token = tl.sum(tl.where(picks, token[None, :], 0), axis=1)
         child_total = tl.sum(tl.where(picks, total[None, :], 0.0), axis=1)
         child_slot = tl.load(HYPOTHESES + first_hypothesis + child, mask=is_child, other=0)
-        spare = tl.load(HYPOTHESES + stride_hypotheses + first_hypothesis + child, mask=is_child, other=0)
         parent_slot = tl.load(HYPOTHESES + first_hypothesis + parent, mask=is_child, other=0)
         later_sibling = (parent[None, :] == parent[:, None]) & (child[None, :] > child[:, None])
         is_last_child = tl.sum((later_sibling & is_child[None, :]).to(tl.int32), axis=1) == 0
-        takes_spare = (offset == 0) | (is_last_child == 0)
+        takes_spare = is_child & ((offset == 0) | (is_last_child == 0))
+
+        # The free blocks: the reserved ones in no hypothesis's row, among the columns written so
+        # far (and the one written next, unless the write starts it). The j-th child that takes a
+        # spare takes the j-th free block.
+        r = tl.arange(0, MOST_RESERVED)
+        in_reservation = r < num_reserved
+        reserved = tl.load(RESERVED + first_reserved + r, mask=in_reservation, other=-1)
+        entry = tl.arange(0, BEAMS * WIDTH)  # hypothesis entry // WIDTH's column entry % WIDTH
+        entry_column = entry % WIDTH
+        live = (entry // WIDTH < k) & (entry_column < block_index + (offset > 0).to(tl.int64))
+        live = live & (entry_column < table_width)
+        entry_slot = tl.load(HYPOTHESES + first_hypothesis + entry // WIDTH, mask=live, other=0)
+        held = tl.load(TABLES + entry_slot * stride_table + entry_column, mask=live, other=-2).to(tl.int64)
+        holders = tl.sum(((reserved[:, None] == held[None, :]) & live[None, :]).to(tl.int32), axis=1)
+        free = in_reservation & (holders == 0)
+        free_before = tl.sum((free[None, :] & (r[None, :] < r[:, None])).to(tl.int32), axis=1)
+        takers_before = tl.sum(
+            (takes_spare[None, :] & (child[None, :] < child[:, None])).to(tl.int32), axis=1
+        )
+        picks_block = free[None, :] & (free_before[None, :] == takers_before[:, None])
+        spare = tl.sum(tl.where(picks_block, reserved[None, :], 0), axis=1)
 
         column = tl.arange(0, WIDTH)
         in_row = is_child[:, None] & (column[None, :] < table_width)
@@ -146,34 +173,38 @@ _JITTED: dict[str, object] = {}
 def triton_choose_beams(
     candidates: torch.Tensor,
     searches: torch.Tensor,
-    hypotheses: torch.Tensor,
+    slots: torch.Tensor,
+    reserved: torch.Tensor,
     sums: torch.Tensor,
     next_tokens: torch.Tensor,
     tables: torch.Tensor,
     history: torch.Tensor,
     timestamp_begin: int,
     most_beams: int,
+    most_reserved: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The choices of ``searches`` [S, 7] (columns SEARCH_FIELDS) from ``candidates`` [2, H, width]
-    float32 (tokens, log-probabilities); ``hypotheses`` [2, N] int64: each hypothesis's slot and
-    its spare block, a search's ``beam_size`` of them from its ``first_hypothesis``. Writes the
-    children's next tokens, sums, block-table rows and timestamp histories. Returns each search's
-    ranking [4, S, most_beams * (most_beams + 1) rounded up to a power of two] float32: by rank,
-    best first, the candidate's flat index, sum, token and log-probability (past a search's
-    k * (k + 1) unset), and the block copies to make [3, N]: source, target, positions (0: none)."""
+    """The choices of ``searches`` [S, 9] (columns SEARCH_FIELDS) from ``candidates`` [2, H, width]
+    float32 (tokens, log-probabilities); ``slots`` [N] int64: each hypothesis's slot, a search's
+    ``beam_size`` of them from its ``first_hypothesis``; ``reserved``: the searches' reserved
+    self-attention blocks, a search's ``num_reserved`` (at most ``most_reserved``) from its
+    ``first_reserved``. Writes the children's next tokens, sums, block-table rows and timestamp
+    histories. Returns each search's ranking [4, S, most_beams * (most_beams + 1) rounded up to a
+    power of two] float32: by rank, best first, the candidate's flat index, sum, token and
+    log-probability (past a search's k * (k + 1) unset), and the block copies to make [3, N]:
+    source, target, positions (0: none)."""
     if "kernel" not in _JITTED:
         _JITTED["kernel"] = triton.jit(_choose_beams_kernel)
     most = triton.next_power_of_2(most_beams * (most_beams + 1))
     ranked = torch.empty((4, len(searches), most), dtype=torch.float32, device=candidates.device)
-    copies = torch.empty((3, hypotheses.shape[1]), dtype=torch.long, device=candidates.device)
+    copies = torch.empty((3, len(slots)), dtype=torch.long, device=candidates.device)
     _JITTED["kernel"][(len(searches),)](
         candidates,
         candidates.stride(0),
         candidates.stride(1),
         searches,
         searches.stride(0),
-        hypotheses,
-        hypotheses.stride(0),
+        slots,
+        reserved,
         sums,
         next_tokens,
         tables,
@@ -189,6 +220,7 @@ def triton_choose_beams(
         MOST=most,
         BEAMS=triton.next_power_of_2(most_beams),
         WIDTH=triton.next_power_of_2(tables.shape[1]),
+        MOST_RESERVED=triton.next_power_of_2(most_reserved),
         num_warps=4,
     )
     return ranked, copies

@@ -5,9 +5,9 @@ block ids each step, and a captured CUDA graph can read them from a fixed addres
 A request's block ids never change while it runs (the scheduler reserves its worst case at
 admission), so its row is written exactly once. A beam hypothesis's self-attention blocks do
 change (a fork takes its parent's blocks, a write into a shared block takes a copy): its row is
-rewritten when they have (``rewrite_self``). Empty entries and the padding slot name the
-storage's null block, a block the pool never hands out: padded rows of a captured batch write
-their K/V there and read nothing else.
+rewritten when they have (``rewrite_self``), or written by the device when it chooses the beams.
+Empty entries and the padding slot name the storage's null block, a block the pool never hands
+out: padded rows of a captured batch write their K/V there and read nothing else.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ class DeviceBlockTables:
         self.self_tables.index_copy_(
             0, upload(list(rows), torch.long, device), upload(padded, torch.int32, device)
         )
+
+    def read_self(self, slots: list[int], columns: int) -> list[list[int]]:
+        """The first ``columns`` self-attention block ids of the rows ``slots``, as the device holds
+        them once what is queued has run (a beam search's rows, after choices made on the device)."""
+        return self.self_tables[slots, :columns].tolist()
 
     def release(self, request_id: str) -> None:
         slot = self._slot_by_request.pop(request_id, None)

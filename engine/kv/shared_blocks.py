@@ -11,9 +11,9 @@ until the window finishes.
 
 Block ids only, never tensors: the copies it asks for are done by the storage, in one batched
 operation per step (engine/kv/storage.py ``copy_blocks``). When a beam search chooses on the
-device (engine/decode/beam_on_device.py), the device decides which hypothesis copies what: the
-host hands out spares before the choice (``take_spares``) and, following it one step late, says
-which were taken and which come back (``follow_choice``).
+device (engine/decode/beam_on_device.py), the device decides which hypothesis copies what, from
+its block tables: the references are counted again from those tables when the host takes them
+back (``recount``).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class SharedBlocks:
     def __init__(self, reserved_block_ids: list[int], block_size: int, in_use: list[int] = ()):
         """``in_use``: blocks of the reservation already written (a prompt), held by one table."""
         self.block_size = block_size
+        self.reserved_block_ids = list(reserved_block_ids)
         self._spare = [block_id for block_id in reversed(reserved_block_ids) if block_id not in in_use]
         self._refs: dict[int, int] = {block_id: 1 for block_id in in_use}
 
@@ -88,50 +89,11 @@ class SharedBlocks:
                 table[index] = target
         return copies
 
-    def take_spares(self, count: int) -> list[int]:
-        """Blocks handed out before anyone is known to need them (a choice made on the device may
-        give some of them to hypotheses); ``follow_choice`` takes or gives back each one later."""
-        if len(self._spare) < count:
-            raise RuntimeError("a window's hypotheses used more self-attention blocks than it reserved")
-        spares = self._spare[len(self._spare) - count :]
-        del self._spare[len(self._spare) - count :]
-        return spares
-
-    def follow_choice(
-        self, tables: list[list[int]], parents: list[int], spares: list[int], position: int
-    ) -> list[list[int]]:
-        """What a choice made on the device did to the blocks (engine/decode/beam_on_device.py):
-        child ``j`` continues the holder of ``tables[parents[j]]`` and writes next at ``position``.
-        Every child holds its parent's blocks; in the block holding ``position``, a parent's last
-        child keeps the parent's block (unless the block starts there) and every other child takes
-        its handed-out ``spares[j]``, which comes back where not taken. Returns the children's
-        tables (a parent's last child takes over the parent's list)."""
-        index, offset = divmod(position, self.block_size)
-        refs, spare_ids = self._refs, self._spare
-        last_child = {parent: child for child, parent in enumerate(parents)}
-        if len(last_child) != len(tables):  # not one child each: some parents fork, others end
-            for parent, table in enumerate(tables):
-                count = parents.count(parent)
-                if count != 1:
-                    self.hold(table, count - 1)
-        children = []
-        for child, (parent, spare) in enumerate(zip(parents, spares)):
-            table = tables[parent]
-            if last_child[parent] == child:
-                if offset:
-                    spare_ids.append(spare)
-                    children.append(table)
-                    continue
-            else:
-                table = list(table)
-            refs[spare] = 1
-            if index == len(table):
-                table.append(spare)
-            else:
-                refs[table[index]] -= 1  # still held by another table: the copy's source
-                table[index] = spare
-            children.append(table)
-        return children
+    def recount(self, holders: dict[int, int]) -> None:
+        """The references are ``holders`` (block id -> how many hold it); every other reserved
+        block is spare."""
+        self._refs = dict(holders)
+        self._spare = [block_id for block_id in reversed(self.reserved_block_ids) if block_id not in holders]
 
     def _take(self) -> int:
         if not self._spare:

@@ -5,6 +5,7 @@ and beams batched with greedy windows in the same steps."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -176,36 +177,59 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
 
 
 @pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
-def test_with_choices_on_the_device_the_host_follows_its_block_tables_one_step_behind(
+def test_with_choices_on_the_device_the_tables_are_the_devices_until_the_host_takes_them_back(
     tiny_en, cross_kvs, use_triton
 ):
-    """The host's copy of each beam's blocks is what the device's block table held a step earlier,
-    and every block of the window's reservation is held, spare, or handed out for a choice in flight."""
+    """While the device chooses, every hypothesis writes next into a block of its own, never one of
+    the prompt's (held for a restart), and its row holds only the window's reserved blocks; when
+    the host chooses again, it takes the device's rows as its tables and counts their blocks."""
     engine = engine_with(tiny_en, async_steps=True, block_size=16)  # small blocks: many boundaries
     engine.pipeline.beam_chooser.use_triton = use_triton  # Triton's interpreter on a CPU
-    window = engine.make_request(DecodeOptions(beam_size=4), CrossKVTensor(cross_kvs[0]), "beams")
+    # Ended by length: the last choice is the host's (a search ended by its finished texts makes none).
+    options = DecodeOptions(beam_size=4, max_tokens=16)
+    window = engine.make_request(options, CrossKVTensor(cross_kvs[0]), "beams")
     engine.submit(window)
-    tables, device_rows_before, compared = engine.runner.tables, None, 0
+    tables, block_size = engine.runner.tables, engine.pool.block_size
+    taken_back: list[tuple[list[list[int]], list[list[int]]]] = []
+
+    def slots_of(search):
+        return [tables.slot_of(h.request_id, h.blocks) for h in search.hypotheses]
+
+    def observed(search):
+        take_back = search.take_back_tables
+
+        def take_back_observed():
+            from_device = not search.host_chose_last
+            take_back()
+            if from_device:  # the host's tables now, and the device's rows
+                host = [h.blocks.self_block_ids for h in search.hypotheses]
+                taken_back.append((host, tables.read_self(slots_of(search), len(host[0]))))
+                held = Counter(block for row in host for block in row) + Counter(search.prompt_block_ids)
+                assert all(search.blocks.ref_count(block) == count for block, count in held.items())
+                assert set(search.blocks._spare) == set(search.blocks.reserved_block_ids) - set(held)
+
+        search.take_back_tables = take_back_observed
+
+    device_steps, watched = 0, set()
     while engine.has_work:
         engine.step()
         search = window.search
         if search is None:
             continue
-        if device_rows_before is not None and not search.host_chose_last:
-            # The step read now made its choice on the device; the rows were the device's alone then.
-            for hypothesis in search.hypotheses:
-                row = device_rows_before[tables._slot_by_request[hypothesis.request_id]].tolist()
-                table = hypothesis.blocks.self_block_ids
-                assert row[: len(table) + 1] == table + [tables.null_block]
-                compared += 1
-        # Rows the device wrote with no choice of the host's before them (nothing rewritten since).
-        device_rows_before = None if search.host_chose_last else tables.self_tables.clone()
-        held, spare = set(search.blocks._refs), set(search.blocks._spare)
-        in_flight = {block for choice in search.device_choices for block in choice.spares}
-        assert not (held & spare or held & in_flight or spare & in_flight)
-        assert held | spare | in_flight == set(window.blocks.spare_block_ids)
-        assert all(set(h.blocks.self_block_ids) <= held for h in search.hypotheses)
-    assert compared > 40
+        if search not in watched:
+            observed(search)
+            watched.add(search)
+        if search.host_chose_last:
+            continue
+        reserved, prompt = set(window.blocks.spare_block_ids), set(search.prompt_block_ids)
+        position = search.hypotheses[0].num_computed_tokens  # where the step launched last writes next
+        rows = tables.read_self(slots_of(search), blocks_needed(position + 1, block_size))
+        assert all(set(row) <= reserved for row in rows)
+        written_next = [row[position // block_size] for row in rows]
+        assert len(set(written_next)) == len(rows) and not set(written_next) & prompt
+        device_steps += 1
+    assert device_steps > 10
+    assert taken_back and all(host == device for host, device in taken_back)
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
