@@ -105,7 +105,7 @@ class DecoderCore:
         self.node_id = node_id
         # The replica keeps what it started with for its life: out of the collector's full
         # collections, which would otherwise pause the decode loop (engine/decode/heap.py).
-        self.frozen_objects = freeze_start_up_objects() if config.decoder.freeze_start_up_objects else 0
+        frozen = freeze_start_up_objects() if config.decoder.freeze_start_up_objects else 0
         self.ready_info = (
             "decoder prepared in %.1f s: %s loaded in %.1f s, engine and %s in %.1f s"
             % (
@@ -117,7 +117,7 @@ class DecoderCore:
                 else f"{config.transfer.resolved_connector()} receiver",
                 time.perf_counter() - started - loaded_s,
             )
-            + f"; {self.frozen_objects} start-up objects frozen"
+            + f"; {frozen} start-up objects frozen"
         )
         self._waiters: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._waiters_lock = threading.Lock()
