@@ -311,8 +311,12 @@ class DeviceBeamChooser:
         live = columns[None, :] < (index + (offset > 0).long()).view(-1, 1)
         held = torch.where(live, rows.long(), -2).view(count, 1, -1)
         free = (reserved >= 0) & ~(reserved[:, :, None] == held).any(dim=-1)
+        takes = takes.view(count, k)
+        if not free.is_cuda and bool((free.sum(dim=1) < takes.sum(dim=1)).any()):
+            # The reservation covers the worst case (engine/decode/scheduler.py): a bug, not load.
+            # Checked where it costs nothing (on a GPU it would wait for the device).
+            raise RuntimeError("a window's hypotheses used more self-attention blocks than it reserved")
         # Positions of the free blocks first, in the reservation's order.
         free_first = torch.sort((~free).to(torch.int8), dim=1, stable=True).indices
-        takes = takes.view(count, k)
         takers_before = takes.long().cumsum(dim=1) - takes.long()
         return reserved.gather(1, free_first.gather(1, takers_before)).view(-1)

@@ -233,6 +233,24 @@ def test_with_choices_on_the_device_the_tables_are_the_devices_until_the_host_ta
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+@pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
+def test_at_blocks_of_four_tokens_the_devices_spares_suffice_and_decode_as_the_hosts_choices(
+    tiny_en, cross_kvs, use_triton
+):
+    """Every fourth choice starts a block (every child takes a spare there) and forks copy often: the
+    device's spares (reserved blocks no beam holds) suffice, and hold what the host's copies would:
+    the same tokens as choices made on the host."""
+    windows = {f"w{index}": (index, DecodeOptions(beam_size=5, max_tokens=24)) for index in range(2)}
+    host = decode_all(engine_with(tiny_en, block_size=4), cross_kvs, windows)
+    engine = engine_with(tiny_en, async_steps=True, block_size=4)
+    engine.pipeline.beam_chooser.use_triton = use_triton  # Triton's interpreter on a CPU
+    device = decode_all(engine, cross_kvs, windows)
+    assert {key: result.tokens for key, result in device.items()} == {
+        key: result.tokens for key, result in host.items()
+    }
+    assert engine.pool.num_free_blocks == engine.pool.num_blocks
+
+
 @pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
 def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en, cross_kvs, async_steps):
     engine = engine_with(tiny_en, async_steps=async_steps)
