@@ -23,7 +23,7 @@ delays batch work by at most that long, never forever).
 
 A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search.py)
 reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
-worth of self-attention blocks, its prompt's blocks, and two blocks more per hypothesis (spares
+worth of self-attention blocks, its prompt's blocks, and one block more per hypothesis (a spare
 for choices made on the device: engine/decode/beam_on_device.py); it counts as that many sequences
 against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
 
@@ -104,12 +104,14 @@ class Scheduler:
     def blocks_for(self, request: Request) -> int:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
         if request.options.max_hypotheses > 1:
-            # Each hypothesis's worst case, the prompt's blocks, held for a fallback restart, and
-            # two spares each for choices made on the device (engine/decode/beam_on_device.py):
-            # children take spares while their parents still hold every block, so one each is
-            # needed; the second is a margin, as a device that ran short could not say so.
+            # Each hypothesis's worst case, the prompt's blocks, held for a fallback restart, and a
+            # spare each for choices made on the device (engine/decode/beam_on_device.py), whose
+            # children take spares while their parents still hold every block. Enough: where a
+            # choice's write starts a block, the k parents hold at most k * (B - 1) of the k * B
+            # blocks besides the prompt's, and k children take a spare; elsewhere they hold at most
+            # k * B and at most k - 1 children (not the last of each parent) take one.
             prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
-            self_blocks = (self_blocks + 2) * request.options.max_hypotheses + prompt_blocks
+            self_blocks = (self_blocks + 1) * request.options.max_hypotheses + prompt_blocks
         return self.cross_blocks_per_request + self_blocks
 
     @property

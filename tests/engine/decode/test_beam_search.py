@@ -147,7 +147,7 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
     block_size = engine.pool.block_size
     reserved = (
         engine.scheduler.cross_blocks_per_request
-        + 5 * (blocks_needed(window.max_total_tokens, block_size) + 2)  # two steps' spares each
+        + 5 * (blocks_needed(window.max_total_tokens, block_size) + 1)  # a spare each
         + blocks_needed(len(window.prompt_tokens), block_size)
     )
     shared_full_blocks = False
