@@ -259,7 +259,7 @@ class DeviceBeamChooser:
         self.runner.next_tokens[rows] = child_tokens
         self.sums[slots] = sums.gather(1, flat).view(-1)
         self.rules.continue_histories(slots, parent_slots, child_tokens)
-        self._follow_parents_blocks(parents, slots, parent_slots, reserved, index, offset, most_written)
+        self._follow_parents_blocks(parents, slots, reserved, index, offset, most_written)
         logprobs = offered[1].reshape(count, k * width)
         return torch.stack(
             [order.float(), sums.gather(1, order), tokens.gather(1, order).float(), logprobs.gather(1, order)]
@@ -269,7 +269,6 @@ class DeviceBeamChooser:
         self,
         parents: torch.Tensor,
         slots: torch.Tensor,
-        parent_slots: torch.Tensor,
         reserved: torch.Tensor,
         index: torch.Tensor,
         offset: torch.Tensor,
@@ -284,8 +283,10 @@ class DeviceBeamChooser:
         is_last_child = ~((parents[:, :, None] == parents[:, None, :]) & later).any(dim=-1).view(-1)
         takes_spare = (offset == 0) | ~is_last_child
         tables = self.runner.tables.self_tables
-        spares = self._free_blocks(tables.index_select(0, slots), reserved, index, offset, takes_spare)
-        rows = tables.index_select(0, parent_slots)  # a copy: parents are read before children are written
+        hypotheses_rows = tables.index_select(0, slots)  # a copy: read before children are written
+        spares = self._free_blocks(hypotheses_rows, reserved, index, offset, takes_spare)
+        first_of_search = torch.arange(0, count * k, k, device=parents.device).view(-1, 1)
+        rows = hypotheses_rows[(first_of_search + parents).view(-1)]  # each child's parent's row
         column = index.view(-1, 1)
         current = rows.gather(1, column).view(-1)
         rows.scatter_(1, column, torch.where(takes_spare, spares.to(rows.dtype), current).view(-1, 1))

@@ -37,8 +37,9 @@ class SharedBlocks:
         """``in_use``: blocks of the reservation already written (a prompt), held by one table."""
         self.block_size = block_size
         self.reserved_block_ids = list(reserved_block_ids)
-        self._spare = [block_id for block_id in reversed(reserved_block_ids) if block_id not in in_use]
-        self._refs: dict[int, int] = {block_id: 1 for block_id in in_use}
+        self._refs: dict[int, int] = {}
+        self._spare: list[int] = []
+        self.recount({block_id: 1 for block_id in in_use})
 
     @property
     def num_spare(self) -> int:
