@@ -14,8 +14,8 @@ the children, and then, for every child, on the device:
   copy of the positions the parent wrote there (where that block starts, every child takes a
   spare, and nothing is copied). The spares are the search's reserved blocks that no hypothesis's
   row holds before the choice, in the reservation's order: the device reads that from the rows.
-The block tables are the device's while it chooses; the host takes them back (reads the rows and
-counts the references again) only when it next chooses itself (``Search.take_back_tables``). It
+Once the device has chosen for a search, it chooses for it to the end, and the block tables are
+the device's alone (the host never chooses for it again, so it never needs them back). The host
 follows each choice one step late from the ranking (each rank's candidate, sum, token and
 log-probability), read back with the step (``Search.follow_device_choice``): its texts and sums
 are the device's once read. Each hypothesis writes only into a block of its own (copy on write at
@@ -134,12 +134,11 @@ class DeviceBeamChooser:
         hypothesis's ``k + 1`` likeliest tokens its candidates), with no read to the host."""
         device = self.sums.device
         pushed, reservations = [], []
-        tables = self.runner.tables
         for entry in choosing:
             search = entry.search
             if search.host_chose_last:
                 pushed.append(entry)
-            reservations.append(search.launch_device_choice(tables))
+            reservations.append(search.launch_device_choice())
         if pushed:  # the host made these searches' last choice: their sums start from the host's
             slots = [slot for entry in pushed for slot in entry.slots]
             sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]

@@ -26,12 +26,10 @@ class BeamSearch(Search):
         return self.beam_size + 1
 
     def chooses_on_device(self) -> bool:
-        # Not the first choice (one hypothesis to beam_size: the prompt's blocks are shared with
-        # the restart's hold), nor the last one by length (nothing writes after it): the step's
-        # own token is not counted unread yet.
-        if len(self.hypotheses) != self.beam_size:
-            return False
-        return not self._at_length(self.text_length() + self.hypotheses[0].unread_tokens + 1)
+        # Every choice but the first (one hypothesis to beam_size: the prompt's blocks are shared
+        # with the restart's hold), the last one by length included: the device's choice then
+        # moves blocks nothing writes, which costs less than a step read before the next launches.
+        return len(self.hypotheses) == self.beam_size
 
     def update(self, hypotheses: list[Request], offers: Candidates) -> bool:
         # Every offered sequence is distinct (the hypotheses are, and so are each one's candidates),

@@ -13,21 +13,21 @@ the search is over, the finished hypothesis with the best sum of log-probabiliti
 (or the length penalty of Google's NMT paper) is the window's text (openai-whisper's
 MaximumLikelihoodRanker).
 
-A search's first choice (one hypothesis to several), best-of samples' choices and a beam search's
-last choice are made on the host, so a step with such a choice is read before the next is
-launched. A beam search's other choices are made on the device with async steps
-(engine/decode/beam_on_device.py): the next step launches before the host has read the last, and
-the host follows each choice one step late from the device's ranking of the candidates
+A search's first choice (one hypothesis to several) and best-of samples' choices are made on the
+host, so a step with such a choice is read before the next is launched. A beam search's later
+choices are made on the device with async steps (engine/decode/beam_on_device.py), its last one
+by length included: the next step launches before the host has read the last, and the host
+follows each choice one step late from the device's ranking of the candidates
 (``follow_device_choice``); its texts and sums follow those choices when the host next reads them
-(a choice on the host, a text ending, the search's end). Meanwhile the hypotheses' block tables
-are the device's: the host takes them back when it next chooses (``take_back_tables``).
+(a text ending, the search's end). From the first choice on the device to the search's end, the
+hypotheses' block tables are the device's: the host's copies of them, and its reference counts,
+are left as they were at its last choice, and nothing reads them again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import operator
-from collections import Counter
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -35,7 +35,6 @@ import numpy as np
 
 from engine.decode.request import Request, RequestStatus
 from engine.kv.block_pool import RequestBlocks, blocks_needed
-from engine.kv.block_tables import DeviceBlockTables
 from engine.kv.shared_blocks import BlockCopy, SharedBlocks
 from engine.types import FinishReason
 
@@ -100,9 +99,8 @@ class Search:
         self.prompt_block_ids: list[int] = []  # the prompt's blocks, held at the first fork for a restart
         # Whether the host made the last choice: then the hypotheses' block tables, timestamp
         # histories and sums go to the device at the next launch; after a choice on the device they
-        # are there already, and the block tables are the device's alone (``take_back_tables``).
+        # are there already, and the block tables are the device's alone (the module's docstring).
         self.host_chose_last = True
-        self._device_tables: DeviceBlockTables | None = None
         self._reserved_for_device: list[int] = []  # the blocks the device may hand out as spares
         # The device's choices followed and not applied to the texts yet, oldest first: each
         # child's parent, token and log-probability; and the last one's sums.
@@ -125,35 +123,19 @@ class Search:
         raise NotImplementedError
 
     def chooses_on_device(self) -> bool:
-        """Whether the step being launched may make this search's choice on the device (called
-        once its hypotheses are in the step, before its token counts as unread)."""
+        """Whether the step being launched may make this search's choice on the device (once it
+        does, it makes every later one: the module's docstring)."""
         return False
 
-    def launch_device_choice(self, tables: DeviceBlockTables) -> list[int]:
-        """The step being launched makes this search's choice on the device, whose block ``tables``
-        the hypotheses' rows are in. Returns the blocks it may hand out as spares: the window's
-        reservation but the prompt's blocks, held for a restart (no hypothesis writes those)."""
+    def launch_device_choice(self) -> list[int]:
+        """The step being launched makes this search's choice on the device. Returns the blocks it
+        may hand out as spares: the window's reservation but the prompt's blocks, held for a
+        restart (no hypothesis writes those)."""
         if self.host_chose_last:
-            self._device_tables = tables
             held = set(self.prompt_block_ids)
             self._reserved_for_device = [b for b in self.blocks.reserved_block_ids if b not in held]
         self.host_chose_last = False
         return self._reserved_for_device
-
-    def take_back_tables(self) -> None:
-        """After choices on the device, before the host's own: the hypotheses' block tables are the
-        device's rows (their blocks up to the positions written), and their blocks' references are
-        counted again from them. Called when the steps launched with them have been read."""
-        if self.host_chose_last:
-            return
-        tables, hypotheses = self._device_tables, self.hypotheses
-        written = blocks_needed(hypotheses[0].num_computed_tokens, self.blocks.block_size)
-        rows = tables.read_self([tables.slot_of(h.request_id, h.blocks) for h in hypotheses], written)
-        for hypothesis, row in zip(hypotheses, rows):
-            hypothesis.blocks.self_block_ids = row
-        holders = Counter(block_id for row in rows for block_id in row)
-        holders.update(self.prompt_block_ids)  # the restart's hold
-        self.blocks.recount(holders)
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:
         """Live hypotheses ranked beside the finished ones when the search ends (at its length)."""
@@ -208,8 +190,10 @@ class Search:
     def _continue_with(self, chosen: list[Choice]) -> bool:
         """The chosen sequences become the hypotheses, each on its parent's blocks (shared); returns
         whether the search has reached the window's length."""
-        self.take_back_tables()
-        self.host_chose_last = True
+        if not self.host_chose_last:
+            # The device's block tables are not the host's: a search the device chooses for stays so.
+            raise RuntimeError("a search chose on the host after choosing on the device")
+
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
             self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)

@@ -156,7 +156,6 @@ class StepPlan:
         end = row + len(search.hypotheses)
         to_sample = self.to_sample
         sampled_before, host_before = len(to_sample.rows), len(self.host_rows)
-        # Asked before any of its tokens of this step counts as unread.
         may_choose_on_device = (
             self.step_id is not None and self.pipeline.beam_chooser is not None and search.chooses_on_device()
         )
@@ -181,10 +180,10 @@ class StepPlan:
         return end
 
     def _add_search_after_device_choice(self, row: int, search: Search) -> int:
-        """A search whose last choice the device made: every hypothesis feeds one token (the
-        device's, or the host's once that step was read) at one position, from adjacent rows of
-        the last step, and samples; its block-table rows are the device's. Returns the row after
-        its last."""
+        """A search whose last choice the device made (so it makes this one too): every hypothesis
+        feeds one token (the device's, or the host's once that step was read) at one position,
+        from adjacent rows of the last step, and samples; its block-table rows are the device's.
+        Returns the row after its last."""
         hypotheses = search.hypotheses
         count = len(hypotheses)
         end = row + count
@@ -205,7 +204,6 @@ class StepPlan:
             self.readers += columns.readers
         computed = start + 1
         self.computed_after += [computed] * count
-        on_device = search.chooses_on_device()  # before its tokens of this step count as unread
         to_sample = self.to_sample
         index = len(to_sample.rows)
         rows, sampled = range(row, end), range(index, index + count)
@@ -216,16 +214,12 @@ class StepPlan:
         to_sample.timestamps += columns.timestamps
         to_sample.temperatures += columns.temperatures
         to_sample.hypotheses += sampled
-        if on_device:
-            self.choosing.append(SearchRows(search, rows, sampled, columns.slots, computed))
-        else:
-            to_sample.offering += sampled
-            self.host_rows += rows
+        self.choosing.append(SearchRows(search, rows, sampled, columns.slots, computed))
         step_id = self.step_id
         for fed_from, hypothesis in enumerate(hypotheses, row):
             hypothesis.num_computed_tokens = computed
             hypothesis.launched_in = step_id
-            hypothesis.pending_tokens = [FROM_LAST_STEP] if on_device else []
+            hypothesis.pending_tokens = [FROM_LAST_STEP]
             hypothesis.pending_source_row = fed_from
             hypothesis.unread_tokens += 1
         return end

@@ -65,11 +65,6 @@ class DeviceBlockTables:
             0, upload(list(rows), torch.long, device), upload(padded, torch.int32, device)
         )
 
-    def read_self(self, slots: list[int], columns: int) -> list[list[int]]:
-        """The first ``columns`` self-attention block ids of the rows ``slots``, as the device holds
-        them once what is queued has run (a beam search's rows, after choices made on the device)."""
-        return self.self_tables[slots, :columns].tolist()
-
     def release(self, request_id: str) -> None:
         slot = self._slot_by_request.pop(request_id, None)
         if slot is not None:

@@ -10,10 +10,9 @@ holder lets go goes back to this window's spares, not to the pool: the reservati
 until the window finishes.
 
 Block ids only, never tensors: the copies it asks for are done by the storage, in one batched
-operation per step (engine/kv/storage.py ``copy_blocks``). When a beam search chooses on the
+operation per step (engine/kv/storage.py ``copy_blocks``). Once a beam search chooses on the
 device (engine/decode/beam_on_device.py), the device decides which hypothesis copies what, from
-its block tables: the references are counted again from those tables when the host takes them
-back (``recount``).
+its block tables, to the search's end: the counts here are then the host's last, and unused.
 """
 
 from __future__ import annotations
@@ -37,9 +36,10 @@ class SharedBlocks:
         """``in_use``: blocks of the reservation already written (a prompt), held by one table."""
         self.block_size = block_size
         self.reserved_block_ids = list(reserved_block_ids)
-        self._refs: dict[int, int] = {}
-        self._spare: list[int] = []
-        self.recount({block_id: 1 for block_id in in_use})
+        self._refs = {block_id: 1 for block_id in in_use}
+        self._spare = [
+            block_id for block_id in reversed(self.reserved_block_ids) if block_id not in self._refs
+        ]
 
     @property
     def num_spare(self) -> int:
@@ -89,12 +89,6 @@ class SharedBlocks:
                 self._refs[table[index]] -= 1
                 table[index] = target
         return copies
-
-    def recount(self, holders: dict[int, int]) -> None:
-        """The references are ``holders`` (block id -> how many hold it); every other reserved
-        block is spare."""
-        self._refs = dict(holders)
-        self._spare = [block_id for block_id in reversed(self.reserved_block_ids) if block_id not in holders]
 
     def _take(self) -> int:
         if not self._spare:
