@@ -72,8 +72,7 @@ class StepPlan:
         self.host_rows: list[int] = []
         self.to_sample = RowsToSample()
         self.choosing: list[SearchRows] = []
-        # Each search's SteadyColumns from the last plan, and this plan's (what the next one reuses).
-        self.last_steady = pipeline.steady_columns
+        # Each search's SteadyColumns: this plan's (what the next one reuses, from the pipeline).
         self.steady: dict[Search, SteadyColumns] = {}
         row, count = 0, len(batch)
         while row < count:
@@ -229,7 +228,7 @@ class StepPlan:
         its block-table slot, and the columns depend on nothing else)."""
         hypotheses = search.hypotheses
         count = len(hypotheses)
-        columns = self.last_steady.get(search)
+        columns = self.pipeline.steady_columns.get(search)
         if columns is None or len(columns.slots) != count:
             columns = SteadyColumns(
                 slots=[
