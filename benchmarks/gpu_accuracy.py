@@ -1,5 +1,5 @@
 """Accuracy of each precision path on real weights: greedy tokens against the CPU's fp32 run of the
-same weights, and WER, over the speech set (tests/data/speech).
+same weights (or, with ``--against``, a GPU path's), and WER, over the speech set (tests/data/speech).
 
 Every 30 s window is decoded through ``Transcriber.run_windows`` (continuous batching, the GPU
 switches as configured), greedy, no timestamps, no fallback, so a difference is the arithmetic's
@@ -161,6 +161,12 @@ def main() -> None:
         help="the paths the engine offers (what the test bounds), the one-switch diagnostics, or both",
     )
     parser.add_argument("--path", action="append", help="only this path (by its name; repeatable)")
+    parser.add_argument(
+        "--against",
+        choices=list(GPU_PATHS),
+        help="compare with this GPU path's tokens and WER instead of the CPU's fp32 (e.g. bf16, as "
+        "issue 22 measures the FP8 encoder)",
+    )
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     paths = {"all": GPU_PATHS | DIAGNOSTIC_PATHS, "offered": GPU_PATHS, "diagnostics": DIAGNOSTIC_PATHS}[
@@ -169,27 +175,37 @@ def main() -> None:
     if args.path:
         paths = {name: (GPU_PATHS | DIAGNOSTIC_PATHS)[name] for name in args.path}
     rows = []
+    reference_name = args.against or "CPU fp32"
     for name, folder in (entry.split("=", 1) for entry in args.model):
-        reference, cpu = cpu_reference(folder)
-        for result in [cpu] + [measure(p, gpu_config(folder, f), reference)[0] for p, f in paths.items()]:
+        if args.against:
+            config = gpu_config(folder, GPU_PATHS[args.against])
+            base, reference = measure(f"{args.against} (reference)", config, reference=None)
+        else:
+            reference, base = cpu_reference(folder)
+        for result in [base] + [measure(p, gpu_config(folder, f), reference)[0] for p, f in paths.items()]:
             rows.append(
                 [
                     name,
                     result.path,
                     f"{result.tokens_equal}/{result.windows}",
                     f"{100 * result.wer:.2f}%",
-                    f"{100 * (result.wer - cpu.wer):+.2f}",
+                    f"{100 * (result.wer - base.wer):+.2f}",
                     ",".join(result.languages) or "-",
                 ]
             )
             print(" | ".join(rows[-1]), flush=True)
-    table = markdown_table(
-        ["model", "path", "windows with tokens equal to CPU fp32", "WER", "vs CPU fp32 (points)", "detected"],
-        rows,
-    )
+    headers = [
+        "model",
+        "path",
+        f"windows with tokens equal to {reference_name}'s",
+        "WER",
+        f"vs {reference_name} (points)",
+        "detected",
+    ]
+    table = markdown_table(headers, rows)
     print(table)
     if args.record:
-        record("Precision paths on real weights (GPU against CPU fp32)", table)
+        record(f"Precision paths on real weights (GPU against {reference_name})", table)
 
 
 if __name__ == "__main__":

@@ -59,28 +59,30 @@ class DeviceChoices:
     # each rank's flat candidate index, sum of log-probabilities, token and log-probability.
     rankings: torch.Tensor
     searches: list[Search]
+    beam_sizes: np.ndarray  # [searches] int64: each search's hypotheses, k
+    text_ends: np.ndarray  # [searches] int64: each search's token that ends a text (-1: none)
 
     def read(self, rankings: np.ndarray) -> dict[Search, Ranking]:
         """Each search's ranking, from ``rankings`` downloaded once the step has run: its first
         ``beam_size`` ranks, or every rank for a search whose text may end among them (only those
         ranks are converted to Python numbers: the usual step needs no more)."""
-        searches = self.searches
-        beams = np.fromiter((len(search.hypotheses) for search in searches), np.int64, len(searches))
-        ends = np.fromiter((search.text_end for search in searches), np.int64, len(searches))
+        beams, ends = self.beam_sizes, self.text_ends
         most = int(beams.max())
         # Integer division of the flat candidate indexes, and only of the first ranks: dividing
         # every rank's float index costs more than the rest of the read.
         flat, token_head = rankings[0, :, :most].astype(np.int64), rankings[2, :, :most].astype(np.int64)
         may_end = ((token_head == ends[:, None]) & (np.arange(most) < beams[:, None])).any(axis=1)
-        parent, token, logprob, total = (
+        columns = zip(
             (flat // (beams + 1)[:, None]).tolist(),
             token_head.tolist(),
             rankings[3, :, :most].tolist(),
             rankings[1, :, :most].tolist(),
         )
         read = {}
-        for row, (search, k, ends) in enumerate(zip(searches, beams.tolist(), may_end.tolist())):
-            if ends:
+        for row, (search, k, ends_text, first_ranks) in enumerate(
+            zip(self.searches, beams.tolist(), may_end.tolist(), columns)
+        ):
+            if ends_text:
                 offered = k * (k + 1)
                 read[search] = Ranking(
                     (rankings[0, row, :offered].astype(np.int64) // (k + 1)).tolist(),
@@ -89,9 +91,9 @@ class DeviceChoices:
                     rankings[1, row, :offered].tolist(),
                 )
             elif k == most:
-                read[search] = Ranking(parent[row], token[row], logprob[row], total[row])
+                read[search] = Ranking._make(first_ranks)
             else:
-                read[search] = Ranking(parent[row][:k], token[row][:k], logprob[row][:k], total[row][:k])
+                read[search] = Ranking(*(column[:k] for column in first_ranks))
         return read
 
 
@@ -133,12 +135,15 @@ class DeviceBeamChooser:
         """Make the choices of ``choosing`` from the step's log-probabilities [rows, vocab] (each
         hypothesis's ``k + 1`` likeliest tokens its candidates), with no read to the host."""
         device = self.sums.device
-        pushed, reservations = [], []
+        pushed, reservations, searches, beam_sizes, text_ends = [], [], [], [], []
         for entry in choosing:
             search = entry.search
             if search.host_chose_last:
                 pushed.append(entry)
             reservations.append(search.launch_device_choice())
+            searches.append(search)
+            beam_sizes.append(len(entry.rows))
+            text_ends.append(search.text_end)
         if pushed:  # the host made these searches' last choice: their sums start from the host's
             slots = [slot for entry in pushed for slot in entry.slots]
             sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
@@ -148,7 +153,7 @@ class DeviceBeamChooser:
             rankings = self._choose_in_one_kernel(choosing, reservations, logprobs, most_written)
         else:
             rankings = self._choose_with_torch(choosing, reservations, logprobs, most_written)
-        return DeviceChoices(rankings, [entry.search for entry in choosing])
+        return DeviceChoices(rankings, searches, np.array(beam_sizes), np.array(text_ends))
 
     def _choose_in_one_kernel(
         self,

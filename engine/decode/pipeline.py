@@ -110,12 +110,9 @@ class StepPipeline:
     def _ends_with_unread_token(self, request: Request) -> bool:
         """Whether the token it sampled in the step in flight is its last by length: then it need
         not run again (a window ending at end of text cannot be told apart before reading)."""
-        if not request.unread_tokens:
-            return False
-        search = request.hypothesis_of
-        written = len(request.output_tokens) if search is None else search.text_length()
-        return (
-            written + request.unread_tokens >= request.max_tokens
+        unread = request.unread_tokens
+        return bool(unread) and (
+            len(request.output_tokens) + unread >= request.max_tokens
             or request.num_computed_tokens + 1 >= self.n_text_ctx
         )
 
@@ -123,21 +120,29 @@ class StepPipeline:
         """The scheduled requests that still need a step, and the row where each search's
         hypotheses start. A search's hypotheses are adjacent (all of them, in its order), read one
         window's K/V, and are at one length with as many tokens unread (they end together), so its
-        first one answers for all of them."""
+        first one answers for all of them, and the search for its text's length."""
         batch: list[Request] = []
         searches: dict[int, Search] = {}
         row, count = 0, len(scheduled)
         while row < count:
             request = scheduled[row]
             search = request.hypothesis_of
-            size = 1 if search is None else len(search.hypotheses)
+            if search is None:
+                if (
+                    request.finish_reason is None
+                    and not request.cross_kv_loading
+                    and not self._ends_with_unread_token(request)
+                ):
+                    batch.append(request)
+                row += 1
+                continue
+            size = len(search.hypotheses)
             if (
                 request.finish_reason is None
-                and not request.waits_for_cross_kv
-                and not self._ends_with_unread_token(request)
+                and not search.window.cross_kv_loading
+                and not search.ends_with(request.unread_tokens)
             ):
-                if search is not None:
-                    searches[len(batch)] = search
+                searches[len(batch)] = search
                 batch += scheduled[row : row + size]
             row += size
         return batch, searches

@@ -88,12 +88,6 @@ class Request:
         return self.options.hypotheses_at(self.temperature)
 
     @property
-    def waits_for_cross_kv(self) -> bool:
-        """Its window's cross-attention K/V is still on its way into the blocks."""
-        window = self.hypothesis_of.window if self.hypothesis_of is not None else self
-        return window.cross_kv_loading
-
-    @property
     def max_total_tokens(self) -> int:
         # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
         return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)

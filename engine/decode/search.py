@@ -263,6 +263,11 @@ class Search:
                 hypothesis.pending_tokens = [token]
         return self._at_length(self.text_length())
 
+    def ends_with(self, unread_tokens: int) -> bool:
+        """Whether the hypotheses' texts reach the window's length with their ``unread_tokens``
+        (sampled in launched steps, not read yet): then they need no further step."""
+        return unread_tokens > 0 and self._at_length(self.text_length() + unread_tokens)
+
     def text_length(self) -> int:
         """How many tokens each hypothesis's text has (they all have as many)."""
         return len(self.hypotheses[0].output_tokens) + len(self._trail)
