@@ -59,6 +59,7 @@ class DeviceChoices:
     # each rank's flat candidate index, sum of log-probabilities, token and log-probability.
     rankings: torch.Tensor
     searches: list[Search]
+    # Gathered while the choice launches (gathering them again from the searches costs the read):
     beam_sizes: np.ndarray  # [searches] int64: each search's hypotheses, k
     text_ends: np.ndarray  # [searches] int64: each search's token that ends a text (-1: none)
 

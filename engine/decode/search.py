@@ -193,7 +193,6 @@ class Search:
         if not self.host_chose_last:
             # The device's block tables are not the host's: a search the device chooses for stays so.
             raise RuntimeError("a search chose on the host after choosing on the device")
-
         if not self.prompt_block_ids:
             # The prompt's K/V stays for a fallback restart; no hypothesis may write over it.
             self.prompt_block_ids = self.blocks.fork(self.hypotheses[0].blocks.self_block_ids)
