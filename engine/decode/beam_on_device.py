@@ -150,10 +150,11 @@ class DeviceBeamChooser:
             sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
             self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
         most_written = max(entry.position % self.block_size for entry in choosing)
+        most_beams = max(beam_sizes)
         if self.use_triton:
-            rankings = self._choose_in_one_kernel(choosing, reservations, logprobs, most_written)
+            rankings = self._choose_in_one_kernel(choosing, reservations, logprobs, most_written, most_beams)
         else:
-            rankings = self._choose_with_torch(choosing, reservations, logprobs, most_written)
+            rankings = self._choose_with_torch(choosing, reservations, logprobs, most_written, most_beams)
         return DeviceChoices(rankings, searches, np.array(beam_sizes), np.array(text_ends))
 
     def _choose_in_one_kernel(
@@ -162,6 +163,7 @@ class DeviceBeamChooser:
         reservations: list[list[int]],
         logprobs: torch.Tensor,
         most_written: int,
+        most_beams: int,
     ) -> torch.Tensor:
         """Every hypothesis's candidates in one Triton kernel, every search's choice in one more,
         and the block copies in a third."""
@@ -192,7 +194,7 @@ class DeviceBeamChooser:
             searches=len(choosing),
             hypotheses=len(slots),
             reserved=len(reserved),
-            most_beams=max(len(entry.rows) for entry in choosing),
+            most_beams=most_beams,
             most_reserved=1 << (max(map(len, reservations)) - 1).bit_length(),
         )
         if self.graphs is not None:
@@ -206,11 +208,11 @@ class DeviceBeamChooser:
         reservations: list[list[int]],
         logprobs: torch.Tensor,
         most_written: int,
+        most_beams: int,
     ) -> torch.Tensor:
         """The same choices as PyTorch operations, a batch of searches of one beam size at a time."""
-        most = max(len(entry.rows) for entry in choosing)
         rankings = torch.zeros(
-            (4, len(choosing), most * (most + 1)), dtype=torch.float32, device=self.sums.device
+            (4, len(choosing), most_beams * (most_beams + 1)), dtype=torch.float32, device=self.sums.device
         )
         by_size: dict[int, list[int]] = {}
         for position, entry in enumerate(choosing):
