@@ -32,7 +32,10 @@ def machine_description() -> str:
 
 def markdown_table(headers: list[str], rows: list[list]) -> str:
     def cell(value) -> str:
-        return f"{value:.3g}" if isinstance(value, float) else str(value)
+        if not isinstance(value, float):
+            return str(value)
+        # Three significant figures, but a large figure whole (18,600 tokens/s, not 1.86e+04).
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]

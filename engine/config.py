@@ -37,6 +37,7 @@ class ResolvedGPUSwitches:
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
     fp8_encoder: bool
+    encoder_stream_first: bool
 
 
 class GPUSwitches(BaseModel):
@@ -92,6 +93,13 @@ class GPUSwitches(BaseModel):
         "per-channel weight and per-token activation scales (engine/model/fp8.py); needs FP8 tensor "
         "cores (compute capability 8.9+: Ada, Hopper). Accuracy and speed: benchmarks/RESULTS.md",
     )
+    encoder_stream_first: bool = Field(
+        True,
+        description="where the encoder runs beside the decode loop in one process (placement colocated, "
+        "the offline API), give its CUDA stream a higher priority than the decode steps': the GPU then "
+        "starts an encoder batch's blocks ahead of queued decode kernels, so windows reach the decoder "
+        "sooner and more of them decode in each step (benchmarks/RESULTS.md)",
+    )
 
     def resolve(
         self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True
@@ -115,6 +123,7 @@ class GPUSwitches(BaseModel):
             and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
             fp8_encoder=on_cuda and self.fp8_encoder,
+            encoder_stream_first=on_cuda and self.encoder_stream_first,
         )
 
 

@@ -12,6 +12,11 @@ the encoder, slowed by sharing the GPU, delivers the rest; the larger the decode
 allows, the more that costs. On a burst it helped a bf16 cache a little and cost an fp8 cache with
 twice the requests at once (measured: benchmarks/RESULTS.md). Callers choose with ``overlap``.
 
+Side by side, the encoder's stream outranks the decode loop's (engine.gpu.encoder_stream_first): as
+SMs come free the GPU starts a forward's blocks before those of decode steps queued behind it. A
+forward then ends sooner, its windows join the decode batch sooner, and the decoder runs more rows
+a step for the same GPU time; decode steps wait a little while a forward runs.
+
 The worker waits for its batch's kernels to finish before the batch counts as done, so a caller that
 submits the states to the decoder only then never makes a decode step wait on the encoder. The
 states were allocated on the encoder's stream: they are marked as used on the caller's stream too,
@@ -46,9 +51,16 @@ class OverlappedEncoder:
         self._worker = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder") if self.overlaps else None
         )
-        self._stream = torch.cuda.Stream(device=runner.device) if on_gpu else None
+        # A lower number is a higher priority; the decode loop's stream has the default, 0.
+        priority = -1 if runner.stream_first else 0
+        self._stream = torch.cuda.Stream(device=runner.device, priority=priority) if on_gpu else None
         self._consumer_stream = torch.cuda.current_stream(runner.device) if on_gpu else None
         self._in_flight: Future | None = None
+
+    @property
+    def stream(self) -> torch.cuda.Stream | None:
+        """The CUDA stream the encoder runs on (None: the caller's)."""
+        return self._stream
 
     @property
     def busy(self) -> bool:

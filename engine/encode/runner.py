@@ -43,6 +43,7 @@ class EncoderRunner:
         self.dtype = loaded.config.torch_dtype
         self.kv_cache_dtype = loaded.config.kv_cache_torch_dtype
         switches = loaded.config.gpu_switches()
+        self.stream_first = switches.encoder_stream_first  # for a caller that encodes on a stream of its own
         self.graphs: EncoderGraphs | None = None
         if switches.fp8_encoder:
             quantize_encoder_fp8(loaded)

@@ -116,7 +116,7 @@ def test_every_gpu_speed_switch_asked_for_is_on_for_cuda_and_off_on_a_cpu():
     asked = {name: True for name, field in GPUSwitches.model_fields.items() if field.annotation is bool}
     on_cuda = EngineConfig(device="cuda", dtype="float16", gpu=asked).gpu_switches()
     on_cpu = EngineConfig(device="cpu", gpu=asked).gpu_switches()
-    assert "encoder_cuda_graphs" in asked and "fp8_encoder" in asked
+    assert {"encoder_cuda_graphs", "fp8_encoder", "encoder_stream_first"} <= set(asked)
     for name in asked:
         assert getattr(on_cuda, name), f"{name} is off for CUDA in float16 when asked for"
         assert not getattr(on_cpu, name), f"{name} is on for a CPU"

@@ -136,6 +136,8 @@ def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_fini
     engine = DecoderEngine(loaded)
     encoder = OverlappedEncoder(EncoderRunner(loaded, graph_batch_size=32), project_cross_kv=True)
     assert engine.runner.graphs is not None and encoder.runner.graphs is not None
+    # engine.gpu.encoder_stream_first (on by default): the encoder's forwards outrank the decode steps.
+    assert encoder.stream.priority < torch.cuda.current_stream().priority
     audio = torch.randn(32, N_SAMPLES, generator=torch.Generator().manual_seed(0)) * 0.1
     cross_kv = encoder.encode_blocking(audio[:1])[0]
     options = DecodeOptions(language="en", max_tokens=100, ignore_eot=True)
