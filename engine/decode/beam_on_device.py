@@ -36,6 +36,7 @@ from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import top_candidates
 from engine.decode.search import Ranking, Search
+from engine.decode.steady_tail import SteadyRows
 from engine.kernels import triton_available
 
 
@@ -132,35 +133,69 @@ class DeviceBeamChooser:
         chooses on the device (the choice's graphs read them there), or None: anywhere."""
         return self.graphs.logprobs_buffer(rows, vocab) if self.graphs is not None else None
 
-    def choose(self, choosing: list[SearchRows], logprobs: torch.Tensor) -> DeviceChoices:
-        """Make the choices of ``choosing`` from the step's log-probabilities [rows, vocab] (each
-        hypothesis's ``k + 1`` likeliest tokens its candidates), with no read to the host."""
+    def choose(
+        self, choosing: list[SearchRows], steady: SteadyRows | None, logprobs: torch.Tensor
+    ) -> DeviceChoices:
+        """Make the choices of ``choosing`` (searches whose last choice the host made) and of the
+        steady tail's searches (whose last choice the device made) from the step's
+        log-probabilities [rows, vocab] (each hypothesis's ``k + 1`` likeliest tokens its
+        candidates), with no read to the host."""
         device = self.sums.device
-        pushed, reservations, searches, beam_sizes, text_ends = [], [], [], [], []
-        for entry in choosing:
-            search = entry.search
-            if search.host_chose_last:
-                pushed.append(entry)
-            reservations.append(search.launch_device_choice())
-            searches.append(search)
-            beam_sizes.append(len(entry.rows))
-            text_ends.append(search.text_end)
-        if pushed:  # the host made these searches' last choice: their sums start from the host's
-            slots = [slot for entry in pushed for slot in entry.slots]
-            sums = [hypothesis.sum_logprob for entry in pushed for hypothesis in entry.search.hypotheses]
+        if choosing:  # the host made these searches' last choice: their sums start from the host's
+            slots = [slot for entry in choosing for slot in entry.slots]
+            sums = [hypothesis.sum_logprob for entry in choosing for hypothesis in entry.search.hypotheses]
             self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
-        most_written = max(entry.position % self.block_size for entry in choosing)
-        most_beams = max(beam_sizes)
+        reservations = [entry.search.launch_device_choice() for entry in choosing]
+        searches = [entry.search for entry in choosing]
+        beam_sizes = np.array([len(entry.rows) for entry in choosing], dtype=np.int64)
+        text_ends = np.array([entry.search.text_end for entry in choosing], dtype=np.int64)
+        positions = np.array([entry.position for entry in choosing], dtype=np.int64)
+        if steady is not None:
+            tail = steady.tail
+            searches += tail.searches
+            beam_sizes = np.concatenate([beam_sizes, tail.beam_sizes])
+            text_ends = np.concatenate([text_ends, tail.text_ends])
+            positions = np.concatenate([positions, steady.positions])
+        most_written = int((positions % self.block_size).max())
+        most_beams = int(beam_sizes.max())
         if self.use_triton:
-            rankings = self._choose_in_one_kernel(choosing, reservations, logprobs, most_written, most_beams)
+            rankings = self._choose_in_one_kernel(
+                choosing, reservations, steady, logprobs, most_written, most_beams
+            )
         else:
+            if steady is not None:
+                choosing = choosing + self._search_rows_of(steady)
+                reservations = reservations + [
+                    search.launch_device_choice() for search in steady.tail.searches
+                ]
             rankings = self._choose_with_torch(choosing, reservations, logprobs, most_written, most_beams)
-        return DeviceChoices(rankings, searches, np.array(beam_sizes), np.array(text_ends))
+        return DeviceChoices(rankings, searches, beam_sizes, text_ends)
+
+    @staticmethod
+    def _search_rows_of(steady: SteadyRows) -> list[SearchRows]:
+        """The steady tail's searches one by one (the PyTorch way chooses for a search at a time)."""
+        tail = steady.tail
+        entries = []
+        for search, first, k, position in zip(
+            tail.searches, tail.first_hypotheses.tolist(), tail.beam_sizes.tolist(), steady.positions.tolist()
+        ):
+            row, logprob_row = steady.first_row + first, steady.first_logprob_row + first
+            entries.append(
+                SearchRows(
+                    search,
+                    range(row, row + k),
+                    range(logprob_row, logprob_row + k),
+                    tail.slots[first : first + k],
+                    position,
+                )
+            )
+        return entries
 
     def _choose_in_one_kernel(
         self,
         choosing: list[SearchRows],
         reservations: list[list[int]],
+        steady: SteadyRows | None,
         logprobs: torch.Tensor,
         most_written: int,
         most_beams: int,
@@ -189,13 +224,36 @@ class DeviceBeamChooser:
             reserved += reservation
         # The searches' fields, each hypothesis's slot and row of log-probabilities, the searches'
         # reserved blocks: one upload.
-        packed = fields + slots + logprob_rows + reserved
+        most_reserved = max(map(len, reservations), default=1)
+        if steady is None:
+            packed: list[int] | np.ndarray = fields + slots + logprob_rows + reserved
+            counts = (len(choosing), len(slots), len(reserved))
+        else:
+            tail = steady.tail
+            packed = np.concatenate(
+                [
+                    np.array(fields, dtype=np.int64),
+                    steady.choice_fields(self.block_size, len(slots), len(reserved)).ravel(),
+                    np.array(slots, dtype=np.int64),
+                    tail.choice_slots,
+                    np.array(logprob_rows, dtype=np.int64),
+                    steady.logprob_rows(),
+                    np.array(reserved, dtype=np.int64),
+                    tail.reserved,
+                ]
+            )
+            counts = (
+                len(choosing) + len(tail.searches),
+                len(slots) + len(tail.hypotheses),
+                len(reserved) + len(tail.reserved),
+            )
+            most_reserved = max(most_reserved, tail.most_reserved)
         shape = ChoiceShape(
-            searches=len(choosing),
-            hypotheses=len(slots),
-            reserved=len(reserved),
+            searches=counts[0],
+            hypotheses=counts[1],
+            reserved=counts[2],
             most_beams=most_beams,
-            most_reserved=1 << (max(map(len, reservations)) - 1).bit_length(),
+            most_reserved=1 << (most_reserved - 1).bit_length(),
         )
         if self.graphs is not None:
             return self.graphs.choose(logprobs, packed, shape)

@@ -27,8 +27,9 @@ from engine.decode.request import Request
 from engine.decode.runner import ModelRunner, StepInput
 from engine.decode.sampling import sample_rows
 from engine.decode.search import Candidates, Search
+from engine.decode.steady_tail import SteadyTail
 from engine.decode.step_output import StepOutput
-from engine.decode.step_plan import SteadyColumns, StepPlan
+from engine.decode.step_plan import StepPlan
 from engine.model.tokenizer import WhisperTokenizer
 
 # Rows of a launched step's read-back: the token (sampled, or the detected language), its
@@ -83,8 +84,8 @@ class StepPipeline:
             DeviceBeamChooser(runner, rules, runner.tables.pad_slot + 1) if async_steps else None
         )
         self._step_ids = itertools.count()
-        # The last launched plan's columns of each search choosing on the device (StepPlan reuses them).
-        self.steady_columns: dict[Search, SteadyColumns] = {}
+        # The last step's steady tail (engine/decode/steady_tail.py): the next reuses it if it can.
+        self._tail: SteadyTail | None = None
         self._language_of_token = {token: code for code, token in tokenizer.language_tokens.items()}
 
     def next_prompt_tokens_of(self, request: Request) -> list[int]:
@@ -116,13 +117,17 @@ class StepPipeline:
             or request.num_computed_tokens + 1 >= self.n_text_ctx
         )
 
-    def _still_to_step(self, scheduled: list[Request]) -> tuple[list[Request], dict[int, Search]]:
-        """The scheduled requests that still need a step, and the row where each search's
-        hypotheses start. A search's hypotheses are adjacent (all of them, in its order), read one
+    def _still_to_step(
+        self, scheduled: list[Request]
+    ) -> tuple[list[Request], dict[int, Search], SteadyTail | None]:
+        """The scheduled requests that still need a step, the row where each search's hypotheses
+        start, and the steady tail: the searches whose last choice the device made go last, in
+        their order. A search's hypotheses are adjacent (all of them, in its order), read one
         window's K/V, and are at one length with as many tokens unread (they end together), so its
         first one answers for all of them, and the search for its text's length."""
         batch: list[Request] = []
         searches: dict[int, Search] = {}
+        steady: list[Search] = []
         row, count = 0, len(scheduled)
         while row < count:
             request = scheduled[row]
@@ -142,29 +147,50 @@ class StepPipeline:
                 and not search.window.cross_kv_loading
                 and not search.ends_with(request.unread_tokens)
             ):
-                searches[len(batch)] = search
-                batch += scheduled[row : row + size]
+                if search.host_chose_last:
+                    searches[len(batch)] = search
+                    batch += scheduled[row : row + size]
+                else:
+                    steady.append(search)
             row += size
-        return batch, searches
+        tail = self._tail_of(steady)
+        if tail is not None:
+            batch += tail.hypotheses
+        return batch, searches, tail
+
+    def _tail_of(self, steady: list[Search]) -> SteadyTail | None:
+        """The steady tail of ``steady``: the last step's when it has the same searches."""
+        if not steady:
+            self._tail = None
+            return None
+        tail = self._tail
+        if tail is None or not tail.same_searches(steady):
+            tables = self.runner.tables
+            tail = SteadyTail.of(
+                steady,
+                lambda hypothesis: tables.slot_of(hypothesis.request_id, hypothesis.blocks),
+                self.runner.max_cross_readers,
+            )
+            self._tail = tail
+        return tail
 
     @torch.inference_mode()
     def launch(self, scheduled: list[Request]) -> LaunchedStep | None:
         """One decoder forward, logit rules and sampling for every request that still needs a step:
         not ended since it was scheduled, not waiting for its K/V (a pull started at its admission),
         not done by length with its last token still unread."""
-        batch, searches = self._still_to_step(scheduled)
+        batch, searches, tail = self._still_to_step(scheduled)
         if not batch:
             return None
         step_id = next(self._step_ids)
-        plan = StepPlan(self, batch, searches, step_id)
-        self.steady_columns = plan.steady
+        plan = StepPlan(self, batch, searches, step_id, tail)
         logits = self.runner.execute(plan.step_input())
         to_sample = plan.to_sample
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
         sampled = None
         if to_sample.rows:
             logprobs_out = None
-            if plan.choosing:
+            if plan.choosing or plan.steady_rows:
                 logprobs_out = self.beam_chooser.logprobs_buffer(len(to_sample.rows), logits.last.shape[1])
             sampled = sample_rows(self.rules, logits.last, to_sample, logprobs_out)
             if sampled.row_index is None:
@@ -180,8 +206,8 @@ class StepPipeline:
         else:
             self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
         device_choices = None
-        if plan.choosing:
-            device_choices = self.beam_chooser.choose(plan.choosing, sampled.vocab_logprobs)
+        if plan.choosing or plan.steady_rows:
+            device_choices = self.beam_chooser.choose(plan.choosing, plan.steady_rows, sampled.vocab_logprobs)
         host_chooses = bool(sampled and sampled.hypothesis_rows)
         return LaunchedStep(
             step_id=step_id,

@@ -5,55 +5,45 @@ moved on to after the step."""
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from engine.decode.beam_on_device import SearchRows
 from engine.decode.request import FROM_LAST_STEP, Request
 from engine.decode.runner import StepInput
 from engine.decode.sampling import RowsToSample
 from engine.decode.search import Search
+from engine.decode.steady_tail import SteadyRows, SteadyTail, cross_readers_of
 
 if TYPE_CHECKING:
     from engine.decode.pipeline import StepPipeline
 
-# A hypothesis row's fed tokens in a step after a choice made on the device (shared, never changed).
-_FED_FROM_LAST_STEP = [FROM_LAST_STEP]
-
 
 @functools.cache
 def _cross_readers_of(hypotheses: int, limit: int) -> tuple[int, ...]:
-    """A search's rows' cross-attention readers (StepInput.cross_readers): each run of up to
-    ``limit`` rows is read once, counted by its first row."""
-    return tuple(min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses))
-
-
-class SteadyColumns(NamedTuple):
-    """A search's rows' columns that stay the same from step to step while its choices are made on
-    the device (its hypotheses feed the device's tokens and sample, at one position): made once per
-    number of hypotheses and extended with as they are, rather than made again every step."""
-
-    slots: list[int]
-    fed: list[list[int]]
-    no_sot: list[int]
-    readers: tuple[int, ...]
-    not_first: list[bool]
-    timestamps: list[bool]
-    temperatures: list[float]
+    """cross_readers_of, made once per size."""
+    return tuple(cross_readers_of(hypotheses, limit))
 
 
 class StepPlan:
     """One pass over a step's rows: what the runner needs of them (StepInput's columns), which rows
     sample and how, which searches choose on the device, and, when launching, each request moved
-    on to after the step (its position, what it feeds next, its unread tokens). A beam search whose
-    last choice the device made is gone over a search at a time: its hypotheses all feed the
-    device's tokens from adjacent rows at one position, and at many beams the host's work per row
-    is what bounds a step."""
+    on to after the step (its position, what it feeds next, its unread tokens). The rows of beam
+    searches whose last choice the device made come last, as one steady tail
+    (engine/decode/steady_tail.py) whose columns are made when its searches change."""
 
     def __init__(
-        self, pipeline: StepPipeline, batch: list[Request], searches: dict[int, Search], step_id: int | None
+        self,
+        pipeline: StepPipeline,
+        batch: list[Request],
+        searches: dict[int, Search],
+        step_id: int | None,
+        tail: SteadyTail | None = None,
     ):
-        """``searches``: the row where each search's hypotheses start. ``step_id`` None: describe
-        the rows only, changing nothing (what the benchmarks replay)."""
+        """``searches``: the row where each search's hypotheses start, of those before ``tail``,
+        whose rows end ``batch``. ``step_id`` None: describe the rows only, changing nothing (what
+        the benchmarks replay)."""
         self.pipeline = pipeline
         self.tables = pipeline.runner.tables
         self.step_id = step_id
@@ -65,16 +55,15 @@ class StepPlan:
         self.starts: list[int] = []
         self.sot_offsets: list[int] = []
         self.epochs: list[int] = []  # each row's request's epoch
-        self.readers: list[int] | None = [] if self.limit > 1 and searches else None
+        self.readers: list[int] | None = [] if self.limit > 1 and (searches or tail) else None
         self.computed_after: list[int] = []
         self.sot_rows: list[int] = []
         self.detect_rows: list[int] = []
         self.host_rows: list[int] = []
         self.to_sample = RowsToSample()
-        self.choosing: list[SearchRows] = []
-        # Each search's SteadyColumns: this plan's (what the next one reuses, from the pipeline).
-        self.steady: dict[Search, SteadyColumns] = {}
-        row, count = 0, len(batch)
+        self.choosing: list[SearchRows] = []  # searches before the tail that choose on the device
+        self.steady_rows: SteadyRows | None = None
+        row, count = 0, len(batch) - (len(tail.hypotheses) if tail is not None else 0)
         while row < count:
             search = searches.get(row)
             if search is None:
@@ -82,10 +71,10 @@ class StepPlan:
                 if self.readers is not None:
                     self.readers.append(1)
                 row += 1
-            elif search.host_chose_last:
-                row = self._add_search_row_by_row(batch, row, search)
             else:
-                row = self._add_search_after_device_choice(row, search)
+                row = self._add_search_row_by_row(batch, row, search)
+        if tail is not None:
+            self._add_steady_tail(tail, row)
 
     def step_input(self) -> StepInput:
         self.tables.rewrite_self(self.rewrites)
@@ -178,68 +167,52 @@ class StepPlan:
                 to_sample.requests[index].pending_tokens = []  # chosen on the host once read
         return end
 
-    def _add_search_after_device_choice(self, row: int, search: Search) -> int:
-        """A search whose last choice the device made (so it makes this one too): every hypothesis
-        feeds one token (the device's, or the host's once that step was read) at one position,
-        from adjacent rows of the last step, and samples; its block-table rows are the device's.
-        Returns the row after its last."""
-        hypotheses = search.hypotheses
+    def _add_steady_tail(self, tail: SteadyTail, row: int) -> None:
+        """The steady searches' rows, from ``row`` on: every hypothesis feeds one token (the
+        device's, or the host's once that step was read) at its search's position, from its row of
+        the last step, and samples; its block-table row is the device's."""
+        searches, hypotheses = tail.searches, tail.hypotheses
         count = len(hypotheses)
-        end = row + count
-        columns = self._steady_columns_of(search)
-        start = hypotheses[0].num_computed_tokens
-        source = hypotheses[0].fed_from_row
-        self.slots += columns.slots
-        if source >= 0:
-            self.tokens += columns.fed
-            self.sources += range(source, source + count)
-        else:
-            self.tokens += [hypothesis.pending_tokens for hypothesis in hypotheses]
-            self.sources += [-1] * count
-        self.starts += [start] * count
-        self.sot_offsets += columns.no_sot
-        self.epochs += [hypotheses[0].epoch] * count
+        firsts = [search.hypotheses[0] for search in searches]
+        positions = np.fromiter((first.num_computed_tokens for first in firsts), np.int64, len(firsts))
+        # A search's hypotheses went in adjacent rows of the last step, in its order.
+        sources = np.repeat(
+            np.fromiter((first.fed_from_row for first in firsts), np.int64, len(firsts)), tail.beam_sizes
+        )
+        starts = np.repeat(positions, tail.beam_sizes)
+        self.slots += tail.slots
+        if sources.min() >= 0:  # the usual step: every token still on the device
+            self.tokens += tail.fed
+            self.sources += (sources + tail.within).tolist()
+        else:  # the host read the step before this one launched: some tokens are the host's
+            source_rows = np.where(sources >= 0, sources + tail.within, -1).tolist()
+            self.sources += source_rows
+            self.tokens += [
+                fed if source >= 0 else hypothesis.pending_tokens
+                for fed, source, hypothesis in zip(tail.fed, source_rows, hypotheses)
+            ]
+        start_list = starts.tolist()
+        self.starts += start_list
+        self.sot_offsets += tail.no_sot
+        self.epochs += tail.epochs
         if self.readers is not None:
-            self.readers += columns.readers
-        computed = start + 1
-        self.computed_after += [computed] * count
+            self.readers += tail.cross_readers
+        computed = (starts + 1).tolist()
+        self.computed_after += computed
         to_sample = self.to_sample
         index = len(to_sample.rows)
-        rows, sampled = range(row, end), range(index, index + count)
-        to_sample.rows += rows
+        to_sample.rows += range(row, row + count)
         to_sample.requests += hypotheses
-        to_sample.slots += columns.slots
-        to_sample.first += columns.not_first
-        to_sample.timestamps += columns.timestamps
-        to_sample.temperatures += columns.temperatures
-        to_sample.hypotheses += sampled
-        self.choosing.append(SearchRows(search, rows, sampled, columns.slots, computed))
+        to_sample.slots += tail.slots
+        to_sample.first += tail.not_first
+        to_sample.timestamps += tail.timestamps
+        to_sample.temperatures += tail.temperatures
+        to_sample.hypotheses += range(index, index + count)
+        self.steady_rows = SteadyRows(tail, row, index, positions + 1)
         step_id = self.step_id
-        for fed_from, hypothesis in enumerate(hypotheses, row):
-            hypothesis.num_computed_tokens = computed
+        for fed_from, hypothesis, after in zip(range(row, row + count), hypotheses, computed):
+            hypothesis.num_computed_tokens = after
             hypothesis.launched_in = step_id
             hypothesis.pending_tokens = [FROM_LAST_STEP]
             hypothesis.pending_source_row = fed_from
             hypothesis.unread_tokens += 1
-        return end
-
-    def _steady_columns_of(self, search: Search) -> SteadyColumns:
-        """The search's SteadyColumns: the last plan's while it has as many hypotheses (each keeps
-        its block-table slot, and the columns depend on nothing else)."""
-        hypotheses = search.hypotheses
-        count = len(hypotheses)
-        columns = self.pipeline.steady_columns.get(search)
-        if columns is None or len(columns.slots) != count:
-            columns = SteadyColumns(
-                slots=[
-                    self.tables.slot_of(hypothesis.request_id, hypothesis.blocks) for hypothesis in hypotheses
-                ],
-                fed=[_FED_FROM_LAST_STEP] * count,
-                no_sot=[-1] * count,
-                readers=_cross_readers_of(count, self.limit),
-                not_first=[False] * count,
-                timestamps=[search.window.options.timestamps] * count,
-                temperatures=[0.0] * count,
-            )
-        self.steady[search] = columns
-        return columns

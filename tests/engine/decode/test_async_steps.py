@@ -120,6 +120,29 @@ def test_mixed_requests_joining_mid_decode_end_as_with_each_step_read_before_the
 
 
 @pytest.mark.slow
+def test_beam_windows_joining_and_leaving_mid_decode_end_as_with_each_step_read_first(tiny_en, clip_kvs):
+    # The searches whose choices the device makes step as one tail of the batch whose columns are
+    # made when its searches change (engine/decode/steady_tail.py): here searches join it, end at
+    # end of text and by length, and one is aborted, while greedy rows run before it.
+    beams = [
+        DecodeOptions(beam_size=3),
+        DecodeOptions(beam_size=2, timestamps=True),
+        DecodeOptions(beam_size=4, max_tokens=6),
+        DecodeOptions(),
+    ]
+    submissions = [
+        Submission(at_step=index * 2, request_id=str(index), options=beams[index % len(beams)], cross_kv=kv)
+        for index, kv in enumerate(clip_kvs[:8])
+    ]
+    abort = (14, "0")
+    reference = decode_all(tiny_en, submissions, async_steps=False, abort=abort, block_size=16)
+    ours = decode_all(tiny_en, submissions, async_steps=True, abort=abort, block_size=16)
+    assert_same_results(ours, reference)
+    assert ours["0"].finish_reason == FinishReason.ABORTED
+    assert {ours[str(index)].finish_reason for index in (2, 6)} == {FinishReason.LENGTH}
+
+
+@pytest.mark.slow
 def test_an_aborted_request_ends_at_once_and_the_others_decode_as_without_async_steps(tiny_en, clip_kvs):
     submissions = [
         Submission(at_step=0, request_id=str(index), options=DecodeOptions(), cross_kv=kv)
