@@ -35,8 +35,9 @@ from engine.decode.host_device import upload
 from engine.decode.logit_rules import LogitRules
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import top_candidates
-from engine.decode.search import Ranking, Search
+from engine.decode.search import FirstRanks, Ranking, Search
 from engine.decode.steady_tail import SteadyRows
+from engine.decode.step_output import DeviceRankings
 from engine.kernels import triton_available
 
 
@@ -64,39 +65,33 @@ class DeviceChoices:
     beam_sizes: np.ndarray  # [searches] int64: each search's hypotheses, k
     text_ends: np.ndarray  # [searches] int64: each search's token that ends a text (-1: none)
 
-    def read(self, rankings: np.ndarray) -> dict[Search, Ranking]:
-        """Each search's ranking, from ``rankings`` downloaded once the step has run: its first
-        ``beam_size`` ranks, or every rank for a search whose text may end among them (only those
-        ranks are converted to Python numbers: the usual step needs no more)."""
+    def read(self, rankings: np.ndarray) -> DeviceRankings:
+        """The rankings, from ``rankings`` downloaded once the step has run: every search's first
+        ``beam_size`` ranks as arrays, and every rank of a search whose text may end among them
+        (only those are converted to Python numbers: the usual step needs none)."""
         beams, ends = self.beam_sizes, self.text_ends
         most = int(beams.max())
         # Integer division of the flat candidate indexes, and only of the first ranks: dividing
         # every rank's float index costs more than the rest of the read.
-        flat, token_head = rankings[0, :, :most].astype(np.int64), rankings[2, :, :most].astype(np.int64)
-        may_end = ((token_head == ends[:, None]) & (np.arange(most) < beams[:, None])).any(axis=1)
-        columns = zip(
-            (flat // (beams + 1)[:, None]).tolist(),
-            token_head.tolist(),
-            rankings[3, :, :most].tolist(),
-            rankings[1, :, :most].tolist(),
+        token_head = rankings[2, :, :most].astype(np.int64)
+        first_ranks = FirstRanks(
+            rankings[0, :, :most].astype(np.int64) // (beams + 1)[:, None],
+            token_head,
+            rankings[3, :, :most].copy(),  # copies: the pinned buffer goes back for reuse
+            rankings[1, :, :most].copy(),
         )
-        read = {}
-        for row, (search, k, ends_text, first_ranks) in enumerate(
-            zip(self.searches, beams.tolist(), may_end.tolist(), columns)
-        ):
-            if ends_text:
-                offered = k * (k + 1)
-                read[search] = Ranking(
-                    (rankings[0, row, :offered].astype(np.int64) // (k + 1)).tolist(),
-                    rankings[2, row, :offered].astype(np.int64).tolist(),
-                    rankings[3, row, :offered].tolist(),
-                    rankings[1, row, :offered].tolist(),
-                )
-            elif k == most:
-                read[search] = Ranking._make(first_ranks)
-            else:
-                read[search] = Ranking(*(column[:k] for column in first_ranks))
-        return read
+        may_end = ((token_head == ends[:, None]) & (np.arange(most) < beams[:, None])).any(axis=1)
+        every_rank = {}
+        for row in np.flatnonzero(may_end).tolist():
+            k = int(beams[row])
+            offered = k * (k + 1)
+            every_rank[row] = Ranking(
+                (rankings[0, row, :offered].astype(np.int64) // (k + 1)).tolist(),
+                rankings[2, row, :offered].astype(np.int64).tolist(),
+                rankings[3, row, :offered].tolist(),
+                rankings[1, row, :offered].tolist(),
+            )
+        return DeviceRankings(self.searches, first_ranks, every_rank)
 
 
 class DeviceBeamChooser:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Choice, Ranking, Search
+from engine.decode.search import Candidates, Choice, FirstRanks, Ranking, Search
 
 
 class BeamSearch(Search):
@@ -51,17 +51,15 @@ class BeamSearch(Search):
         at_length = self._continue_with(chosen)
         return len(self.finished) >= self.max_finished or at_length
 
-    def follow_device_choice(self, ranking: Ranking, step_id: int) -> bool:
-        parents, tokens, logprobs, sums = ranking
-        k = self.beam_size
-        if len(parents) == k:  # the usual step: the best k all go on, and nothing finishes
-            at_length = self._follow_device_choice(parents, tokens, logprobs, sums, step_id)
-        elif self.text_end not in tokens[:k]:
-            at_length = self._follow_device_choice(parents[:k], tokens[:k], logprobs[:k], sums[:k], step_id)
+    def follow_device_choice(
+        self, ranks: FirstRanks, row: int, every_rank: Ranking | None, step_id: int
+    ) -> bool:
+        if every_rank is None:  # the usual step: the best k all go on, and nothing finishes
+            at_length = self._follow_device_choice(ranks, row, step_id)
         else:
             self._texts_up_to_date()  # a text that ends now is its parent's, as chosen so far
-            chosen = self._take(map(Choice._make, zip(*ranking)))
-            at_length = self._follow_device_choice(*(list(column) for column in zip(*chosen)), step_id)
+            chosen = self._take(map(Choice._make, zip(*every_rank)))
+            at_length = self._follow_device_choice(FirstRanks.of_choices(chosen), 0, step_id)
         return len(self.finished) >= self.max_finished or at_length
 
     def _take(self, ranked: Iterator[Choice]) -> list[Choice]:

@@ -276,5 +276,5 @@ class StepPipeline:
             candidate_index={row: index for index, row in enumerate(step.hypothesis_rows)}
             if candidates is not None
             else {},
-            device_rankings=step.device_choices.read(step.readback.wait(1)) if step.device_choices else {},
+            device_rankings=step.device_choices.read(step.readback.wait(1)) if step.device_choices else None,
         )

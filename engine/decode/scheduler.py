@@ -274,13 +274,18 @@ class Scheduler:
                 offers = output.candidates.select([output.candidate_index[row] for row in rows])
                 if search.update([batch[row] for row in rows], offers):
                     stopped.append((search.window, search.finish()))
-        for search, ranking in output.device_rankings.items():
-            if search.hypotheses[0].status is finished:
-                continue  # the search ended since (its window finished, or started again)
-            if nonfinite and any(batch[row].hypothesis_of is search for row in nonfinite):
-                self._fail_non_finite(search.window, stopped)
-            if search.window.error is None and search.follow_device_choice(ranking, step_id):
-                stopped.append((search.window, search.finish()))
+        rankings = output.device_rankings
+        if rankings is not None:
+            ranks, every_rank = rankings.first_ranks, rankings.every_rank
+            for index, search in enumerate(rankings.searches):
+                if search.hypotheses[0].status is finished:
+                    continue  # the search ended since (its window finished, or started again)
+                if nonfinite and any(batch[row].hypothesis_of is search for row in nonfinite):
+                    self._fail_non_finite(search.window, stopped)
+                if search.window.error is None and search.follow_device_choice(
+                    ranks, index, every_rank.get(index), step_id
+                ):
+                    stopped.append((search.window, search.finish()))
         return stopped
 
     @staticmethod

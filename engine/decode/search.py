@@ -56,15 +56,38 @@ class Candidates:
 
 
 class Ranking(NamedTuple):
-    """A choice made on the device, read back: its candidates by rank, best first, each one's
-    parent (the hypothesis it continues), token, log-probability and sum of log-probabilities (in
-    ``Choice``'s order). Every rank where the text may end among the first ``beam_size``; else
-    only those, which are then the children (the usual step)."""
+    """A choice made on the device where a text may end, read back: its every candidate by rank,
+    best first, each one's parent (the hypothesis it continues), token, log-probability and sum
+    of log-probabilities (in ``Choice``'s order)."""
 
     parent: list[int]
     token: list[int]
     logprob: list[float]
     sum_logprob: list[float]
+
+
+class FirstRanks(NamedTuple):
+    """The first ranks of the choices a step made on the device, read back as arrays, row i for
+    its i-th search: where no text ends among a search's first ``beam_size`` ranks, those are its
+    children (the usual step). Each child's parent, token, log-probability and sum. A search's
+    trail keeps its row (``Search.follow_device_choice``): nothing is converted to Python numbers
+    until its texts are brought up to date."""
+
+    parent: np.ndarray  # [searches, most beams] int64
+    token: np.ndarray  # int64
+    logprob: np.ndarray  # float32
+    sum_logprob: np.ndarray  # float32
+
+    @classmethod
+    def of_choices(cls, chosen: list[Choice]) -> FirstRanks:
+        """One search's children chosen on the host from its every rank, as row 0."""
+        parents, tokens, logprobs, sums = zip(*chosen)
+        return cls(
+            np.array([parents], dtype=np.int64),
+            np.array([tokens], dtype=np.int64),
+            np.array([logprobs], dtype=np.float32),
+            np.array([sums], dtype=np.float32),
+        )
 
 
 class Choice(NamedTuple):
@@ -101,11 +124,15 @@ class Search:
         # histories and sums go to the device at the next launch; after a choice on the device they
         # are there already, and the block tables are the device's alone (the module's docstring).
         self.host_chose_last = True
+        # Once the device chooses, the hypotheses are at one position, launched in the same steps,
+        # with as many tokens unread, each fed from the row after the one before's: from then on
+        # only the first one's num_computed_tokens, launched_in, unread_tokens, pending tokens
+        # and source row are kept up to date, and they stand for all of them (at many beams the
+        # host's work per row is what bounds a step). The others' are left as they were.
         self._reserved_for_device: list[int] = []  # the blocks the device may hand out as spares
-        # The device's choices followed and not applied to the texts yet, oldest first: each
-        # child's parent, token and log-probability; and the last one's sums.
-        self._trail: list[tuple[list[int], list[int], list[float]]] = []
-        self._trail_sums: list[float] = []
+        # The device's choices followed and not applied to the texts yet, oldest first: the
+        # step's first ranks and this search's row of them.
+        self._trail: list[tuple[FirstRanks, int]] = []
 
     def candidates_wanted(self, hypothesis: Request) -> int:
         """How many candidate tokens the hypothesis offers this step."""
@@ -116,9 +143,12 @@ class Search:
         search is over."""
         raise NotImplementedError
 
-    def follow_device_choice(self, ranking: Ranking, step_id: int) -> bool:
+    def follow_device_choice(
+        self, ranks: FirstRanks, row: int, every_rank: Ranking | None, step_id: int
+    ) -> bool:
         """What the choice the device made in step ``step_id`` did (``launch_device_choice``), from
-        its ranking of the candidates: the step is read, for all of its hypotheses (the scheduler
+        its ranking of the candidates: row ``row`` of the step's first ranks, and where a text may
+        end among them, its every rank. The step is read, for all of its hypotheses (the scheduler
         does not read their rows one by one); returns whether the search is over."""
         raise NotImplementedError
 
@@ -243,21 +273,19 @@ class Search:
         """Whether hypotheses of ``length`` tokens have reached the window's length."""
         return length >= self.max_text_length
 
-    def _follow_device_choice(
-        self, parents: list[int], tokens: list[int], logprobs: list[float], sums: list[float], step_id: int
-    ) -> bool:
+    def _follow_device_choice(self, ranks: FirstRanks, row: int, step_id: int) -> bool:
         """What the device did with the choice it made in step ``step_id``, on the host: the chosen
-        sequences (child ``j`` continues hypothesis ``parents[j]`` with ``tokens[j]``) become the
-        hypotheses (each one's row, slot and next token stay as launched; the device moved the
-        blocks). The texts and sums follow only when the host reads them (``_texts_up_to_date``): a
-        step followed here is a few list operations. Returns whether the search has reached the
-        window's length."""
+        sequences (child ``j`` continues hypothesis ``ranks.parent[row, j]`` with its token)
+        become the hypotheses (each one's row, slot and next token stay as launched; the device
+        moved the blocks). The texts and sums follow only when the host reads them
+        (``_texts_up_to_date``): a step followed here is a few list operations. Returns whether
+        the search has reached the window's length."""
         hypotheses = self.hypotheses
-        for hypothesis in hypotheses:
-            hypothesis.unread_tokens -= 1
-        self._trail.append((parents, tokens, logprobs))
-        self._trail_sums = sums
+        hypotheses[0].unread_tokens -= 1  # the first stands for all (``__init__``)
+        self._trail.append((ranks, row))
         if hypotheses[0].launched_in == step_id:  # no later step took the tokens from the device
+            # Every hypothesis's: the next step feeds each its own (engine/decode/step_plan.py).
+            tokens = ranks.token[row, : len(hypotheses)].tolist()
             for hypothesis, token in zip(hypotheses, tokens):
                 hypothesis.pending_tokens = [token]
         return self._at_length(self.text_length())
@@ -279,10 +307,15 @@ class Search:
         if not trail:
             return
         hypotheses = self.hypotheses
+        k = len(hypotheses)
+        steps = [
+            (ranks.parent[row, :k].tolist(), ranks.token[row, :k].tolist(), ranks.logprob[row, :k].tolist())
+            for ranks, row in reversed(trail)
+        ]
         texts = [(hypothesis.output_tokens, hypothesis.output_logprobs) for hypothesis in hypotheses]
         for child, hypothesis in enumerate(hypotheses):
             tokens, logprobs, index = [], [], child
-            for parents, step_tokens, step_logprobs in reversed(trail):
+            for parents, step_tokens, step_logprobs in steps:
                 tokens.append(step_tokens[index])
                 logprobs.append(step_logprobs[index])
                 index = parents[index]
@@ -290,7 +323,8 @@ class Search:
             logprobs.reverse()
             hypothesis.output_tokens = texts[index][0] + tokens
             hypothesis.output_logprobs = texts[index][1] + logprobs
-        for hypothesis, total in zip(hypotheses, self._trail_sums):
+        last, row = trail[-1]
+        for hypothesis, total in zip(hypotheses, last.sum_logprob[row, :k].tolist()):
             hypothesis.sum_logprob = total
         trail.clear()
 
@@ -326,7 +360,8 @@ class Search:
         for hypothesis in every:
             hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
         window = self.window
-        # A step launched with a hypothesis and not read yet may still write the window's blocks.
+        # A step launched with a hypothesis and not read yet may still write the window's blocks (the
+        # first hypothesis's launched_in is the latest: it stands for all once the device chooses).
         window.launched_in = max(window.launched_in, *(hypothesis.launched_in for hypothesis in every))
         first = self.prompt_block_ids if keep_prompt else []
         kept = set(first)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Ranking, Search
+from engine.decode.search import Candidates, FirstRanks, Ranking, Search
+
+
+@dataclass(frozen=True)
+class DeviceRankings:
+    """The rankings of the choices a step made on the device, read back."""
+
+    searches: list[Search]  # in the rankings' order
+    first_ranks: FirstRanks
+    every_rank: dict[int, Ranking]  # by row: searches whose text may end among their first ranks
 
 
 @dataclass(frozen=True)
@@ -28,5 +37,5 @@ class StepOutput:
     # What the hypotheses' rows offered: row ``candidate_index[row]`` of ``candidates``.
     candidates: Candidates | None = None
     candidate_index: dict[int, int] = field(default_factory=dict)
-    # A search whose choice the step made on the device -> the device's ranking of its candidates.
-    device_rankings: dict[Search, Ranking] = field(default_factory=dict)
+    # The searches whose choice the step made on the device, and its rankings of their candidates.
+    device_rankings: DeviceRankings | None = None

@@ -208,11 +208,15 @@ class StepPlan:
         to_sample.timestamps += tail.timestamps
         to_sample.temperatures += tail.temperatures
         to_sample.hypotheses += range(index, index + count)
-        self.steady_rows = SteadyRows(tail, row, index, positions + 1)
+        after = positions + 1
+        self.steady_rows = SteadyRows(tail, row, index, after)
+        # A steady search's first hypothesis stands for all of them (engine/decode/search.py says why).
         step_id = self.step_id
-        for fed_from, hypothesis, after in zip(range(row, row + count), hypotheses, computed):
-            hypothesis.num_computed_tokens = after
-            hypothesis.launched_in = step_id
-            hypothesis.pending_tokens = [FROM_LAST_STEP]
-            hypothesis.pending_source_row = fed_from
-            hypothesis.unread_tokens += 1
+        for first, fed_from, computed_after in zip(
+            firsts, (tail.first_hypotheses + row).tolist(), after.tolist()
+        ):
+            first.num_computed_tokens = computed_after
+            first.launched_in = step_id
+            first.pending_tokens = [FROM_LAST_STEP]
+            first.pending_source_row = fed_from
+            first.unread_tokens += 1
