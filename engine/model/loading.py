@@ -33,8 +33,10 @@ def load_model(config: EngineConfig, weights: LoadedWeights | None = None) -> Lo
         model.encoder.attend_by_products()
     if config.on_cpu and config.torch_dtype == torch.float32:
         model.decoder.store_widening_weights_column_major()
+    if config.torch_device.type == "cuda":
+        model.decoder.vocabulary.pad_rows()
     if config.cpu_bf16_logits:
-        model.decoder.project_vocabulary_in_bf16()
+        model.decoder.vocabulary.keep_bf16_copy()
         model.decoder.project_cross_kv_in_bf16()
     model.eval()
     weights.state_dict = {}  # the model holds the (fused) weights now; free the loader's copy

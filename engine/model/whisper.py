@@ -20,12 +20,8 @@ from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
 from engine.kv.storage import PagedKVStorage, to_cache_dtype
 from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import quantize_linears
+from engine.model.vocabulary import VocabularyProjection
 from engine.model.weights import ModelDims
-
-# With engine.cpu_dtype bfloat16, each row's likeliest tokens by the bf16 vocabulary projection whose
-# logits are recomputed in float32: enough that the refined projection alone leaves every speech-set
-# transcript (tiny.en) as float32's, few enough to cost little beside the projection.
-REFINED_TOKENS = 64
 
 
 @dataclass
@@ -240,7 +236,7 @@ class TextDecoder(nn.Module):
         # output viewed (not copied) into the per-layer layout.
         self.cross_kv = nn.Linear(dims.d_model, dims.decoder_layers * 2 * dims.d_model)
         self.add_norm = add_layer_norm
-        self.vocabulary_bf16: torch.Tensor | None = None  # see project_vocabulary_in_bf16
+        self.vocabulary = VocabularyProjection(self.embed_tokens)  # the output projection, tied
         self.cross_kv_in_bf16 = False  # see project_cross_kv_in_bf16
 
     def fuse_residual_norms(self) -> None:
@@ -262,12 +258,6 @@ class TextDecoder(nn.Module):
             x, pending = layer(x, pending, storage.layer_cache(index), meta, backend, self.add_norm)
         return self.add_norm(x, pending, *norm_params(self.norm))[1]
 
-    def project_vocabulary_in_bf16(self) -> None:
-        """On a CPU with bf16 instructions: the output projection's weights also in bf16, read first
-        (engine.cpu_dtype). At a few decode rows the projection is a pass over the whole [vocab,
-        d_model] matrix, bound by memory bandwidth, and half the bytes take half the time."""
-        self.vocabulary_bf16 = self.embed_tokens.weight.detach().to(torch.bfloat16)
-
     def store_widening_weights_column_major(self) -> None:
         """On a CPU: the products that widen the stream (QKV, the MLP's first) keep their weights
         column-major, [in, out] contiguous. At a decode step's few rows the float32 product is a
@@ -280,32 +270,13 @@ class TextDecoder(nn.Module):
                 linear.weight = nn.Parameter(column_major, requires_grad=False)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits of the final hidden states, through the output projection tied to the
-        embedding. In half precision the product still accumulates in fp32 but comes out in fp32:
-        rounded to bf16 (or fp16), logits near 20 move in steps of 0.125, enough to swap the top
-        two tokens of an unsure step."""
-        weight = self.embed_tokens.weight
-        if hidden.dtype == torch.float32 and self.vocabulary_bf16 is not None:
-            return self._logits_refined(hidden, weight)
-        if hidden.dtype == torch.float32:
-            return hidden @ weight.T
-        if hidden.is_cuda:
-            return torch.mm(hidden, weight.T, out_dtype=torch.float32)
-        return hidden.float() @ weight.float().T  # CPUs have no mixed-dtype product
-
-    def _logits_refined(self, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """bf16 logits (a CPU's bf16 product comes out rounded to bf16), then the likeliest
-        REFINED_TOKENS of each row recomputed in float32: the tokens a choice is made among get
-        exact logits, and the rest keep an error too small to move a log-probability much."""
-        logits = (hidden.to(torch.bfloat16) @ self.vocabulary_bf16.T).float()
-        likeliest = logits.topk(REFINED_TOKENS, dim=-1).indices  # [rows, k]
-        exact = torch.einsum("rd,rkd->rk", hidden, weight[likeliest])
-        return logits.scatter_(1, likeliest, exact)
+        """Float32 logits of the final hidden states (engine/model/vocabulary.py)."""
+        return self.vocabulary.logits(hidden)
 
     def keep_only_cross_kv(self) -> None:
         """Free every decoder weight but the cross-K/V projection: all an encoder replica uses of
         the decoder (for large-v3, 1.6 of its 1.8 GB)."""
-        self.layers = self.embed_tokens = self.norm = self.positions = None
+        self.layers = self.embed_tokens = self.norm = self.positions = self.vocabulary = None
 
     def project_cross_kv_in_bf16(self) -> None:
         """On a CPU with bf16 instructions: the cross-K/V projection's weights in bf16. Its input,

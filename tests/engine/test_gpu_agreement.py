@@ -162,3 +162,24 @@ def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_fini
         thread.join(timeout=180)
     assert sorted(done) == ["decoder", "encoder"], f"finished: {done}; the rest did not within 180 s"
     assert engine.pool.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_on_the_gpu_the_vocabulary_is_padded_to_aligned_rows_and_gives_the_unpadded_logits(dtype):
+    hf = random_hf_whisper("large-v3-turbo", "cuda", dtype)
+    loaded = engine_model(
+        hf,
+        bundled_tokenizer("base"),
+        EngineConfig(model="large-v3-turbo", device="cuda", dtype=str(dtype).removeprefix("torch.")),
+    )
+    decoder = loaded.model.decoder
+    vocabulary = decoder.vocabulary
+    weight = decoder.embed_tokens.weight
+    assert vocabulary.padded.shape[0] % 64 == 0 and vocabulary.padded.shape[0] > weight.shape[0]
+    assert weight.data_ptr() == vocabulary.padded.data_ptr()  # one copy: the embedding is a view
+    torch.testing.assert_close(weight, hf.model.decoder.embed_tokens.weight, rtol=0, atol=0)
+    hidden = torch.randn(37, weight.shape[1], device="cuda", dtype=dtype)
+    logits = decoder.logits(hidden)
+    assert logits.shape == (37, weight.shape[0]) and logits.dtype == torch.float32 and logits.is_contiguous()
+    expected = hidden.float() @ weight.float().T
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-3)

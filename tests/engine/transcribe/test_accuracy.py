@@ -161,7 +161,7 @@ def test_cpu_dtype_bf16_stays_within_half_a_point_of_float32(our_transcripts, ou
     loaded = load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16"))
     assert loaded.model.encoder.conv1.weight.dtype == torch.bfloat16
     assert loaded.model.decoder.norm.weight.dtype == torch.float32
-    assert loaded.model.decoder.vocabulary_bf16 is not None
+    assert loaded.model.decoder.vocabulary.bf16 is not None
     bf16 = transcripts_of(loaded)
     bf16_wer, identical = scored_against(bf16, our_transcripts)
     print(
@@ -205,11 +205,11 @@ def test_the_bf16_vocabulary_projection_gives_the_likeliest_tokens_float32_logit
     decoder = tiny_en.model.decoder
     hidden = torch.randn(5, decoder.dims.d_model, generator=torch.Generator().manual_seed(3))
     exact = decoder.logits(hidden)
-    decoder.project_vocabulary_in_bf16()
+    decoder.vocabulary.keep_bf16_copy()
     try:
         refined = decoder.logits(hidden)
     finally:
-        decoder.vocabulary_bf16 = None
+        decoder.vocabulary.bf16 = None
     top = exact.topk(8, dim=-1).indices
     torch.testing.assert_close(refined.gather(1, top), exact.gather(1, top), rtol=1e-5, atol=1e-5)
     assert torch.equal(refined.argmax(-1), exact.argmax(-1))
