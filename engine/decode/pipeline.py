@@ -165,12 +165,7 @@ class StepPipeline:
             return None
         tail = self._tail
         if tail is None or not tail.same_searches(steady):
-            tables = self.runner.tables
-            tail = SteadyTail.of(
-                steady,
-                lambda hypothesis: tables.slot_of(hypothesis.request_id, hypothesis.blocks),
-                self.runner.max_cross_readers,
-            )
+            tail = SteadyTail.of(steady, self.runner.tables, self.runner.max_cross_readers)
             self._tail = tail
         return tail
 

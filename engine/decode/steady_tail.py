@@ -13,15 +13,20 @@ and rows with a few array operations, not a pass over the rows.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.decode.request import FROM_LAST_STEP, Request
 from engine.decode.search import Search
 from engine.kernels.beam_choice import SEARCH_FIELDS
+
+if TYPE_CHECKING:
+    from engine.kv.block_tables import DeviceBlockTables
 
 # A tail row's fed tokens when its token is still on the device (shared, never changed).
 _FED_FROM_LAST_STEP = [FROM_LAST_STEP]
@@ -39,10 +44,11 @@ _FIRST_HYPOTHESIS, _FIRST_CANDIDATE, _FIRST_ROW, _BLOCK_INDEX, _OFFSET, _FIRST_R
 )
 
 
-def cross_readers_of(hypotheses: int, limit: int) -> list[int]:
+@functools.cache
+def cross_readers_of(hypotheses: int, limit: int) -> tuple[int, ...]:
     """A search's rows' cross-attention readers (StepInput.cross_readers): each run of up to
     ``limit`` rows is read once, counted by its first row."""
-    return [min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses)]
+    return tuple(min(limit, hypotheses - index) if index % limit == 0 else 0 for index in range(hypotheses))
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,7 @@ class SteadyTail:
     most_reserved: int  # one search's most reserved blocks
 
     @classmethod
-    def of(cls, searches: list[Search], slot_of, cross_reader_limit: int) -> SteadyTail:
-        """``slot_of(hypothesis)``: its block-table slot."""
+    def of(cls, searches: list[Search], tables: DeviceBlockTables, cross_reader_limit: int) -> SteadyTail:
         hypotheses = [hypothesis for search in searches for hypothesis in search.hypotheses]
         beam_sizes = np.array([len(search.hypotheses) for search in searches], dtype=np.int64)
         first_hypotheses = np.concatenate([[0], np.cumsum(beam_sizes)[:-1]]).astype(np.int64)
@@ -88,7 +93,7 @@ class SteadyTail:
         fields[:, SEARCH_FIELDS.index("eot")] = text_ends
         fields[:, _FIRST_RESERVED] = first_reserved
         fields[:, SEARCH_FIELDS.index("num_reserved")] = [len(r) for r in reservations]
-        slots = [slot_of(hypothesis) for hypothesis in hypotheses]
+        slots = [tables.slot_of(hypothesis.request_id, hypothesis.blocks) for hypothesis in hypotheses]
         count = len(hypotheses)
         return cls(
             searches=searches,

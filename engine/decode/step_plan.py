@@ -4,7 +4,6 @@ moved on to after the step."""
 
 from __future__ import annotations
 
-import functools
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -18,12 +17,6 @@ from engine.decode.steady_tail import SteadyRows, SteadyTail, cross_readers_of
 
 if TYPE_CHECKING:
     from engine.decode.pipeline import StepPipeline
-
-
-@functools.cache
-def _cross_readers_of(hypotheses: int, limit: int) -> tuple[int, ...]:
-    """cross_readers_of, made once per size."""
-    return tuple(cross_readers_of(hypotheses, limit))
 
 
 class StepPlan:
@@ -150,7 +143,7 @@ class StepPlan:
         for index in range(row, end):
             self._add_row(batch[index], index)
         if self.readers is not None:
-            self.readers += _cross_readers_of(end - row, self.limit)
+            self.readers += cross_readers_of(end - row, self.limit)
         if self.step_id is None:
             return end
         sampled = range(sampled_before, len(to_sample.rows))
@@ -191,14 +184,12 @@ class StepPlan:
                 fed if source >= 0 else hypothesis.pending_tokens
                 for fed, source, hypothesis in zip(tail.fed, source_rows, hypotheses)
             ]
-        start_list = starts.tolist()
-        self.starts += start_list
+        self.starts += starts.tolist()
         self.sot_offsets += tail.no_sot
         self.epochs += tail.epochs
         if self.readers is not None:
             self.readers += tail.cross_readers
-        computed = (starts + 1).tolist()
-        self.computed_after += computed
+        self.computed_after += (starts + 1).tolist()
         to_sample = self.to_sample
         index = len(to_sample.rows)
         to_sample.rows += range(row, row + count)
