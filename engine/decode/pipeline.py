@@ -44,6 +44,8 @@ class LaunchedStep:
     step_id: int
     batch: list[Request]
     epochs: list[int]  # each row's request.epoch at launch: a row of a window restarted since is stale
+    # Rows that sampled, but those of the steady tail (read from the device's ranking, never token
+    # by token): what reading needs of them (StepOutput.sampled_rows).
     sampling_rows: list[int]
     # Rows read token by token: every row but those of searches whose choice this step made on
     # the device (read as a whole, from the device's ranking).
@@ -208,7 +210,9 @@ class StepPipeline:
             step_id=step_id,
             batch=batch,
             epochs=plan.epochs,
-            sampling_rows=to_sample.rows,
+            sampling_rows=to_sample.rows[: plan.steady_rows.first_logprob_row]
+            if plan.steady_rows is not None
+            else to_sample.rows,
             host_rows=plan.host_rows,
             sot_rows=plan.sot_rows,
             detect_rows=plan.detect_rows,

@@ -26,7 +26,7 @@ class StepOutput:
     epochs: list[int]
     tokens: list[int]  # sampled, or at a detect row the language token
     logprobs: list[float]
-    sampled_rows: set[int]
+    sampled_rows: set[int]  # of the rows read token by token (``host_rows``), those that sampled
     no_speech_probs: dict[int, float]  # rows that fed <|startoftranscript|>
     languages: dict[int, str]  # rows whose language was detected
     computed_after: list[int]
