@@ -57,6 +57,8 @@ class SteadyTail:
 
     searches: list[Search]
     hypotheses: list[Request]  # every search's, in order: the tail's rows
+    # Each search's first hypothesis, which stands for all of them (engine/decode/search.py).
+    leaders: list[Request]
     beam_sizes: np.ndarray  # [searches] int64
     text_ends: np.ndarray  # [searches] int64: each search's token that ends a text (-1: none)
     first_hypotheses: np.ndarray  # [searches] int64: each search's first row in the tail
@@ -98,6 +100,7 @@ class SteadyTail:
         return cls(
             searches=searches,
             hypotheses=hypotheses,
+            leaders=[search.hypotheses[0] for search in searches],
             beam_sizes=beam_sizes,
             text_ends=text_ends,
             first_hypotheses=first_hypotheses,

@@ -164,13 +164,12 @@ class StepPlan:
         """The steady searches' rows, from ``row`` on: every hypothesis feeds one token (the
         device's, or the host's once that step was read) at its search's position, from its row of
         the last step, and samples; its block-table row is the device's."""
-        searches, hypotheses = tail.searches, tail.hypotheses
+        hypotheses, leaders = tail.hypotheses, tail.leaders
         count = len(hypotheses)
-        firsts = [search.hypotheses[0] for search in searches]
-        positions = np.fromiter((first.num_computed_tokens for first in firsts), np.int64, len(firsts))
+        positions = np.fromiter((leader.num_computed_tokens for leader in leaders), np.int64, len(leaders))
         # A search's hypotheses went in adjacent rows of the last step, in its order.
         sources = np.repeat(
-            np.fromiter((first.fed_from_row for first in firsts), np.int64, len(firsts)), tail.beam_sizes
+            np.fromiter((leader.fed_from_row for leader in leaders), np.int64, len(leaders)), tail.beam_sizes
         )
         starts = np.repeat(positions, tail.beam_sizes)
         self.slots += tail.slots
@@ -203,11 +202,11 @@ class StepPlan:
         self.steady_rows = SteadyRows(tail, row, index, after)
         # A steady search's first hypothesis stands for all of them (engine/decode/search.py says why).
         step_id = self.step_id
-        for first, fed_from, computed_after in zip(
-            firsts, (tail.first_hypotheses + row).tolist(), after.tolist()
+        for leader, fed_from, computed_after in zip(
+            leaders, (tail.first_hypotheses + row).tolist(), after.tolist()
         ):
-            first.num_computed_tokens = computed_after
-            first.launched_in = step_id
-            first.pending_tokens = [FROM_LAST_STEP]
-            first.pending_source_row = fed_from
-            first.unread_tokens += 1
+            leader.num_computed_tokens = computed_after
+            leader.launched_in = step_id
+            leader.pending_tokens = [FROM_LAST_STEP]
+            leader.pending_source_row = fed_from
+            leader.unread_tokens += 1
