@@ -47,7 +47,7 @@ class SearchRows(NamedTuple):
 
     search: Search
     rows: range  # its hypotheses' rows in the step, in the search's order
-    logprob_rows: range  # their rows of the step's sampled log-probabilities
+    logit_rows: range  # their rows of the step's sampled (filtered) logits
     slots: list[int]  # their block-table slots
     position: int  # where the children write next
 
@@ -91,7 +91,11 @@ class DeviceChoices:
                 rankings[3, row, :offered].tolist(),
                 rankings[1, row, :offered].tolist(),
             )
-        return DeviceRankings(self.searches, first_ranks, every_rank)
+        # Every candidate is ranked, so a hypothesis whose logits overflowed shows as NaN here.
+        offered = beams * (beams + 1)
+        ranked = np.arange(int(offered.max())) < offered[:, None]
+        overflowed = (np.isnan(rankings[3, :, : ranked.shape[1]]) & ranked).any(axis=1)
+        return DeviceRankings(self.searches, first_ranks, every_rank, overflowed)
 
 
 class DeviceBeamChooser:
@@ -123,18 +127,13 @@ class DeviceBeamChooser:
             else None
         )
 
-    def logprobs_buffer(self, rows: int, vocab: int) -> torch.Tensor | None:
-        """Where sampling should write a step's log-probabilities [rows, vocab] when this step
-        chooses on the device (the choice's graphs read them there), or None: anywhere."""
-        return self.graphs.logprobs_buffer(rows, vocab) if self.graphs is not None else None
-
     def choose(
-        self, choosing: list[SearchRows], steady: SteadyRows | None, logprobs: torch.Tensor
+        self, choosing: list[SearchRows], steady: SteadyRows | None, logits: torch.Tensor
     ) -> DeviceChoices:
         """Make the choices of ``choosing`` (searches whose last choice the host made) and of the
-        steady tail's searches (whose last choice the device made) from the step's
-        log-probabilities [rows, vocab] (each hypothesis's ``k + 1`` likeliest tokens its
-        candidates), with no read to the host."""
+        steady tail's searches (whose last choice the device made) from the step's sampled rows'
+        filtered logits [rows, vocab] (each hypothesis's ``k + 1`` likeliest tokens its
+        candidates, scored by their log-softmax), with no read to the host."""
         device = self.sums.device
         if choosing:  # the host made these searches' last choice: their sums start from the host's
             slots = [slot for entry in choosing for slot in entry.slots]
@@ -155,7 +154,7 @@ class DeviceBeamChooser:
         most_beams = int(beam_sizes.max())
         if self.use_triton:
             rankings = self._choose_in_one_kernel(
-                choosing, reservations, steady, logprobs, most_written, most_beams
+                choosing, reservations, steady, logits, most_written, most_beams
             )
         else:
             if steady is not None:
@@ -163,7 +162,7 @@ class DeviceBeamChooser:
                 reservations = reservations + [
                     search.launch_device_choice() for search in steady.tail.searches
                 ]
-            rankings = self._choose_with_torch(choosing, reservations, logprobs, most_written, most_beams)
+            rankings = self._choose_with_torch(choosing, reservations, logits, most_written, most_beams)
         return DeviceChoices(rankings, searches, beam_sizes, text_ends)
 
     @staticmethod
@@ -174,12 +173,12 @@ class DeviceBeamChooser:
         for search, first, k, position in zip(
             tail.searches, tail.first_hypotheses.tolist(), tail.beam_sizes.tolist(), steady.positions.tolist()
         ):
-            row, logprob_row = steady.first_row + first, steady.first_logprob_row + first
+            row, logit_row = steady.first_row + first, steady.first_logit_row + first
             entries.append(
                 SearchRows(
                     search,
                     range(row, row + k),
-                    range(logprob_row, logprob_row + k),
+                    range(logit_row, logit_row + k),
                     tail.slots[first : first + k],
                     position,
                 )
@@ -191,7 +190,7 @@ class DeviceBeamChooser:
         choosing: list[SearchRows],
         reservations: list[list[int]],
         steady: SteadyRows | None,
-        logprobs: torch.Tensor,
+        logits: torch.Tensor,
         most_written: int,
         most_beams: int,
     ) -> torch.Tensor:
@@ -199,7 +198,7 @@ class DeviceBeamChooser:
         and the block copies in a third."""
         fields: list[int] = []
         slots: list[int] = []
-        logprob_rows: list[int] = []
+        logit_rows: list[int] = []
         reserved: list[int] = []
         for entry, reservation in zip(choosing, reservations):
             # In SEARCH_FIELDS's order (a dict per search would cost the host more than the kernel).
@@ -215,13 +214,13 @@ class DeviceBeamChooser:
                 len(reservation),
             )
             slots += entry.slots
-            logprob_rows += entry.logprob_rows
+            logit_rows += entry.logit_rows
             reserved += reservation
-        # The searches' fields, each hypothesis's slot and row of log-probabilities, the searches'
-        # reserved blocks: one upload.
+        # The searches' fields, each hypothesis's slot and row of logits, the searches' reserved
+        # blocks: one upload.
         most_reserved = max(map(len, reservations), default=1)
         if steady is None:
-            packed: list[int] | np.ndarray = fields + slots + logprob_rows + reserved
+            packed: list[int] | np.ndarray = fields + slots + logit_rows + reserved
             counts = (len(choosing), len(slots), len(reserved))
         else:
             tail = steady.tail
@@ -231,8 +230,8 @@ class DeviceBeamChooser:
                     steady.choice_fields(self.block_size, len(slots), len(reserved)).ravel(),
                     np.array(slots, dtype=np.int64),
                     tail.choice_slots,
-                    np.array(logprob_rows, dtype=np.int64),
-                    steady.logprob_rows(),
+                    np.array(logit_rows, dtype=np.int64),
+                    steady.logit_rows(),
                     np.array(reserved, dtype=np.int64),
                     tail.reserved,
                 ]
@@ -251,15 +250,15 @@ class DeviceBeamChooser:
             most_reserved=1 << (most_reserved - 1).bit_length(),
         )
         if self.graphs is not None:
-            return self.graphs.choose(logprobs, packed, shape)
+            return self.graphs.choose(logits, packed, shape)
         on_device = upload(packed, torch.long, self.sums.device)
-        return launch_choice(self.kernel_args, logprobs, on_device, shape, most_written)
+        return launch_choice(self.kernel_args, logits, on_device, shape, most_written)
 
     def _choose_with_torch(
         self,
         choosing: list[SearchRows],
         reservations: list[list[int]],
-        logprobs: torch.Tensor,
+        logits: torch.Tensor,
         most_written: int,
         most_beams: int,
     ) -> torch.Tensor:
@@ -273,7 +272,7 @@ class DeviceBeamChooser:
         for beam_size, positions in by_size.items():
             group = [choosing[position] for position in positions]
             group_reservations = [reservations[position] for position in positions]
-            ranking = self._choose_group(beam_size, group, group_reservations, logprobs, most_written)
+            ranking = self._choose_group(beam_size, group, group_reservations, logits, most_written)
             rows = upload(positions, torch.long, self.sums.device)
             rankings[:, rows, : beam_size * (beam_size + 1)] = ranking
         return rankings
@@ -283,20 +282,20 @@ class DeviceBeamChooser:
         beam_size: int,
         group: list[SearchRows],
         reservations: list[list[int]],
-        logprobs: torch.Tensor,
+        logits: torch.Tensor,
         most_written: int,
     ) -> torch.Tensor:
         """The choices of searches of one beam size; returns their rankings [4, searches, k * (k + 1)]."""
         k, width, count = beam_size, beam_size + 1, len(group)
         per_row = [
-            [row for entry in group for row in entry.logprob_rows],
+            [row for entry in group for row in entry.logit_rows],
             [slot for entry in group for slot in entry.slots],
             [row for entry in group for row in entry.rows],
             [entry.position // self.block_size for entry in group for _ in range(k)],
             [entry.position % self.block_size for entry in group for _ in range(k)],
             [entry.search.text_end for entry in group for _ in range(k)],
         ]
-        logprob_rows, slots, rows, index, offset, eot = upload(per_row, torch.long, self.sums.device)
+        logit_rows, slots, rows, index, offset, eot = upload(per_row, torch.long, self.sums.device)
         most_reserved = max(map(len, reservations))
         # Each search's reserved blocks, padded with -1 (no block).
         reserved = upload(
@@ -304,7 +303,7 @@ class DeviceBeamChooser:
             torch.long,
             self.sums.device,
         )
-        offered = top_candidates(logprobs, logprob_rows, width)
+        offered = top_candidates(logits, logit_rows, width)
         tokens = offered[0].long().view(count, k * width)
         sums = (self.sums[slots].view(count, k, 1) + offered[1].view(count, k, width)).view(count, k * width)
         order = torch.sort(sums, dim=1, descending=True, stable=True).indices

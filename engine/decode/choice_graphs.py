@@ -6,12 +6,13 @@ fields' upload) these cost the host several times what one graph replay of them 
 launches cost it more than PyTorch's (measured: benchmarks/RESULTS.md).
 
 What makes a captured choice replayable for any searches of its shape:
-* the key is the step's shape (``ChoiceShape``) and the log-probabilities' rows and vocabulary;
-* the log-probabilities and the searches' packed fields live in static device buffers, refilled
-  each step: the log-probabilities are one buffer of every slot's row that all captured shapes
-  read a leading part of, and that sampling writes its log-softmax into (``logprobs_buffer``; a
-  step's log-probabilities found elsewhere are copied in), the fields by one host-to-device copy
-  out of pinned host buffers used in turn, as the decode graphs' inputs are;
+* the key is the step's shape (``ChoiceShape``) and where its filtered logits are (address, rows,
+  row stride): a step's logits are the decode step's graph's output for its batch size, filtered in
+  place, so a few addresses recur, and a choice captured reading one replays whenever a step's
+  logits are there again (copying them into a buffer of the choice's would cost as much as a pass
+  of the kernel over them);
+* the searches' packed fields live in a static device buffer, refilled each step by one
+  host-to-device copy out of pinned host buffers used in turn, as the decode graphs' inputs are;
 * everything else the kernels read or write (sums, next tokens, block tables, timestamp
   histories, the cache) is a tensor the engine keeps for its lifetime;
 * the copy kernel's grid covers a block's every position, not the step's most written: positions
@@ -65,7 +66,6 @@ class ChoiceKernelArgs:
 @dataclass(frozen=True)
 class _CapturedChoice:
     graph: torch.cuda.CUDAGraph
-    logprobs: torch.Tensor  # static input [rows, vocab]: the leading rows of the shared buffer
     packed: torch.Tensor  # static input: the searches' fields, each hypothesis's slot and row, reservations
     rankings: torch.Tensor  # static output [4, S, most]
 
@@ -81,28 +81,16 @@ class ChoiceGraphs:
         # At most every slot a search and every slot a hypothesis, and every block reserved.
         largest = num_slots * (len(SEARCH_FIELDS) + 2) + args.storage.null_block
         self._staging = PinnedStaging((largest,), torch.long)
-        self._num_slots = num_slots
-        self._logprobs: torch.Tensor | None = None  # [slots, vocab] float32, made on first use
-
-    def logprobs_buffer(self, rows: int, vocab: int) -> torch.Tensor:
-        """Where a step of ``rows`` sampled rows should write its log-probabilities [rows, vocab]
-        for its choice: the captured choices read them there, with no copy."""
-        if self._logprobs is None or self._logprobs.shape[1] != vocab:
-            self._logprobs = torch.empty(
-                (self._num_slots, vocab), dtype=torch.float32, device=self.args.sums.device
-            )
-            self._graphs.clear()  # they read the old buffer
-        return self._logprobs[:rows]
 
     @property
     def num_captured(self) -> int:
         return len(self._graphs)
 
-    def choose(self, logprobs: torch.Tensor, packed: list[int], shape: ChoiceShape) -> torch.Tensor:
-        """The choice of ``shape.searches`` searches from the step's ``logprobs`` [rows, vocab] and
-        their ``packed`` fields (``launch_choice``'s layout); returns the rankings [4, S, most] (a
-        static buffer: valid until this shape's next choice)."""
-        key = (shape, *logprobs.shape)
+    def choose(self, logits: torch.Tensor, packed: list[int], shape: ChoiceShape) -> torch.Tensor:
+        """The choice of ``shape.searches`` searches from the step's filtered ``logits`` [rows,
+        vocab] and their ``packed`` fields (``launch_choice``'s layout); returns the rankings [4, S,
+        most] (a static buffer: valid until this shape's next choice)."""
+        key = (shape, *logits.shape, logits.stride(0), logits.data_ptr())
         captured = self._graphs.get(key)
         if captured is None:
             if key not in self._seen_once:
@@ -110,14 +98,12 @@ class ChoiceGraphs:
                 if len(self._seen_once) > self.max_graphs:
                     self._seen_once.popitem(last=False)
                 staged = self._stage(
-                    packed, torch.empty(len(packed), dtype=torch.long, device=logprobs.device)
+                    packed, torch.empty(len(packed), dtype=torch.long, device=logits.device)
                 )
-                return launch_choice(self.args, logprobs, staged, shape, _EVERY_POSITION)
+                return launch_choice(self.args, logits, staged, shape, _EVERY_POSITION)
             del self._seen_once[key]
-            captured = self._capture(key, logprobs, len(packed), shape)
+            captured = self._capture(key, logits, len(packed), shape)
         self._graphs.move_to_end(key)
-        if logprobs.data_ptr() != captured.logprobs.data_ptr():
-            captured.logprobs.copy_(logprobs, non_blocking=True)
         self._stage(packed, captured.packed)
         captured.graph.replay()
         return captured.rankings
@@ -130,16 +116,15 @@ class ChoiceGraphs:
         return target
 
     def _capture(
-        self, key: tuple, logprobs: torch.Tensor, num_packed: int, shape: ChoiceShape
+        self, key: tuple, logits: torch.Tensor, num_packed: int, shape: ChoiceShape
     ) -> _CapturedChoice:
-        static_logprobs = self.logprobs_buffer(*logprobs.shape)
-        static_packed = torch.zeros(num_packed, dtype=torch.long, device=logprobs.device)
+        static_packed = torch.zeros(num_packed, dtype=torch.long, device=logits.device)
         graph = torch.cuda.CUDAGraph()
         # A memory pool of its own (a graph's memory is not shared with another's); thread-local:
         # K/V loader threads may use the device meanwhile (engine/decode/kv_loader.py).
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            rankings = launch_choice(self.args, static_logprobs, static_packed, shape, _EVERY_POSITION)
-        captured = _CapturedChoice(graph, static_logprobs, static_packed, rankings)
+            rankings = launch_choice(self.args, logits, static_packed, shape, _EVERY_POSITION)
+        captured = _CapturedChoice(graph, static_packed, rankings)
         self._graphs[key] = captured
         if len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
@@ -148,18 +133,18 @@ class ChoiceGraphs:
 
 def launch_choice(
     args: ChoiceKernelArgs,
-    logprobs: torch.Tensor,
+    logits: torch.Tensor,
     packed: torch.Tensor,
     shape: ChoiceShape,
     most_written: int,
 ) -> torch.Tensor:
     """The choice's three kernels: ``packed`` (on the device) holds the searches' fields (columns
-    SEARCH_FIELDS), then each hypothesis's slot, then its row of ``logprobs``, then the searches'
-    reserved blocks; the copies move up to ``most_written`` positions (``_EVERY_POSITION``: a
+    SEARCH_FIELDS), then each hypothesis's slot, then its row of the filtered ``logits``, then the
+    searches' reserved blocks; the copies move up to ``most_written`` positions (``_EVERY_POSITION``: a
     block's every position but its last). Returns the rankings [4, S, most]."""
     num_fields = shape.searches * len(SEARCH_FIELDS)
     hypotheses = packed[num_fields : num_fields + 2 * shape.hypotheses].view(2, -1)  # slot, row
-    candidates = triton_top_candidates(logprobs, hypotheses[1], shape.most_beams + 1)
+    candidates = triton_top_candidates(logits, hypotheses[1], shape.most_beams + 1)
     rankings, copies = triton_choose_beams(
         candidates,
         packed[:num_fields].view(shape.searches, len(SEARCH_FIELDS)),

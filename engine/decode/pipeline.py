@@ -185,32 +185,35 @@ class StepPipeline:
         to_sample = plan.to_sample
         readback = torch.zeros((3, len(batch)), dtype=torch.float32, device=self.runner.device)
         sampled = None
+        # The steady tail's rows sample no token: the device chooses theirs (below).
+        tail_from = plan.steady_rows.first_logit_row if plan.steady_rows is not None else None
         if to_sample.rows:
-            logprobs_out = None
-            if plan.choosing or plan.steady_rows:
-                logprobs_out = self.beam_chooser.logprobs_buffer(len(to_sample.rows), logits.last.shape[1])
-            sampled = sample_rows(self.rules, logits.last, to_sample, logprobs_out)
-            if sampled.row_index is None:
-                readback[_TOKEN] = sampled.tokens
-                readback[_LOGPROB] = sampled.logprobs
+            sampled = sample_rows(self.rules, logits.last, to_sample, tail_from)
+            count = len(sampled.tokens)
+            if sampled.row_index is None:  # every row sampled, in order: the first ``count`` rows
+                readback[_TOKEN, :count] = sampled.tokens
+                readback[_LOGPROB, :count] = sampled.logprobs
             else:
-                readback[_TOKEN].index_copy_(0, sampled.row_index, sampled.tokens.float())
-                readback[_LOGPROB].index_copy_(0, sampled.row_index, sampled.logprobs.float())
+                readback[_TOKEN].index_copy_(0, sampled.row_index[:count], sampled.tokens.float())
+                readback[_LOGPROB].index_copy_(0, sampled.row_index[:count], sampled.logprobs.float())
         if plan.sot_rows:
             self._read_sot_logits(logits.at_sot, plan.sot_rows, plan.detect_rows, readback)
         if sampled is not None and sampled.row_index is None and not plan.sot_rows:
-            self.runner.next_tokens[: len(batch)] = sampled.tokens  # every row sampled: no conversion
+            # Every row sampled, or the tail's device choice writes the rest: no conversion.
+            self.runner.next_tokens[: len(sampled.tokens)] = sampled.tokens
         else:
             self.runner.next_tokens[: len(batch)] = readback[_TOKEN].long()
         device_choices = None
         if plan.choosing or plan.steady_rows:
-            device_choices = self.beam_chooser.choose(plan.choosing, plan.steady_rows, sampled.vocab_logprobs)
+            device_choices = self.beam_chooser.choose(
+                plan.choosing, plan.steady_rows, sampled.filtered_logits
+            )
         host_chooses = bool(sampled and sampled.hypothesis_rows)
         return LaunchedStep(
             step_id=step_id,
             batch=batch,
             epochs=plan.epochs,
-            sampling_rows=to_sample.rows[: plan.steady_rows.first_logprob_row]
+            sampling_rows=to_sample.rows[: plan.steady_rows.first_logit_row]
             if plan.steady_rows is not None
             else to_sample.rows,
             host_rows=plan.host_rows,

@@ -46,20 +46,22 @@ class SampledRows:
     hypothesis_rows: list[int] = field(default_factory=list)
     # [2, len(hypothesis_rows), width] float32: their candidate tokens (as floats) and log-probabilities.
     candidates: torch.Tensor | None = None
-    # [rows, vocab] float32: the sampled rows' log-probabilities of every token under the rules (a
-    # search that chooses on the device takes its candidates from there).
-    vocab_logprobs: torch.Tensor | None = None
+    # [rows, vocab] float32: the sampled rows' logits with the rules applied (a search that chooses
+    # on the device takes its candidates from there).
+    filtered_logits: torch.Tensor | None = None
 
 
 def sample_rows(
     rules: LogitRules,
     logits: torch.Tensor,
     to_sample: RowsToSample,
-    logprobs_out: torch.Tensor | None = None,
+    chosen_on_device_from: int | None = None,
 ) -> SampledRows:
     """The logit rules and sampling for the rows ``to_sample`` of a step's logits [B, V]; hypotheses
-    offer candidates where ``to_sample.offering`` says. ``logprobs_out`` [rows, V] float32: where
-    the rows' log-probabilities go (the device's choice reads them there)."""
+    offer candidates where ``to_sample.offering`` says. From index ``chosen_on_device_from`` of
+    ``to_sample.rows`` on, the rows are hypotheses the device chooses for from their filtered logits
+    (the steady tail: engine/decode/steady_tail.py): the rules apply to them, but they sample no
+    token, so the returned tokens and log-probabilities stop there."""
     rows, requests, first, timestamps = (
         to_sample.rows,
         to_sample.requests,
@@ -94,14 +96,12 @@ def sample_rows(
             for r, temperature in zip(requests, temperatures)
             if temperature > 0 and r.generator
         }
-    # One log-softmax serves the sampled tokens' log-probabilities and the hypotheses' candidates.
-    if logprobs_out is None:
-        row_logprobs = torch.log_softmax(row_logits, dim=-1)
-    else:
-        row_logprobs = torch.log_softmax(row_logits, dim=-1, out=logprobs_out)
-    tokens, logprobs = sample(row_logits, row_logprobs, temperatures, generators)
+    # One log-softmax serves the sampled tokens' log-probabilities and the host's candidates.
+    sampling = slice(chosen_on_device_from)
+    row_logprobs = torch.log_softmax(row_logits[sampling], dim=-1)
+    tokens, logprobs = sample(row_logits[sampling], row_logprobs, temperatures[sampling], generators[sampling])
     rules.record(tokens, stamp_rows)
-    sampled = SampledRows(tokens, logprobs, row_index, generator_states, vocab_logprobs=row_logprobs)
+    sampled = SampledRows(tokens, logprobs, row_index, generator_states, filtered_logits=row_logits)
     offering = to_sample.offering
     if offering:
         sampled.hypothesis_rows = [rows[index] for index in offering]
@@ -124,7 +124,7 @@ def _candidates(
     some_rows = len(rows) < len(logits)  # greedy rows share the step: only the hypotheses' rows
     row_index = upload(rows, torch.long, logits.device) if some_rows else None
     if all(h.temperature == 0 for h in hypotheses):
-        return top_candidates(logprobs, row_index, max(wanted))
+        return top_candidates(logits, row_index, max(wanted), logprobs)
     if some_rows:
         logprobs = logprobs[row_index]
     tokens = logprobs.topk(max(wanted), dim=-1).indices
@@ -139,14 +139,18 @@ def _candidates(
     return _with_logprobs(tokens, logprobs)
 
 
-def top_candidates(logprobs: torch.Tensor, rows: torch.Tensor | None, width: int) -> torch.Tensor:
-    """The rows ``rows`` (on the device; None: every row) of ``logprobs`` [R, V]: each one's
-    ``width`` likeliest tokens, best first, as [2, H, width] float32 (tokens as floats, their
-    log-probabilities). On a GPU one kernel (engine/kernels/top_candidates.py), not topk, a gather
-    and a stack."""
-    if logprobs.is_cuda and triton_available():
-        return triton_top_candidates(logprobs, rows, width)
-    if rows is not None:
+def top_candidates(
+    logits: torch.Tensor, rows: torch.Tensor | None, width: int, logprobs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The rows ``rows`` (on the device; None: every row) of the filtered ``logits`` [R, V]: each
+    one's ``width`` likeliest tokens, best first, as [2, H, width] float32 (tokens as floats, their
+    log-probabilities). On a GPU one pass over the logits (engine/kernels/top_candidates.py);
+    elsewhere topk of ``logprobs`` (their log-softmax, made here if not given)."""
+    if logits.is_cuda and triton_available():
+        return triton_top_candidates(logits, rows, width)
+    if logprobs is None:
+        logprobs = torch.log_softmax(logits if rows is None else logits[rows], dim=-1)
+    elif rows is not None:
         logprobs = logprobs[rows]
     return _with_logprobs(logprobs.topk(width, dim=-1).indices, logprobs)
 

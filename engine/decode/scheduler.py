@@ -276,11 +276,11 @@ class Scheduler:
                     stopped.append((search.window, search.finish()))
         rankings = output.device_rankings
         if rankings is not None:
-            ranks, every_rank = rankings.first_ranks, rankings.every_rank
+            ranks, every_rank, overflowed = rankings.first_ranks, rankings.every_rank, rankings.overflowed
             for index, search in enumerate(rankings.searches):
                 if search.hypotheses[0].status is finished:
                     continue  # the search ended since (its window finished, or started again)
-                if nonfinite and any(batch[row].hypothesis_of is search for row in nonfinite):
+                if overflowed[index]:
                     self._fail_non_finite(search.window, stopped)
                 if search.window.error is None and search.follow_device_choice(
                     ranks, index, every_rank.get(index), step_id

@@ -136,7 +136,7 @@ class SteadyRows:
 
     tail: SteadyTail
     first_row: int  # of the step's rows
-    first_logprob_row: int  # of the step's sampled rows
+    first_logit_row: int  # of the step's sampled rows
     positions: np.ndarray  # [searches] int64: where each search's children write next
 
     def choice_fields(self, block_size: int, first_hypothesis: int, first_reserved: int) -> np.ndarray:
@@ -154,6 +154,6 @@ class SteadyRows:
         fields[:, _OFFSET] = self.positions % block_size
         return fields
 
-    def logprob_rows(self) -> np.ndarray:
+    def logit_rows(self) -> np.ndarray:
         """Each tail row's row of the step's sampled log-probabilities."""
-        return np.arange(self.first_logprob_row, self.first_logprob_row + len(self.tail.hypotheses))
+        return np.arange(self.first_logit_row, self.first_logit_row + len(self.tail.hypotheses))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from engine.decode.request import Request
 from engine.decode.search import Candidates, FirstRanks, Ranking, Search
 
@@ -15,6 +17,8 @@ class DeviceRankings:
     searches: list[Search]  # in the rankings' order
     first_ranks: FirstRanks
     every_rank: dict[int, Ranking]  # by row: searches whose text may end among their first ranks
+    # [searches] bool: a candidate's log-probability is NaN (its hypothesis's logits overflowed).
+    overflowed: np.ndarray
 
 
 @dataclass(frozen=True)

@@ -370,21 +370,27 @@ def test_word_timestamps_and_language_detection_work_with_beams(
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
-def test_the_top_candidates_kernel_ranks_each_row_as_topk_with_ties_to_the_lower_token():
-    """engine/kernels/top_candidates.py, compiled on a GPU, under Triton's interpreter elsewhere."""
+def test_the_top_candidates_kernel_ranks_each_row_as_topk_of_its_log_softmax_with_ties_to_the_lower_token():
+    """engine/kernels/top_candidates.py, compiled on a GPU, under Triton's interpreter elsewhere: one
+    pass over the filtered logits gives the candidates and their log-probabilities."""
     from engine.kernels.top_candidates import triton_top_candidates
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     generator = torch.Generator().manual_seed(0)
-    logprobs = torch.log_softmax(torch.randn(6, 5000, generator=generator), dim=-1)
-    logprobs[2] = -math.inf  # a row of suppressed tokens but a few, with ties among them
-    logprobs[2, [40, 7, 4999, 300, 12]] = torch.tensor([-1.0, -1.0, -0.5, -2.0, -2.0])
-    logprobs = logprobs.to(device)
-    every_row = triton_top_candidates(logprobs, None, 6).cpu()
-    expected = logprobs.cpu().topk(6, dim=-1)
-    assert torch.equal(every_row[1], expected.values)
+    logits = 4 * torch.randn(7, 9000, generator=generator)  # three chunks of the kernel's, the last partial
+    logits[2] = -math.inf  # a row of suppressed tokens but a few, with ties among them
+    logits[2, [40, 7, 8999, 300, 12]] = torch.tensor([-1.0, -1.0, -0.5, -2.0, -2.0])
+    logits[3, :4096] = -math.inf  # a whole chunk suppressed (as the timestamp rules do)
+    logits[6, 77] = math.nan  # an overflow
+    every_row = triton_top_candidates(logits.to(device), None, 6).cpu()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    expected = logprobs.topk(6, dim=-1)
+    rows = [0, 1, 3, 4, 5]
+    assert torch.allclose(every_row[1, rows], expected.values[rows], rtol=0, atol=1e-5)
     tokens = every_row[0].long()
-    assert torch.equal(tokens[[0, 1, 3, 4, 5]], expected.indices[[0, 1, 3, 4, 5]])
-    assert tokens[2, :5].tolist() == [4999, 7, 40, 12, 300]  # equal log-probabilities: lower token first
-    some_rows = triton_top_candidates(logprobs, torch.tensor([4, 1], device=device), 3).cpu()
+    assert torch.equal(tokens[rows], expected.indices[rows])
+    assert tokens[2, :5].tolist() == [8999, 7, 40, 12, 300]  # equal logits: lower token first
+    assert torch.allclose(every_row[1, 2, :5], logprobs[2, [8999, 7, 40, 12, 300]], rtol=0, atol=1e-5)
+    assert every_row[1, 6].isnan().all(), "an overflowed row's log-probabilities are NaN"
+    some_rows = triton_top_candidates(logits.to(device), torch.tensor([4, 1], device=device), 3).cpu()
     assert torch.equal(some_rows[0].long(), expected.indices[[4, 1], :3])
