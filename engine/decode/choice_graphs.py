@@ -97,9 +97,7 @@ class ChoiceGraphs:
                 self._seen_once[key] = None
                 if len(self._seen_once) > self.max_graphs:
                     self._seen_once.popitem(last=False)
-                staged = self._stage(
-                    packed, torch.empty(len(packed), dtype=torch.long, device=logits.device)
-                )
+                staged = self._stage(packed, torch.empty(len(packed), dtype=torch.long, device=logits.device))
                 return launch_choice(self.args, logits, staged, shape, _EVERY_POSITION)
             del self._seen_once[key]
             captured = self._capture(key, logits, len(packed), shape)

@@ -99,7 +99,9 @@ def sample_rows(
     # One log-softmax serves the sampled tokens' log-probabilities and the host's candidates.
     sampling = slice(chosen_on_device_from)
     row_logprobs = torch.log_softmax(row_logits[sampling], dim=-1)
-    tokens, logprobs = sample(row_logits[sampling], row_logprobs, temperatures[sampling], generators[sampling])
+    tokens, logprobs = sample(
+        row_logits[sampling], row_logprobs, temperatures[sampling], generators[sampling]
+    )
     rules.record(tokens, stamp_rows)
     sampled = SampledRows(tokens, logprobs, row_index, generator_states, filtered_logits=row_logits)
     offering = to_sample.offering
