@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The whole Ray Serve app on one GPU (configs/<MODEL>-one-gpu.yaml: encoder and decoder replicas
 # sharing it, K/V over NIXL) under benchmarks/bench_load.py, with random weights of the model's
-# shape saved by transformers (the real checkpoints cannot be carried to the lent GPU).
+# shape saved by transformers (the real checkpoints cannot be carried to the lent GPU). With GPUS=2,
+# on a machine with two: CONFIG=two-gpus (an encoder GPU and a decoder GPU, K/V over NIXL between
+# them), or the one-GPU config with OVERRIDES='{"decoder": {"num_replicas": 2}}' (two colocated
+# replicas, a GPU each, the traffic split between them).
 #
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
+#     [GPUS=1|2] [CONFIG=one-gpu|two-gpus] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
 #     [PLACEMENT=colocated|disaggregated] [MPS=1] [OVERRIDES='{"decoder": {"num_replicas": 1}}'] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
@@ -28,6 +32,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${TOKENIZER:?set TOKENIZER to a multilingual Whisper tokenizer.json}"
 MODEL=${MODEL:-large-v3}
+GPUS=${GPUS:-1}
+CONFIG=${CONFIG:-one-gpu}
 CLIENTS=${CLIENTS:-64 128}
 INTERACTIVE_CLIENTS=${INTERACTIVE_CLIENTS-64}
 ENGINE_ALONE=${ENGINE_ALONE:-1}
@@ -38,7 +44,7 @@ WORK=${WORK:-/tmp/whisper-app}
 mkdir -p "$WORK"
 
 python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" "${PLACEMENT:-}" \
-  "${OVERRIDES:-{\}}" <<'EOF'
+  "${OVERRIDES:-{\}}" "$CONFIG" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
 
@@ -51,7 +57,7 @@ from benchmarks.gpu_models import random_hf_whisper
 work, tokenizer, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 random_hf_whisper(model, "cpu", torch.bfloat16).save_pretrained(work / model)
 shutil.copy(tokenizer, work / model / "tokenizer.json")
-config = yaml.safe_load(Path(f"configs/{model}-one-gpu.yaml").read_text())
+config = yaml.safe_load(Path(f"configs/{model}-{sys.argv[7]}.yaml").read_text())
 config["applications"][0]["args"]["engine"]["model"] = str(work / model)
 if sys.argv[4]:  # live streams: every pass decodes a fixed number of tokens
     config["applications"][0]["args"]["realtime"] = {"fixed_output_tokens": int(sys.argv[4])}
@@ -71,7 +77,7 @@ if [[ "${MPS:-0}" == 1 ]]; then
 fi
 stop_mps() { if [[ "${MPS:-0}" == 1 ]]; then echo quit | nvidia-cuda-mps-control || true; fi; }
 # Without the dashboard: the GPU machine's trimmed ray has no dashboard build (../shared/gpu/README.md).
-python3 -m ray.scripts.scripts start --head --include-dashboard=false --num-gpus=1 > "$WORK/ray.log" 2>&1
+python3 -m ray.scripts.scripts start --head --include-dashboard=false --num-gpus="$GPUS" > "$WORK/ray.log" 2>&1
 started=$(date +%s.%N)
 python3 -m ray.serve.scripts run --address=auto "$WORK/app.yaml" > "$WORK/serve.log" 2>&1 &
 serve_pid=$!
