@@ -42,7 +42,7 @@ _EVERY_POSITION = -1
 
 
 class ChoiceShape(NamedTuple):
-    """What a captured choice is captured for, besides its log-probabilities' shape."""
+    """What a captured choice is captured for, besides where its logits are and their shape."""
 
     searches: int
     hypotheses: int

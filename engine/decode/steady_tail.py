@@ -155,5 +155,5 @@ class SteadyRows:
         return fields
 
     def logit_rows(self) -> np.ndarray:
-        """Each tail row's row of the step's sampled log-probabilities."""
+        """Each tail row's row of the step's sampled (filtered) logits."""
         return np.arange(self.first_logit_row, self.first_logit_row + len(self.tail.hypotheses))
