@@ -92,8 +92,8 @@ class DeviceChoices:
                 rankings[1, row, :offered].tolist(),
             )
         # Every candidate is ranked, so a hypothesis whose logits overflowed shows as NaN here.
-        offered = beams * (beams + 1)
-        ranked = np.arange(int(offered.max())) < offered[:, None]
+        candidates = beams * (beams + 1)
+        ranked = np.arange(int(candidates.max())) < candidates[:, None]
         overflowed = (np.isnan(rankings[3, :, : ranked.shape[1]]) & ranked).any(axis=1)
         return DeviceRankings(self.searches, first_ranks, every_rank, overflowed)
 

@@ -213,9 +213,7 @@ class StepPipeline:
             step_id=step_id,
             batch=batch,
             epochs=plan.epochs,
-            sampling_rows=to_sample.rows[: plan.steady_rows.first_logit_row]
-            if plan.steady_rows is not None
-            else to_sample.rows,
+            sampling_rows=to_sample.rows[:tail_from],
             host_rows=plan.host_rows,
             sot_rows=plan.sot_rows,
             detect_rows=plan.detect_rows,
