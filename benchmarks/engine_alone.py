@@ -11,12 +11,15 @@ benchmark) with the encoder on its own stream in this process:
   next as soon as its last is decoded, as bench_load.py's clients do with the app. A window's
   encoding is part of its client's cycle here too, so the decode batch runs below the ceiling for
   the same reason the app's does (Little's law); what the app adds beyond it is its own cost.
-Prints tokens/s, the mean decode batch and the mean step for both.
+Prints tokens/s, the mean decode batch and the mean step for both; for the closed loop also the
+mean encoder batch and a window's time from its client's send to the decoder (the encoder's queue and
+forward), to set beside the app's own figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import sys
 import time
 from pathlib import Path
@@ -51,28 +54,35 @@ def closed_loop(
     while engine.has_work:
         engine.step()
     freeze_start_up_objects()  # as a decoder replica does once started (release_memory undoes it)
-    to_encode, in_encoder = clients, 0
+    # When each waiting window's client sent it: its time before the decoder is the encoder's queue
+    # and forward, as the app's "encoder queue, forward" figures are.
+    waiting_since = collections.deque([time.perf_counter()] * clients)
+    in_encoder: list[float] = []
     started = time.perf_counter()
     steady_from, stop_at = started + warmup_s, started + warmup_s + seconds
     tokens, mark, busy_s = 0, None, 0.0
+    batches, encoded, before_decoder_s = 0, 0, 0.0
     while (now := time.perf_counter()) < stop_at or mark is None:
         if mark is None and now >= steady_from:
             mark = (now, engine.timings.snapshot())
-        if not encoder.busy and to_encode:
-            in_encoder = min(to_encode, encoder_batch)
-            to_encode -= in_encoder
-            encoder.submit(window[:in_encoder])
+        if not encoder.busy and waiting_since:
+            in_encoder = [waiting_since.popleft() for _ in range(min(len(waiting_since), encoder_batch))]
+            encoder.submit(window[: len(in_encoder)])
         states = encoder.take(wait=not engine.has_work) if encoder.busy else None
         if states is not None:
-            for index in range(in_encoder):
+            for index in range(len(in_encoder)):
                 engine.submit(engine.make_request(bench_gpu.fixed_options(), EncoderStates(states[index])))
+            if mark is not None:
+                submitted_at = time.perf_counter()
+                batches, encoded = batches + 1, encoded + len(in_encoder)
+                before_decoder_s += sum(submitted_at - sent_at for sent_at in in_encoder)
         if engine.has_work:
             began = time.perf_counter()
             results = engine.step()
             if mark is not None:
                 busy_s += time.perf_counter() - began
                 tokens += sum(len(result.tokens) for result in results)
-            to_encode += len(results)
+            waiting_since.extend([time.perf_counter()] * len(results))
     elapsed = time.perf_counter() - mark[0]
     steps = engine.timings.steps - mark[1].steps
     rows = engine.timings.rows - mark[1].rows
@@ -87,6 +97,8 @@ def closed_loop(
         mean_batch=rows / max(steps, 1),
         step_ms=1000 * busy_s / max(steps, 1),
         read_wait_ms=1000 * read_wait_s / max(steps, 1),
+        encoder_batch=encoded / max(batches, 1),
+        before_decoder_ms=1000 * before_decoder_s / max(encoded, 1),
     )
 
 
@@ -130,15 +142,17 @@ def main() -> None:
     if args.closed_loop_s <= 0:
         return
     print(
-        "\n| closed-loop clients | encoder batch up to | tokens/s | decode batch | step ms | reading back |"
+        "\n| closed-loop clients | encoder batch up to | tokens/s | decode batch | step ms | reading back "
+        "| encoder batch | a window's encoder queue + forward ms |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for clients in (int(n) for n in args.max_num_seqs.split(",")):
         for encoder_batch in (int(n) for n in args.closed_loop_encoder_batches.split(",")):
             result = closed_loop(loaded, runner, clients, encoder_batch, args.warmup_s, args.closed_loop_s)
             print(
                 f"| {clients} | {encoder_batch} | {result['tokens_per_s']:,.0f} | {result['mean_batch']:.1f} "
-                f"| {result['step_ms']:.2f} | {result['read_wait_ms']:.2f} |",
+                f"| {result['step_ms']:.2f} | {result['read_wait_ms']:.2f} | {result['encoder_batch']:.1f} "
+                f"| {result['before_decoder_ms']:.1f} |",
                 flush=True,
             )
 

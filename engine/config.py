@@ -38,6 +38,7 @@ class ResolvedGPUSwitches:
     fused_decoder_norms: bool
     fp8_encoder: bool
     encoder_stream_first: bool
+    encoder_sm_share: float | None
 
 
 class GPUSwitches(BaseModel):
@@ -100,6 +101,16 @@ class GPUSwitches(BaseModel):
         "starts an encoder batch's blocks ahead of queued decode kernels, so windows reach the decoder "
         "sooner and more of them decode in each step (benchmarks/RESULTS.md)",
     )
+    encoder_sm_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="where the encoder runs beside the decode loop in one process, the share of the GPU's "
+        "SMs its stream may use (a CUDA green context; needs a torch built with green contexts, CUDA "
+        "12.4+). A full-GPU encoder product holds every SM, and a decode step's small kernels queue "
+        "behind it; on a partition of its own it leaves the rest to the decode steps, which use every "
+        "SM while the encoder is idle. None: no partition (benchmarks/RESULTS.md)",
+    )
 
     def resolve(
         self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True
@@ -124,6 +135,7 @@ class GPUSwitches(BaseModel):
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
             fp8_encoder=on_cuda and self.fp8_encoder,
             encoder_stream_first=on_cuda and self.encoder_stream_first,
+            encoder_sm_share=self.encoder_sm_share if on_cuda and self.encoder_sm_share != 1 else None,
         )
 
 

@@ -17,6 +17,12 @@ SMs come free the GPU starts a forward's blocks before those of decode steps que
 forward then ends sooner, its windows join the decode batch sooner, and the decoder runs more rows
 a step for the same GPU time; decode steps wait a little while a forward runs.
 
+A forward's large products are tiled over every SM, and a decode step's small kernels wait for SMs
+to come free between its tiles, so beside a forward a decode step can take several times as long.
+With ``engine.gpu.encoder_sm_share`` the encoder's stream belongs to a CUDA green context holding
+that share of the SMs: the forward never holds the rest, and the decode steps, on the primary
+context, use every SM while no forward runs.
+
 The worker waits for its batch's kernels to finish before the batch counts as done, so a caller that
 submits the states to the decoder only then never makes a decode step wait on the encoder. The
 states were allocated on the encoder's stream: they are marked as used on the caller's stream too,
@@ -33,6 +39,7 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
+import torch.cuda.green_contexts as green_contexts
 
 from engine.encode.runner import EncoderRunner
 
@@ -51,11 +58,26 @@ class OverlappedEncoder:
         self._worker = (
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="encoder") if self.overlaps else None
         )
-        # A lower number is a higher priority; the decode loop's stream has the default, 0.
-        priority = -1 if runner.stream_first else 0
-        self._stream = torch.cuda.Stream(device=runner.device, priority=priority) if on_gpu else None
+        self._green_context = None  # owns the partitioned stream's SMs; kept for the stream's life
+        self._stream = self._encoder_stream(runner) if on_gpu else None
         self._consumer_stream = torch.cuda.current_stream(runner.device) if on_gpu else None
         self._in_flight: Future | None = None
+
+    def _encoder_stream(self, runner: EncoderRunner) -> torch.cuda.Stream:
+        if runner.sm_share is None:
+            # A lower number is a higher priority; the decode loop's stream has the default, 0.
+            return torch.cuda.Stream(device=runner.device, priority=-1 if runner.stream_first else 0)
+        if not green_contexts.SUPPORTED:
+            raise RuntimeError(
+                "engine.gpu.encoder_sm_share needs CUDA green contexts, which this torch build lacks "
+                "(a CUDA 12.4+ build); leave it unset"
+            )
+        index = runner.device.index if runner.device.index is not None else torch.cuda.current_device()
+        total = torch.cuda.get_device_properties(index).multi_processor_count
+        self._green_context = green_contexts.GreenContext.create(
+            num_sms=max(1, round(total * runner.sm_share)), device_id=index
+        )
+        return self._green_context.Stream()
 
     @property
     def stream(self) -> torch.cuda.Stream | None:

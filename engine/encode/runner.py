@@ -43,7 +43,9 @@ class EncoderRunner:
         self.dtype = loaded.config.torch_dtype
         self.kv_cache_dtype = loaded.config.kv_cache_torch_dtype
         switches = loaded.config.gpu_switches()
-        self.stream_first = switches.encoder_stream_first  # for a caller that encodes on a stream of its own
+        # For a caller that encodes on a stream of its own (engine/encode/overlap.py).
+        self.stream_first = switches.encoder_stream_first
+        self.sm_share = switches.encoder_sm_share
         self.graphs: EncoderGraphs | None = None
         if switches.fp8_encoder:
             quantize_encoder_fp8(loaded)

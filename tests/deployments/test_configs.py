@@ -61,6 +61,8 @@ def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000(
             "engine",
             "cannot read an fp8 KV cache",
         ),
+        ({"engine": {"gpu": {"encoder_sm_share": 0}}}, "engine.gpu.encoder_sm_share", "greater than 0"),
+        ({"engine": {"gpu": {"encoder_sm_share": 1.5}}}, "engine.gpu.encoder_sm_share", "less than or equal"),
     ],
 )
 def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason):
@@ -120,3 +122,16 @@ def test_every_gpu_speed_switch_asked_for_is_on_for_cuda_and_off_on_a_cpu():
     for name in asked:
         assert getattr(on_cuda, name), f"{name} is off for CUDA in float16 when asked for"
         assert not getattr(on_cpu, name), f"{name} is on for a CPU"
+
+
+@pytest.mark.parametrize(
+    ("device", "share", "resolved"),
+    [("cuda", 0.6, 0.6), ("cuda", 1, None), ("cuda", None, None), ("cpu", 0.6, None)],
+)
+def test_the_encoders_sm_share_partitions_a_gpu_only_and_never_a_whole_one(device, share, resolved):
+    """A share below 1 on a GPU is kept for the encoder's stream; all of it is no partition, and a
+    CPU has no SMs to share."""
+    from engine.config import EngineConfig
+
+    config = EngineConfig(device=device, gpu={"encoder_sm_share": share})
+    assert config.gpu_switches().encoder_sm_share == resolved

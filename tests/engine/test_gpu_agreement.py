@@ -164,6 +164,26 @@ def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_fini
     assert engine.pool.num_used_blocks == 0
 
 
+def test_an_encoder_on_a_share_of_the_sms_gives_the_full_gpus_states_on_a_stream_of_its_own():
+    """engine.gpu.encoder_sm_share: the encoder's stream belongs to a green context holding that
+    share of the SMs; the same compiled kernels on fewer SMs give the same states."""
+    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
+    settings = EngineConfig(
+        model="large-v3-turbo", device="cuda", dtype="float16", gpu={"encoder_sm_share": 0.5}
+    )
+    loaded = engine_model(hf, bundled_tokenizer("base"), settings)
+    runner = EncoderRunner(loaded)
+    assert runner.sm_share == 0.5
+    partitioned = OverlappedEncoder(runner, project_cross_kv=False)
+    assert partitioned.stream is not None and partitioned.stream != torch.cuda.current_stream()
+    audio = windows_of([clip.path for clip in short_english_clips()[:4]])
+    try:
+        states = partitioned.encode_blocking(audio)
+    finally:
+        partitioned.close()
+    torch.testing.assert_close(states, runner.encode(audio), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_on_the_gpu_the_vocabulary_is_padded_to_aligned_rows_and_gives_the_unpadded_logits(dtype):
     hf = random_hf_whisper("large-v3-turbo", "cuda", dtype)
