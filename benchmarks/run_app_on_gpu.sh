@@ -130,5 +130,8 @@ python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
 stop_mps
 if [[ "$ENGINE_ALONE" == 1 ]]; then
   echo "== the engine alone on the same weights"
-  python3 benchmarks/engine_alone.py --model "$WORK/$MODEL" --max-num-seqs "${CLIENTS// /,}"
+  # Encoder batches of up to 64 (all clients at once) and up to 8 (small forwards beside decoding, as
+  # the app's colocated encoder runs them).
+  python3 benchmarks/engine_alone.py --model "$WORK/$MODEL" --max-num-seqs "${CLIENTS// /,}" \
+    --closed-loop-encoder-batches 64,8
 fi
