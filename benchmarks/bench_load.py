@@ -142,6 +142,16 @@ def steady_figures(before: dict[str, float], after: dict[str, float], seconds: f
         "encoder_busy": ratio(delta("whisper_encoder_busy_seconds"), seconds),
         "encoder_queued_s": ratio(delta("whisper_encoder_window_seconds[queued]"), encoded),
         "encoder_forward_s": ratio(delta("whisper_encoder_window_seconds[forward]"), encoded),
+        "forward_s": ratio(delta("whisper_encoder_busy_seconds"), delta("whisper_encoder_batches")),
+        "forward_worker_s": ratio(
+            delta("whisper_encoder_forward_seconds[worker]"), delta("whisper_encoder_batches")
+        ),
+        # Measured by a colocated replica only: absent, it is unknown, not zero.
+        "forward_gpu_wait_s": ratio(
+            delta("whisper_encoder_forward_seconds[gpu_wait]"), delta("whisper_encoder_batches")
+        )
+        if "whisper_encoder_forward_seconds[gpu_wait]" in after
+        else float("nan"),
         "decoder_queued_s": ratio(delta("whisper_decoder_window_seconds[queued]"), windows),
         "kv_loading_s": ratio(delta("whisper_decoder_window_seconds[loading]"), windows),
         "decoding_s": ratio(delta("whisper_decoder_window_seconds[decoding]"), windows),
@@ -249,6 +259,10 @@ def steady_rows(steady: dict[str, float]) -> list[list]:
             "a window's ms: encoder queue, forward; decoder queue, K/V load, decoding",
             f"{ms['encoder_queued_s']}, {ms['encoder_forward_s']}; {ms['decoder_queued_s']}, "
             f"{ms['kv_loading_s']}, {ms['decoding_s']}",
+        ],
+        [
+            "a forward's ms: all, on its worker thread, of that waiting for the GPU (colocated)",
+            f"{ms['forward_s']}, {ms['forward_worker_s']}, {ms['forward_gpu_wait_s']}",
         ],
     ]
 

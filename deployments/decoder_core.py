@@ -276,7 +276,9 @@ class DecoderCore:
 
     def encoder_stats(self) -> EncoderStats:
         """Colocated: the in-process encoder's figures, as an encoder replica reports its own."""
-        return EncoderStats.of(self.batcher, self.config, 0, "none", "encoder_states")
+        return EncoderStats.of(
+            self.batcher, self.config, 0, "none", "encoder_states", gpu_wait_s=self.encoder.gpu_wait_s
+        )
 
     def stats(self) -> DecoderStats:
         stats = self.engine.stats()

@@ -51,10 +51,18 @@ class EncoderStats:
     queued_s: float = 0.0  # each window's wait in the queue, from arrival to its forward's start
     window_forward_s: float = 0.0  # each window's forward (its batch's encode and staging time)
     busy_s: float = 0.0  # forwards' time: how much of the replica's time it encodes
+    worker_s: float = 0.0  # of busy_s, the forwards' time on their worker thread
+    gpu_wait_s: float | None = None  # of worker_s, waiting for the kernels (None: not measured)
 
     @classmethod
     def of(
-        cls, batcher: WindowBatcher, config: AppConfig, num_staged: int, connector: str, payload: str
+        cls,
+        batcher: WindowBatcher,
+        config: AppConfig,
+        num_staged: int,
+        connector: str,
+        payload: str,
+        gpu_wait_s: float | None = None,
     ) -> EncoderStats:
         return cls(
             windows_encoded=batcher.windows_encoded,
@@ -70,6 +78,8 @@ class EncoderStats:
             queued_s=batcher.queued_s,
             window_forward_s=batcher.window_forward_s,
             busy_s=batcher.busy_s,
+            worker_s=batcher.worker_s,
+            gpu_wait_s=gpu_wait_s,
         )
 
 

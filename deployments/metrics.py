@@ -115,6 +115,14 @@ class ServingMetrics:
             ["replica"],
             registry=self.registry,
         )
+        self.encoder_forward_seconds = Gauge(
+            "whisper_encoder_forward_seconds",
+            "of the forwards' time, the part by stage (worker: on the worker thread, the rest being the "
+            "hand-over to it and back; gpu_wait: of that, waiting for the kernels, where measured), "
+            "summed since start",
+            ["replica", "stage"],
+            registry=self.registry,
+        )
         self.decoder_window_seconds = Gauge(
             "whisper_decoder_window_seconds",
             "decoded windows' time in the decoder by stage (queued: to admission; loading: to the K/V "
@@ -203,6 +211,7 @@ class ServingMetrics:
             self.transfer,
             self.encoder_window_seconds,
             self.encoder_busy_seconds,
+            self.encoder_forward_seconds,
             self.encoder_batches,
             self.decoder_window_seconds,
             self.decoder_windows_timed,
@@ -242,5 +251,8 @@ class ServingMetrics:
             self.encoder_window_seconds.labels(replica, "queued").set(stats.queued_s)
             self.encoder_window_seconds.labels(replica, "forward").set(stats.window_forward_s)
             self.encoder_busy_seconds.labels(replica).set(stats.busy_s)
+            self.encoder_forward_seconds.labels(replica, "worker").set(stats.worker_s)
+            if stats.gpu_wait_s is not None:
+                self.encoder_forward_seconds.labels(replica, "gpu_wait").set(stats.gpu_wait_s)
             self.encoder_batches.labels(replica).set(stats.batches)
         return generate_latest(self.registry)

@@ -68,8 +68,9 @@ class WindowBatcher(Generic[Outcome]):
         self.batches = 0
         self.last_batch_size = 0
         # Sums since start (/metrics): each window's wait from arrival to its forward's start, each
-        # window's forward (its batch's time), and the forwards' own time.
-        self.queued_s = self.window_forward_s = self.busy_s = 0.0
+        # window's forward (its batch's time), the forwards' own time, and of it the time ``forward``
+        # ran on its worker thread (the rest is the hand-over to the thread and back to the loop).
+        self.queued_s = self.window_forward_s = self.busy_s = self.worker_s = 0.0
         self._queue: list[QueuedWindow] = []  # in arrival order
         self._in_forward = 0
         self._window_arrived: asyncio.Event | None = None  # made on the replica's event loop, at first use
@@ -117,7 +118,7 @@ class WindowBatcher(Generic[Outcome]):
         try:
             # In a worker thread, so the replica's event loop keeps answering health checks and
             # queueing windows while the encoder computes.
-            outcomes = await asyncio.to_thread(self.forward, [window.job for window in batch])
+            outcomes = await asyncio.to_thread(self._forward_on_worker, [window.job for window in batch])
         except Exception as error:  # the forward failed: every window of it fails, loudly
             logger.exception("encoder forward failed")
             outcomes = [error] * len(batch)
@@ -140,6 +141,13 @@ class WindowBatcher(Generic[Outcome]):
                 window.done.set_exception(outcome)
             else:
                 window.done.set_result(outcome)
+
+    def _forward_on_worker(self, jobs: list[WindowJob]) -> list[Outcome | Exception]:
+        began = time.monotonic()
+        try:
+            return self.forward(jobs)
+        finally:
+            self.worker_s += time.monotonic() - began  # one forward at a time: one writer
 
     async def _let_batch_fill(self) -> None:
         """Wait until the queue holds a full batch or the fill time passes."""

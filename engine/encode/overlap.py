@@ -36,6 +36,7 @@ it on the worker thread there, which is how the tests exercise the threaded path
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -62,6 +63,7 @@ class OverlappedEncoder:
         self._stream = self._encoder_stream(runner) if on_gpu else None
         self._consumer_stream = torch.cuda.current_stream(runner.device) if on_gpu else None
         self._in_flight: Future | None = None
+        self.gpu_wait_s = 0.0  # encode_blocking's time waiting for its kernels, summed since start
 
     def _encoder_stream(self, runner: EncoderRunner) -> torch.cuda.Stream:
         if runner.sm_share is None:
@@ -121,7 +123,9 @@ class OverlappedEncoder:
             finished = torch.cuda.Event()
             finished.record(self._stream)
         out.record_stream(self._consumer_stream)
+        waiting_since = time.perf_counter()
         finished.synchronize()  # releases the GIL: the decoder loop runs meanwhile
+        self.gpu_wait_s += time.perf_counter() - waiting_since
         return out
 
     def _encode(self, windows: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,14 @@ def test_concurrent_requests_get_the_offline_engines_text_and_the_encoder_report
     encoded = after["whisper_encoder_windows_encoded"] - before.get("whisper_encoder_windows_encoded", 0)
     assert windows >= len(clips) + 1 and encoded >= windows, "every window was encoded in the decoder replica"
     assert after["whisper_encoder_batches"] > before.get("whisper_encoder_batches", 0)
+    # A colocated replica's forwards: on the worker thread within their time, and of that, waiting
+    # for the kernels (none on a CPU, which computes as it launches).
+    forwards_s = after["whisper_encoder_busy_seconds"] - before.get("whisper_encoder_busy_seconds", 0)
+    worker_s = after["whisper_encoder_forward_seconds[worker]"] - before.get(
+        "whisper_encoder_forward_seconds[worker]", 0
+    )
+    assert 0 < worker_s <= forwards_s
+    assert after["whisper_encoder_forward_seconds[gpu_wait]"] == 0
     metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
     assert 'whisper_transfer_info{connector="none",payload="encoder_states",replica="0"} 1.0' in metrics
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0

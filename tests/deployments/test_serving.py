@@ -4,6 +4,7 @@ the official openai client: same text as the offline API, 32 concurrent requests
 from __future__ import annotations
 
 import io
+import math
 import socket
 import time
 from collections import Counter
@@ -229,6 +230,11 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
         all(stage >= 0 for stage in stages) and figures["encoder_forward_s"] > 0 and figures["decoding_s"] > 0
     )
     assert sum(stages) <= latency_s, "the stages are parts of the request's own time"
+    # The forward's own time: on its worker thread within it; the disaggregated encoder does not
+    # measure its wait for the GPU, which is then unknown rather than zero.
+    assert 0 < figures["forward_worker_s"] <= figures["forward_s"]
+    assert figures["forward_s"] == pytest.approx(figures["encoder_forward_s"]), "one forward, one window"
+    assert math.isnan(figures["forward_gpu_wait_s"])
 
 
 def test_ready_is_503_until_a_warm_up_window_has_gone_through_encoder_and_decoder_then_200(server_url):
