@@ -79,6 +79,8 @@ class OverlappedEncoder:
         self._green_context = green_contexts.GreenContext.create(
             num_sms=max(1, round(total * runner.sm_share)), device_id=index
         )
+        # A green context's stream has the default priority: with SMs of its own the encoder needs
+        # no precedence over the decode steps' blocks (encoder_stream_first does not apply).
         return self._green_context.Stream()
 
     @property
