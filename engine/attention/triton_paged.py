@@ -11,23 +11,11 @@ import torch
 from engine.arith import ceil_div, round_up
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.triton_kernels import MAX_HEAD_DIM, kernels
-from engine.kernels import TRITON_IMPORT_ERROR, tl, triton_available, triton_interpreting
+from engine.kernels import TRITON_IMPORT_ERROR, sm_count, tl, triton_available, triton_interpreting
 
 
 def _next_pow2(x: int) -> int:
     return 1 << max(0, int(x) - 1).bit_length()
-
-
-_SM_COUNT: dict[int, int] = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 1
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
 
 
 @dataclass(frozen=True)
@@ -168,7 +156,7 @@ class TritonPagedBackend(AttentionBackend):
             splits = self.num_splits
         else:
             programs = batch.num_requests * num_q_tiles * num_heads // heads_per_program
-            target = int(self.target_waves * _sm_count(device))
+            target = int(self.target_waves * sm_count(device))
             splits = max(1, ceil_div(target, max(1, programs)))
             splits = min(splits, self.max_splits, max(1, max_kv // self.min_keys_per_split))
         keys_per_split = ceil_div(max_kv, splits)

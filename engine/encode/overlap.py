@@ -43,6 +43,7 @@ import torch
 import torch.cuda.green_contexts as green_contexts
 
 from engine.encode.runner import EncoderRunner
+from engine.kernels import sm_count
 
 
 class OverlappedEncoder:
@@ -75,9 +76,8 @@ class OverlappedEncoder:
                 "(a CUDA 12.4+ build); leave it unset"
             )
         index = runner.device.index if runner.device.index is not None else torch.cuda.current_device()
-        total = torch.cuda.get_device_properties(index).multi_processor_count
         self._green_context = green_contexts.GreenContext.create(
-            num_sms=max(1, round(total * runner.sm_share)), device_id=index
+            num_sms=max(1, round(sm_count(runner.device) * runner.sm_share)), device_id=index
         )
         # A green context's stream has the default priority: with SMs of its own the encoder needs
         # no precedence over the decode steps' blocks (encoder_stream_first does not apply).

@@ -1,5 +1,5 @@
-"""Triton kernels other than attention's (timestamp rules, fused residual norms, block writes), and
-the one place that says whether Triton is here.
+"""Triton kernels other than attention's (timestamp rules, fused residual norms, block writes), the
+one place that says whether Triton is here, and how many SMs a GPU has (launch sizes and SM shares).
 
 Triton is optional: absent on CPU-only installs, where every kernel has a PyTorch counterpart.
 Kernels are JIT-decorated on first use, so ``TRITON_INTERPRET=1`` (Triton's CPU interpreter, read
@@ -9,6 +9,8 @@ when a function is decorated) need only be set before the first call.
 from __future__ import annotations
 
 import os
+
+import torch
 
 try:
     import triton
@@ -28,3 +30,16 @@ def triton_available() -> bool:
 
 def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device: torch.device) -> int:
+    """The streaming multiprocessors of CUDA ``device`` (1 elsewhere), read once per device."""
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
