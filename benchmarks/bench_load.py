@@ -14,6 +14,8 @@ the decoders' own counters (``whisper_decoder_tokens_generated`` at /metrics).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
 import re
 import sys
@@ -56,6 +58,9 @@ class LoadReport:
     steady: dict[str, float] = field(default_factory=dict)
     # Sums of the ingress's phases (its Server-Timing header, ms) over the answered requests.
     server_phases_ms: Counter = field(default_factory=Counter)
+    # Cores each process kept busy over the steady part (user + system CPU time / wall time): a
+    # process near 1.0 is a single Python thread's limit, and its queue is part of the latency.
+    cpu_cores: dict[str, float] = field(default_factory=dict)
 
     @property
     def tokens_per_s(self) -> float:
@@ -77,14 +82,36 @@ class LoadReport:
 
 
 def _serving_processes() -> dict[int, str]:
-    """Ray's serving processes on this machine: the replicas, the proxy, the controller."""
+    """Ray's serving processes on this machine: the replicas, the proxy, the controller, and the
+    processes a replica started (a decoder's engine process)."""
     found = {}
     for process in psutil.process_iter(["pid", "cmdline"]):
         command = " ".join(process.info["cmdline"] or [])
         for marker in ("ServeReplica:", "ProxyActor", "ServeController"):
             if marker in command:
-                found[process.info["pid"]] = command.split("ray::", 1)[-1][:60]
+                # Ray's process title, less the method it runs now ("ProxyActor.receive_asgi_messages").
+                name = command.split("ray::", 1)[-1].split()[0].split(".")[0]
+                found[process.info["pid"]] = name
+                with contextlib.suppress(psutil.Error):
+                    for child in process.children(recursive=True):
+                        found[child.pid] = f"{name}, a process it started"
     return found
+
+
+def _cpu_seconds(pids: dict[int, str]) -> dict[str, float]:
+    """User + system CPU seconds so far of each process (gone ones left out), by name."""
+    seconds = {}
+    for pid, name in pids.items():
+        with contextlib.suppress(psutil.Error):
+            times = psutil.Process(pid).cpu_times()
+            seconds[f"{name} ({pid})"] = times.user + times.system
+    return seconds
+
+
+def _machine_busy_seconds() -> float:
+    """CPU seconds every core of this machine has spent busy so far (not idle, not waiting on I/O)."""
+    times = psutil.cpu_times()
+    return sum(times) - times.idle - getattr(times, "iowait", 0.0)
 
 
 def metric_sum(url: str, prefix: str) -> float:
@@ -213,11 +240,25 @@ def run_load(
     for thread in threads:
         thread.start()
     time.sleep(min(warmup_s, duration_s))
-    steady_from, counters_from = time.monotonic(), scrape(url)
     processes = _serving_processes()
+    measured = {**processes, os.getpid(): "this load generator (the clients)"}
+    steady_from, counters_from, cpu_from = time.monotonic(), scrape(url), _cpu_seconds(measured)
+    machine_from = _machine_busy_seconds()
+
+    def measure_steady_part() -> None:
+        seconds = time.monotonic() - steady_from
+        report.steady = steady_figures(counters_from, scrape(url), seconds)
+        report.cpu_cores = {
+            name: (used - cpu_from[name]) / seconds
+            for name, used in _cpu_seconds(measured).items()
+            if name in cpu_from
+        }
+        machine = f"the whole machine ({psutil.cpu_count()} cores)"
+        report.cpu_cores[machine] = (_machine_busy_seconds() - machine_from) / seconds
+
     while any(thread.is_alive() for thread in threads):
         if not report.steady and time.monotonic() >= stop_at:
-            report.steady = steady_figures(counters_from, scrape(url), time.monotonic() - steady_from)
+            measure_steady_part()
         for pid, name in processes.items():
             try:
                 report.rss_mb.setdefault(f"{name} ({pid})", []).append(
@@ -229,7 +270,7 @@ def run_load(
     for thread in threads:
         thread.join()
     if not report.steady:
-        report.steady = steady_figures(counters_from, scrape(url), time.monotonic() - steady_from)
+        measure_steady_part()
     report.wall_s = time.monotonic() - (stop_at - duration_s)
     time.sleep(2)  # releases of the last pulls are asynchronous
     report.kv_blocks_used_at_end = metric_sum(url, "whisper_decoder_kv_blocks_used")
@@ -361,10 +402,13 @@ def main() -> None:
         for name, s in report.rss_mb.items()
         if s
     ]
+    cpu_rows = [[name, f"{cores:.2f}"] for name, cores in sorted(report.cpu_cores.items())]
     table = (
         markdown_table(["figure", "value"], rows)
         + "\n\n"
         + markdown_table(["process", "RSS MB after warm-up", "RSS MB at end", "growth"], rss_rows)
+        + "\n\n"
+        + markdown_table(["process", "cores busy over the steady part"], cpu_rows)
     )
     print(table)
     if report.lost:

@@ -421,6 +421,16 @@ def test_a_short_load_of_sixteen_looping_clients_loses_nothing_and_frees_everyth
     assert report.sent >= 16 and report.lost == [] and report.answered == report.sent
     assert report.statuses[200] >= 16 and report.unexpected_5xx == 0, report.statuses
     assert report.kv_blocks_used_at_end == 0 and report.staged_at_end == 0
+    # Where the CPU went while it ran: the clients' own process, every serving process, the machine.
+    cores = report.cpu_cores
+    for process in (
+        "this load generator",
+        "ServeReplica:whisper:WhisperIngress",
+        "ServeReplica:whisper:WhisperDecoder",
+    ):
+        assert any(name.startswith(process) and busy > 0 for name, busy in cores.items()), (process, cores)
+    machine = next(busy for name, busy in cores.items() if name.startswith("the whole machine"))
+    assert max(cores.values()) <= machine + 0.1  # no process busier than the machine it runs on
 
 
 def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their_blocks(server_url):
