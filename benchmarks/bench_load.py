@@ -14,7 +14,9 @@ the decoders' own counters (``whisper_decoder_tokens_generated`` at /metrics).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import multiprocessing
 import os
 import random
 import re
@@ -75,6 +77,17 @@ class LoadReport:
         """Largest relative growth of any process's RSS from its first to its last sample."""
         growth = [(s[-1] - s[0]) / s[0] for s in self.rss_mb.values() if len(s) >= 2 and s[0] > 0]
         return max(growth, default=0.0)
+
+    def absorb(self, part: LoadReport) -> None:
+        """Add the requests of one load-generating process's clients."""
+        self.sent += part.sent
+        self.answered += part.answered
+        self.statuses.update(part.statuses)
+        self.latencies_s += part.latencies_s
+        self.long_latencies_s += part.long_latencies_s
+        self.audio_s += part.audio_s
+        self.lost += part.lost
+        self.server_phases_ms.update(part.server_phases_ms)
 
     def percentile_s(self, q: float, latencies_s: list[float] | None = None) -> float:
         values = sorted(self.latencies_s if latencies_s is None else latencies_s)
@@ -186,39 +199,38 @@ def steady_figures(before: dict[str, float], after: dict[str, float], seconds: f
     }
 
 
-def run_load(
-    url: str,
-    clients: int,
-    duration_s: float,
-    warmup_s: float,
-    api_key: str | None = None,
-    request_timeout_s: float = 300.0,
-    fields: dict[str, str] | None = None,
-) -> LoadReport:
-    """``fields``: vendor form fields sent with every request (e.g. fixed_output_tokens)."""
-    clips = [c for c in load_manifest(SPEECH_DIR) if c.text]
-    payloads = [(c.path.name, c.path.read_bytes(), c.duration_s) for c in clips]
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    report = LoadReport(clients, duration_s)
+@dataclass(frozen=True)
+class ClientWork:
+    """What every load-generating process needs to run its share of the clients."""
+
+    url: str
+    payloads: list[tuple[str, bytes, float]]  # (file name, bytes, audio seconds) to choose from
+    headers: dict[str, str]
+    form: dict[str, str]
+    request_timeout_s: float
+    stop_at: float  # time.monotonic(), the same clock in every process of this machine
+
+
+def run_clients(work: ClientWork, seeds: list[int]) -> LoadReport:
+    """One client thread per seed, each sending one request at a time until ``work.stop_at``: the
+    requests' part of a LoadReport."""
+    report = LoadReport(len(seeds), 0.0)
     lock = threading.Lock()
-    stop_at = time.monotonic() + duration_s
-    form = {"model": "whisper-1", **(fields or {})}
-    tokens_at_start = metric_sum(url, "whisper_decoder_tokens_generated")
 
     def client_loop(seed: int) -> None:
         chooser = random.Random(seed)
-        with httpx.Client(timeout=request_timeout_s) as http:
-            while time.monotonic() < stop_at:
-                name, data, audio_s = chooser.choice(payloads)
+        with httpx.Client(timeout=work.request_timeout_s) as http:
+            while time.monotonic() < work.stop_at:
+                name, data, audio_s = chooser.choice(work.payloads)
                 started = time.perf_counter()
                 with lock:
                     report.sent += 1
                 try:
                     response = http.post(
-                        f"{url}/v1/audio/transcriptions",
-                        headers=headers,
+                        f"{work.url}/v1/audio/transcriptions",
+                        headers=work.headers,
                         files={"file": (name, data)},
-                        data=form,
+                        data=work.form,
                     )
                 except httpx.HTTPError as error:
                     with lock:
@@ -236,12 +248,56 @@ def run_load(
                 if response.status_code in (429, 503):
                     time.sleep(float(response.headers.get("retry-after", "1")))
 
-    threads = [threading.Thread(target=client_loop, args=(seed,), daemon=True) for seed in range(clients)]
+    threads = [threading.Thread(target=client_loop, args=(seed,), daemon=True) for seed in seeds]
     for thread in threads:
         thread.start()
+    for thread in threads:
+        thread.join()
+    return report
+
+
+def run_load(
+    url: str,
+    clients: int,
+    duration_s: float,
+    warmup_s: float,
+    api_key: str | None = None,
+    request_timeout_s: float = 300.0,
+    fields: dict[str, str] | None = None,
+    processes: int = 1,
+) -> LoadReport:
+    """``fields``: vendor form fields sent with every request (e.g. fixed_output_tokens);
+    ``processes``: the clients spread over that many processes of their own, so that the load
+    generator's own interpreter (one GIL for every client thread) does not slow the clients down
+    and count against the server."""
+    clips = [c for c in load_manifest(SPEECH_DIR) if c.text]
+    work = ClientWork(
+        url,
+        [(c.path.name, c.path.read_bytes(), c.duration_s) for c in clips],
+        {"Authorization": f"Bearer {api_key}"} if api_key else {},
+        {"model": "whisper-1", **(fields or {})},
+        request_timeout_s,
+        time.monotonic() + duration_s,
+    )
+    stop_at = work.stop_at
+    report = LoadReport(clients, duration_s)
+    tokens_at_start = metric_sum(url, "whisper_decoder_tokens_generated")
+    pool = (
+        concurrent.futures.ThreadPoolExecutor(1)
+        if processes == 1
+        else concurrent.futures.ProcessPoolExecutor(
+            processes, mp_context=multiprocessing.get_context("spawn")
+        )
+    )
+    shares = [list(range(first, clients, processes)) for first in range(processes)]
+    parts = [pool.submit(run_clients, work, seeds) for seeds in shares if seeds]
     time.sleep(min(warmup_s, duration_s))
     processes = _serving_processes()
     measured = {**processes, os.getpid(): "this load generator (the clients)"}
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if "multiprocessing" in " ".join(child.cmdline()):  # the pool's, not a Ray this process started
+                measured[child.pid] = "a load generator process (clients)"
     steady_from, counters_from, cpu_from = time.monotonic(), scrape(url), _cpu_seconds(measured)
     machine_from = _machine_busy_seconds()
 
@@ -256,7 +312,7 @@ def run_load(
         machine = f"the whole machine ({psutil.cpu_count()} cores)"
         report.cpu_cores[machine] = (_machine_busy_seconds() - machine_from) / seconds
 
-    while any(thread.is_alive() for thread in threads):
+    while not all(part.done() for part in parts):
         if not report.steady and time.monotonic() >= stop_at:
             measure_steady_part()
         for pid, name in processes.items():
@@ -267,8 +323,9 @@ def run_load(
             except psutil.NoSuchProcess:
                 pass
         time.sleep(min(5.0, max(0.05, stop_at - time.monotonic())) if not report.steady else 5.0)
-    for thread in threads:
-        thread.join()
+    pool.shutdown()
+    for part in parts:
+        report.absorb(part.result())
     if not report.steady:
         measure_steady_part()
     report.wall_s = time.monotonic() - (stop_at - duration_s)
@@ -350,6 +407,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", help="a running server; default: start configs/default.yaml here")
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="spread the clients over this many processes (a server's clients are not one interpreter)",
+    )
     parser.add_argument("--duration-s", type=float, default=300)
     parser.add_argument("--warmup-s", type=float, default=30)
     parser.add_argument("--record", action="store_true")
@@ -372,9 +435,18 @@ def main() -> None:
     if args.priority:
         fields["priority"] = args.priority
     url = args.url or start_default_app(args.cpu_dtype)
-    report = run_load(url, args.clients, args.duration_s, args.warmup_s, args.api_key, fields=fields)
+    report = run_load(
+        url,
+        args.clients,
+        args.duration_s,
+        args.warmup_s,
+        args.api_key,
+        fields=fields,
+        processes=args.processes,
+    )
     rows = [
         ["clients", report.clients],
+        ["load-generating processes", args.processes],
         ["duration s", report.duration_s],
         ["requests sent", report.sent],
         ["answered", report.answered],

@@ -9,6 +9,7 @@
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
 #     [GPUS=1|2] [CONFIG=one-gpu|two-gpus] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
+#     [CLIENT_PROCESSES="1 4"] \
 #     [PLACEMENT=colocated|disaggregated] [MPS=1] [OVERRIDES='{"decoder": {"num_replicas": 1}}'] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
@@ -16,7 +17,8 @@
 #
 # Prints the time from `serve run` to /ready (a warm-up window through encoder, NIXL and decoder)
 # and the first request's latency after it, then bench_load's table for each client count in
-# CLIENTS (priorities by audio length: the 35.5 s clip is batch work), one more run with every
+# CLIENTS (priorities by audio length: the 35.5 s clip is batch work; its clients in one process, or
+# one run for each count of load-generating processes in CLIENT_PROCESSES), one more run with every
 # request sent as interactive at INTERACTIVE_CLIENTS (empty: none), the decoders' K/V pull times
 # from /metrics, and, with the app stopped, the engine alone on the same weights at the same
 # concurrencies (benchmarks/engine_alone.py). With REALTIME_STREAMS set, instead: live streams at
@@ -112,11 +114,13 @@ if [[ -n "${REALTIME_STREAMS:-}" ]]; then
   exit 0
 fi
 for clients in $CLIENTS; do
-  echo "== $clients clients, priorities by audio length"
-  # shellcheck disable=SC2086
-  python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$clients" --duration-s "$DURATION" \
-    --warmup-s "$WARMUP" ${BENCH_ARGS:-}
-  metrics
+  for processes in ${CLIENT_PROCESSES:-1}; do
+    echo "== $clients clients in $processes load-generating processes, priorities by audio length"
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench_load.py --url http://localhost:8000 --clients "$clients" --duration-s "$DURATION" \
+      --warmup-s "$WARMUP" --processes "$processes" ${BENCH_ARGS:-}
+    metrics
+  done
 done
 if [[ -n "$INTERACTIVE_CLIENTS" ]]; then
   echo "== $INTERACTIVE_CLIENTS clients, every request interactive"
