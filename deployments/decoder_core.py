@@ -25,7 +25,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from deployments.autoscaling import INTERACTIVE_WAITING, KV_DEMAND_BLOCKS, KV_TOTAL_BLOCKS
@@ -39,7 +38,6 @@ from engine.decode.timings import LoopTimings
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVSource, EncoderStates
-from engine.model.audio import pad_or_trim
 from engine.model.loading import load_model
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver
@@ -178,8 +176,7 @@ class DecoderCore:
 
     def _encode_windows(self, jobs: list[WindowJob]) -> list[torch.Tensor]:
         """A batch's encoder states, one [1500, d] view per window (on a worker thread)."""
-        audio = torch.from_numpy(np.stack([pad_or_trim(job.samples) for job in jobs]))
-        return list(self.encoder.encode_blocking(audio))
+        return list(self.encoder.encode_blocking([job.samples for job in jobs]))
 
     def _may_encode(self) -> bool:
         """Encode more only while fewer than a batch of encoded windows wait for admission."""

@@ -18,7 +18,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import ray
 import torch
 from ray.serve.handle import DeploymentHandle
@@ -27,7 +26,6 @@ from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig
 from deployments.window_batcher import WindowBatcher, WindowJob
 from engine.encode.runner import EncoderRunner
-from engine.model.audio import pad_or_trim
 from engine.model.loading import load_model
 from kv_transfer import make_sender
 from kv_transfer.base import TransferHandle
@@ -150,8 +148,7 @@ class EncoderDeployment:
 
     def _encode_and_stage(self, jobs: list[WindowJob]) -> list[TransferHandle | Exception]:
         started = time.perf_counter()
-        audio = torch.from_numpy(np.stack([pad_or_trim(job.samples) for job in jobs]))
-        states = self.runner.encode(audio)
+        states = self.runner.encode([job.samples for job in jobs])
         payloads = self.runner.cross_kv(states) if self.payload == "cross_kv" else states
         handles: list[TransferHandle | Exception] = []
         for job, payload in zip(jobs, payloads):

@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 import torch.cuda.green_contexts as green_contexts
 
-from engine.encode.runner import EncoderRunner
+from engine.encode.runner import EncoderRunner, Windows
 from engine.kernels import sm_count
 
 
@@ -92,7 +92,7 @@ class OverlappedEncoder:
     def busy(self) -> bool:
         return self._in_flight is not None
 
-    def submit(self, windows: torch.Tensor) -> None:
+    def submit(self, windows: Windows) -> None:
         if self._in_flight is not None:
             raise RuntimeError("an encoder batch is already in flight: take() it first")
         if not self.overlaps:
@@ -114,7 +114,7 @@ class OverlappedEncoder:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
 
-    def encode_blocking(self, windows: torch.Tensor) -> torch.Tensor:
+    def encode_blocking(self, windows: Windows) -> torch.Tensor:
         """Encode on the calling thread, on the encoder's stream where there is one, and return once
         the kernels have finished: for a caller that is itself a worker thread (a colocated
         replica's forwards, deployments/decoder_core.py)."""
@@ -130,6 +130,6 @@ class OverlappedEncoder:
         self.gpu_wait_s += time.perf_counter() - waiting_since
         return out
 
-    def _encode(self, windows: torch.Tensor) -> torch.Tensor:
+    def _encode(self, windows: Windows) -> torch.Tensor:
         states = self.runner.encode(windows)
         return self.runner.cross_kv(states) if self.project_cross_kv else states

@@ -3,13 +3,20 @@ cross-attention K/V, in the KV cache's dtype."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
 import torch
 
 from engine.encode.graphs import EncoderGraphs
+from engine.encode.staging import WindowStaging
 from engine.kv.storage import to_cache_dtype
 from engine.model.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model.fp8 import fp8_supported, quantize_linears
 from engine.model.loading import LoadedModel
+
+# An encoder batch: [N, 480000] float32 samples (padded), or each window's samples as they came.
+Windows = torch.Tensor | Sequence[np.ndarray]
 
 
 def quantize_encoder_fp8(loaded: LoadedModel) -> None:
@@ -47,6 +54,7 @@ class EncoderRunner:
         self.stream_first = switches.encoder_stream_first
         self.sm_share = switches.encoder_sm_share
         self.graphs: EncoderGraphs | None = None
+        self.staging = WindowStaging(self.device, graph_batch_size)
         if switches.fp8_encoder:
             quantize_encoder_fp8(loaded)
         elif switches.fused_encoder_gelu:
@@ -64,8 +72,11 @@ class EncoderRunner:
             )
 
     @torch.inference_mode()
-    def encode(self, windows: torch.Tensor) -> torch.Tensor:
-        """windows [N, 480000] float32 samples (padded) -> encoder states [N, 1500, d_model]."""
+    def encode(self, windows: Windows) -> torch.Tensor:
+        """windows [N, 480000] float32 samples (padded), or each window's samples as they came (any
+        length up to 30 s, copied through ``staging``) -> encoder states [N, 1500, d_model]."""
+        if not isinstance(windows, torch.Tensor):
+            windows = self.staging.to_device(windows)
         mels = log_mel_spectrogram(windows.to(self.device), self.dims.n_mels)
         # In the model's dtype: a CPU's bf16 encoder hands float32 states to the float32 decoder.
         if self.graphs is not None and len(mels) <= self.graphs.max_batch_size:

@@ -12,14 +12,13 @@ from collections import deque
 from typing import Sequence, Union
 
 import numpy as np
-import torch
 
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
-from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file, pad_or_trim
+from engine.model.audio import SAMPLE_RATE, decode_audio, load_audio_file
 from engine.model.loading import LoadedModel, load_model
 from engine.transcribe.speech import SpeechOptions, detect_speech, speech_windows
 from engine.transcribe.windows import LongFormMode, Transcription, long_form_cursor
@@ -100,9 +99,7 @@ class Transcriber:
         while windows or encoding or self.decoder.has_work:
             if not encoding and windows and self.decoder.stats().num_waiting < batch_size:
                 encoding = [windows.popleft() for _ in range(min(batch_size, len(windows)))]
-                self.encoder.submit(
-                    torch.from_numpy(np.stack([pad_or_trim(samples) for _, samples, _ in encoding]))
-                )
+                self.encoder.submit([samples for _, samples, _ in encoding])
             # With nothing to decode, wait for the batch; otherwise take it only once it is done.
             cross_kv = self.encoder.take(wait=not self.decoder.has_work) if encoding else None
             if cross_kv is not None:

@@ -19,7 +19,7 @@ from engine.decode.engine import DecoderEngine
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
-from engine.model.audio import N_SAMPLES, log_mel_spectrogram
+from engine.model.audio import N_SAMPLES, log_mel_spectrogram, pad_or_trim
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion_by_id
 from tests.support.hf_reference import hf_greedy_as_engine
@@ -182,6 +182,31 @@ def test_an_encoder_on_a_share_of_the_sms_gives_the_full_gpus_states_on_a_stream
     finally:
         partitioned.close()
     torch.testing.assert_close(states, runner.encode(audio), atol=2e-2, rtol=2e-2)
+
+
+def test_windows_through_the_page_locked_buffer_on_the_encoders_stream_give_the_stacked_batchs_states():
+    """engine/encode/staging.py on a GPU: each batch's rows copied to the device without the thread
+    waiting, on the encoder's own stream; the next batch reuses the rows once that copy is done."""
+    hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
+    loaded = engine_model(hf, bundled_tokenizer("base"), EngineConfig(model="large-v3-turbo", device="cuda"))
+    runner = EncoderRunner(loaded, graph_batch_size=2)
+    encoder = OverlappedEncoder(runner, project_cross_kv=False)
+    audio = windows_of([clip.path for clip in short_english_clips()[:5]])
+    batches = [
+        [row[: 16000 * (3 + index)].numpy() for index, row in enumerate(audio[:4])],
+        [audio[4].numpy()],
+    ]
+    try:
+        staged = [encoder.encode_blocking(batch) for batch in batches]  # 4 rows grows the 2-row buffer
+        assert runner.staging.page_locked
+        stacked = [
+            encoder.encode_blocking(torch.stack([torch.from_numpy(pad_or_trim(w)) for w in b]))
+            for b in batches
+        ]
+    finally:
+        encoder.close()
+    for ours, expected in zip(staged, stacked):
+        torch.testing.assert_close(ours, expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
