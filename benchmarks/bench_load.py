@@ -2,7 +2,7 @@
 final answer, no 5xx but the designed 429/503, every process's memory flat after warm-up, and
 the KV pool all free at the end.
 
-    .venv/bin/python benchmarks/bench_load.py [--clients 64] [--duration-s 300] [--record]
+    .venv/bin/python benchmarks/bench_load.py [--clients 64] [--processes 1] [--duration-s 300] [--record]
         [--fixed-output-tokens N] [--no-fallback] [--priority interactive|batch]
 
 Starts a local Ray and the default app (configs/default.yaml) unless --url points at a running one.
@@ -292,8 +292,8 @@ def run_load(
     shares = [list(range(first, clients, processes)) for first in range(processes)]
     parts = [pool.submit(run_clients, work, seeds) for seeds in shares if seeds]
     time.sleep(min(warmup_s, duration_s))
-    processes = _serving_processes()
-    measured = {**processes, os.getpid(): "this load generator (the clients)"}
+    serving = _serving_processes()
+    measured = {**serving, os.getpid(): "this load generator (the clients)"}
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
             if "multiprocessing" in " ".join(child.cmdline()):  # the pool's, not a Ray this process started
@@ -315,7 +315,7 @@ def run_load(
     while not all(part.done() for part in parts):
         if not report.steady and time.monotonic() >= stop_at:
             measure_steady_part()
-        for pid, name in processes.items():
+        for pid, name in serving.items():
             try:
                 report.rss_mb.setdefault(f"{name} ({pid})", []).append(
                     psutil.Process(pid).memory_info().rss / 2**20
