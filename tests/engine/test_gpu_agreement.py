@@ -19,7 +19,7 @@ from engine.decode.engine import DecoderEngine
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
-from engine.model.audio import N_SAMPLES, log_mel_spectrogram, pad_or_trim
+from engine.model.audio import N_SAMPLES, log_mel_spectrogram
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion_by_id
 from tests.support.hf_reference import hf_greedy_as_engine
@@ -199,10 +199,7 @@ def test_windows_through_the_page_locked_buffer_on_the_encoders_stream_give_the_
     try:
         staged = [encoder.encode_blocking(batch) for batch in batches]  # 4 rows grows the 2-row buffer
         assert runner.staging.page_locked
-        stacked = [
-            encoder.encode_blocking(torch.stack([torch.from_numpy(pad_or_trim(w)) for w in b]))
-            for b in batches
-        ]
+        stacked = [encoder.encode_blocking(windows_of(batch)) for batch in batches]
     finally:
         encoder.close()
     for ours, expected in zip(staged, stacked):
