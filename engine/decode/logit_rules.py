@@ -62,7 +62,6 @@ class LogitRules:
             else [tokenizer.encode(" ")[0], special.eot]
         )
         self.begin_suppress_token_ids = [t for t in begin if 0 <= t < vocab_size]
-        self.begin_suppress = torch.tensor(self.begin_suppress_token_ids, dtype=torch.long, device=device)
         self.max_initial_timestamp = special.timestamp_begin + round(MAX_INITIAL_TIMESTAMP_S / 0.02)
         self.device = device
         # Per slot: [last token was a timestamp, the one before was (or there was none), last timestamp
@@ -99,9 +98,16 @@ class LogitRules:
         # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
         logits.index_fill_(1, self.suppress_ids, -math.inf)
         if any(first):
-            first_rows = [row for row, is_first in enumerate(first) if is_first]
-            rows = upload(first_rows, torch.long, self.device)
-            logits[rows[:, None], self.begin_suppress[None, :]] = -math.inf
+            # At flat positions, as the line above: an assignment through an index pair
+            # (logits[rows, ids] = value) waits for the device on a GPU, and with it for the step.
+            vocab = logits.shape[1]
+            positions = [
+                row * vocab + token
+                for row, is_first in enumerate(first)
+                if is_first
+                for token in self.begin_suppress_token_ids
+            ]
+            logits.view(-1).index_fill_(0, upload(positions, torch.long, self.device), -math.inf)
         if stamp_rows is not None:
             self._timestamp_rules(logits, stamp_rows)
 

@@ -150,3 +150,26 @@ def test_batched_rules_match_transformers_row_by_row(use_triton):
     assert torch.isinf(full[7, begin : floor + 1]).all() and not torch.isinf(full[7, floor + 1 :]).all()
     without = len(outputs) // 2  # the same histories without timestamps: no timestamp rule applies
     assert not torch.isinf(full[without + 7, begin : floor + 1]).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_the_gpu_the_rules_for_first_tokens_and_timestamps_never_wait_for_the_device():
+    """The decode loop applies the rules between launching a step and reading the one before: a
+    synchronizing call here would make the host wait for the step it just launched."""
+    tokenizer = WhisperTokenizer(bundled_tokenizer("tiny.en"), ENGLISH_VOCAB)
+    device = torch.device("cuda")
+    rules = LogitRules(tokenizer, ENGLISH_VOCAB, None, None, device, num_slots=8, use_triton=True)
+    logits = torch.randn(8, ENGLISH_VOCAB, device=device)
+    first = [True, False, True, False, False, False, True, False]
+    timestamps = [False] * 6 + [True, True]  # a first row and a later one with the timestamp rules
+    stamp_rows = rules.timestamp_rows(first, timestamps, list(range(8)))
+    rules.apply(logits.clone(), first, stamp_rows)  # compiles the kernels before the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        rules.apply(logits, first, rules.timestamp_rows(first, timestamps, list(range(8))))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    suppressed = torch.isinf(logits[:, rules.begin_suppress_token_ids]).cpu()
+    assert suppressed[[0, 2, 6]].all() and not suppressed[[1, 3, 4, 5]].any()
