@@ -93,7 +93,7 @@ class LogitRules:
         )
 
     def apply(self, logits: torch.Tensor, first: list[bool], stamp_rows: torch.Tensor | None) -> None:
-        """logits [B, V] float32; ``first``: per row, is this its first sampled token;
+        """logits [B, V] float32, contiguous; ``first``: per row, is this its first sampled token;
         ``stamp_rows``: from ``timestamp_rows``."""
         # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
         logits.index_fill_(1, self.suppress_ids, -math.inf)
