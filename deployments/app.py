@@ -84,7 +84,10 @@ def build_whisper_app(config: AppConfig) -> Application:
         # answers nothing but errors until it is replaced.
         health_check_period_s=2.0,
     )
-    ingress = serve.deployment(Ingress).options(**_deployment_options("WhisperIngress", config.ingress))
+    ingress_options = _deployment_options("WhisperIngress", config.ingress)
+    if env_vars := config.http.ingress_env_vars():
+        ingress_options["ray_actor_options"]["runtime_env"] = {"env_vars": env_vars}
+    ingress = serve.deployment(Ingress).options(**ingress_options)
     decoders = decoder.bind(config)
     if config.colocated:  # the decoder replicas encode their own windows
         return ingress.bind(config, None, decoders)

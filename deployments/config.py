@@ -215,11 +215,25 @@ class HTTPLimits(BaseModel):
     max_beam_size: int = Field(
         8, ge=1, description="the largest beam_size (or best_of) a request may ask for"
     )
+    inline_window_kb: int = Field(
+        512,
+        ge=0,
+        description="a window's samples up to this size travel inside the ingress's call to the encoder or "
+        "decoder replica: one message, where Ray would send every argument over its own limit (100 KB) "
+        "through its object store. Larger windows still go through the store: inside the call they cost "
+        "the answering replica more CPU (benchmarks/RESULTS.md, bench_serve_call.py). 0 keeps Ray's limit",
+    )
     api_keys: list[str] = Field(
         default_factory=list,
         description="when non-empty, requests need `Authorization: Bearer <key>`; also read from "
         f"${API_KEYS_ENV} (comma-separated) when the config gives none, so keys need not sit in the YAML",
     )
+
+    def ingress_env_vars(self) -> dict[str, str]:
+        """The ingress replicas' environment: Ray's workers read their argument limit from it."""
+        if not self.inline_window_kb:
+            return {}
+        return {"RAY_max_direct_call_object_size": str(self.inline_window_kb * 1024)}
 
     @model_validator(mode="after")
     def _api_keys_from_environment(self) -> "HTTPLimits":

@@ -135,3 +135,22 @@ def test_the_encoders_sm_share_partitions_a_gpu_only_and_never_a_whole_one(devic
 
     config = EngineConfig(device=device, gpu={"encoder_sm_share": share})
     assert config.gpu_switches().encoder_sm_share == resolved
+
+
+def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_rays():
+    from deployments.app import build_whisper_app
+    from deployments.config import AppConfig
+
+    def actor_options(http: dict) -> dict[str, dict]:
+        app = build_whisper_app(AppConfig(http=http))
+        ingress = app._bound_deployment
+        bound = [ingress, *(arg._bound_deployment for arg in ingress.init_args[1:] if arg is not None)]
+        return {deployment.name: deployment.ray_actor_options for deployment in bound}
+
+    options = actor_options({"inline_window_kb": 256})
+    assert set(options) == {"WhisperIngress", "WhisperEncoder", "WhisperDecoder"}
+    assert options["WhisperIngress"]["runtime_env"] == {
+        "env_vars": {"RAY_max_direct_call_object_size": str(256 * 1024)}
+    }
+    assert all("runtime_env" not in value for name, value in options.items() if name != "WhisperIngress")
+    assert "runtime_env" not in actor_options({"inline_window_kb": 0})["WhisperIngress"]

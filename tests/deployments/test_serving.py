@@ -20,6 +20,7 @@ import srt
 import webvtt
 
 from benchmarks.bench_load import metric_sum, run_load, scrape, server_timing_ms, steady_figures
+from deployments.config import HTTPLimits
 from engine.config import EngineConfig
 from engine.model.audio import load_audio_file
 from engine.model.loading import LoadedModel, load_model
@@ -195,6 +196,28 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
+
+
+def test_the_ingress_replicas_processes_carry_the_inline_window_limit_ray_reads(server_url):
+    """http.inline_window_kb reaches the ingress replicas' processes, where Ray's workers read the
+    largest argument they send inside a call; short windows then skip Ray's object store."""
+    expected = str(HTTPLimits().inline_window_kb * 1024).encode()
+    ingresses = [
+        proc
+        for proc in Path("/proc").iterdir()
+        if proc.name.isdigit() and b"ServeReplica:whisper:WhisperIngress" in _read_or_empty(proc / "cmdline")
+    ]
+    assert ingresses, "no ingress replica process found"
+    for proc in ingresses:
+        environment = _read_or_empty(proc / "environ").split(b"\0")
+        assert b"RAY_max_direct_call_object_size=" + expected in environment, proc.name
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # a process that ended meanwhile, or one of another user's
+        return b""
 
 
 def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
