@@ -9,7 +9,7 @@
    it). Closed-loop callers in a caller replica, side by side in one Ray; calls/s, latency, and the
    answering replica's CPU per call.
 
-    .venv/bin/python benchmarks/bench_serve_call.py [--calls 2000] [--rounds 3] [--window-s 2,5,15,30]
+    .venv/bin/python benchmarks/bench_serve_call.py [--calls 2000] [--rounds 3] [--window-s 2,5,8,15,30]
         [--callers 16] [--seconds 5] [--record]
 """
 
@@ -30,8 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from deployments.config import HTTPLimits  # noqa: E402
-
-SAMPLE_RATE = 16000
+from engine.model.audio import SAMPLE_RATE  # noqa: E402
 
 
 def _cpu_s() -> float:
@@ -102,6 +101,15 @@ def empty_calls(calls: int, rounds: int) -> None:
         serve.delete("serve-call")
 
 
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class _Pair:
+    def __init__(self, store, inline):
+        self.ways = {"store": store, "inline": inline}
+
+    async def windows(self, way: str, window_s: float, callers: int, seconds: float) -> dict:
+        return await self.ways[way].windows.remote(window_s, callers, seconds)
+
+
 WINDOW_HEADERS = [
     "window s (KB)",
     "calls/s: store / inline",
@@ -113,11 +121,11 @@ WINDOW_HEADERS = [
 
 
 def window_calls(window_s: list[float], callers: int, seconds: float) -> list[list[str]]:
-    env_vars = HTTPLimits().ingress_env_vars()
     echo = Echo.bind()
     store = Caller.options(name="CallerThroughTheStore").bind(echo)
     inline = Caller.options(
-        name="CallerInline", ray_actor_options={"num_cpus": 0, "runtime_env": {"env_vars": env_vars}}
+        name="CallerInline",
+        ray_actor_options={"num_cpus": 0, "runtime_env": HTTPLimits().ingress_runtime_env()},
     )
     # Both callers in one app, answered by the same replica: the two ways alternate in one Ray.
     app = serve.run(_Pair.bind(store, inline.bind(echo)), name="window-calls", route_prefix=None)
@@ -142,20 +150,11 @@ def window_calls(window_s: list[float], callers: int, seconds: float) -> list[li
     return rows
 
 
-@serve.deployment(ray_actor_options={"num_cpus": 0})
-class _Pair:
-    def __init__(self, store, inline):
-        self.ways = {"store": store, "inline": inline}
-
-    async def windows(self, way: str, window_s: float, callers: int, seconds: float) -> dict:
-        return await self.ways[way].windows.remote(window_s, callers, seconds)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--window-s", default="2,5,15,30", help="window lengths for part 2, seconds")
+    parser.add_argument("--window-s", default="2,5,8,15,30", help="window lengths for part 2, seconds")
     parser.add_argument("--callers", type=int, default=16, help="closed-loop callers for part 2")
     parser.add_argument("--seconds", type=float, default=5.0, help="each part-2 run's length")
     parser.add_argument("--part", choices=("empty", "windows", "both"), default="both")

@@ -85,8 +85,8 @@ def build_whisper_app(config: AppConfig) -> Application:
         health_check_period_s=2.0,
     )
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
-    if env_vars := config.http.ingress_env_vars():
-        ingress_options["ray_actor_options"]["runtime_env"] = {"env_vars": env_vars}
+    if runtime_env := config.http.ingress_runtime_env():
+        ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
     ingress = serve.deployment(Ingress).options(**ingress_options)
     decoders = decoder.bind(config)
     if config.colocated:  # the decoder replicas encode their own windows

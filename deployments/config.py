@@ -229,11 +229,12 @@ class HTTPLimits(BaseModel):
         f"${API_KEYS_ENV} (comma-separated) when the config gives none, so keys need not sit in the YAML",
     )
 
-    def ingress_env_vars(self) -> dict[str, str]:
-        """The ingress replicas' environment: Ray's workers read their argument limit from it."""
+    def ingress_runtime_env(self) -> dict[str, dict[str, str]] | None:
+        """The ingress replicas' runtime_env: Ray's workers read their argument limit from its
+        environment (None: Ray's own limit)."""
         if not self.inline_window_kb:
-            return {}
-        return {"RAY_max_direct_call_object_size": str(self.inline_window_kb * 1024)}
+            return None
+        return {"env_vars": {"RAY_max_direct_call_object_size": str(self.inline_window_kb * 1024)}}
 
     @model_validator(mode="after")
     def _api_keys_from_environment(self) -> "HTTPLimits":

@@ -98,7 +98,7 @@ class LogitRules:
         # Index ops, not boolean masks: a mask index costs a device sync (nonzero) per call.
         logits.index_fill_(1, self.suppress_ids, -math.inf)
         if any(first):
-            # At flat positions, as the line above: an assignment through an index pair
+            # index_fill_ at flat positions, as above: an assignment through an index pair
             # (logits[rows, ids] = value) waits for the device on a GPU, and with it for the step.
             vocab = logits.shape[1]
             positions = [
