@@ -5,8 +5,8 @@
    decoder replica's decode loop shares that process and its GIL (issue 20).
 2. A window's samples as the call's argument, as the ingress sends them to an encoder or decoder
    replica: through Ray's object store (Ray's limit for arguments inside a call is 100 KB) against
-   inside the call (``http.inline_window_kb``, the ingress's environment as deployments/app.py sets
-   it). Closed-loop callers in a caller replica, side by side in one Ray; calls/s, latency, and the
+   inside the call (``http.inline_window_kb`` at 512, the ingress's environment as deployments/app.py
+   sets it). Closed-loop callers in a caller replica, side by side in one Ray; calls/s, latency, and the
    answering replica's CPU per call.
 
     .venv/bin/python benchmarks/bench_serve_call.py [--calls 2000] [--rounds 3] [--window-s 2,5,8,15,30]
@@ -123,10 +123,8 @@ WINDOW_HEADERS = [
 def window_calls(window_s: list[float], callers: int, seconds: float) -> list[list[str]]:
     echo = Echo.bind()
     store = Caller.options(name="CallerThroughTheStore").bind(echo)
-    inline = Caller.options(
-        name="CallerInline",
-        ray_actor_options={"num_cpus": 0, "runtime_env": HTTPLimits().ingress_runtime_env()},
-    )
+    inline_env = HTTPLimits(inline_window_kb=512).ingress_runtime_env()
+    inline = Caller.options(name="CallerInline", ray_actor_options={"num_cpus": 0, "runtime_env": inline_env})
     # Both callers in one app, answered by the same replica: the two ways alternate in one Ray.
     app = serve.run(_Pair.bind(store, inline.bind(echo)), name="window-calls", route_prefix=None)
     rows = []

@@ -216,12 +216,14 @@ class HTTPLimits(BaseModel):
         8, ge=1, description="the largest beam_size (or best_of) a request may ask for"
     )
     inline_window_kb: int = Field(
-        512,
+        0,
         ge=0,
         description="a window's samples up to this size travel inside the ingress's call to the encoder or "
         "decoder replica: one message, where Ray would send every argument over its own limit (100 KB) "
-        "through its object store. Larger windows still go through the store: inside the call they cost "
-        "the answering replica more CPU (benchmarks/RESULTS.md, bench_serve_call.py). 0 keeps Ray's limit",
+        "through its object store. It made such calls cheaper alone (at 512: 1.4-1.8x the calls a second "
+        "for 2-8 s windows), but the turbo app on a GPU served no more tokens a second with it, so 0, "
+        "Ray's own limit, is the default (benchmarks/RESULTS.md, bench_serve_call.py). Windows over ~8 s "
+        "(512 KB) cost the answering replica more CPU inside the call than through the store",
     )
     api_keys: list[str] = Field(
         default_factory=list,

@@ -154,3 +154,4 @@ def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_ra
     }
     assert all("runtime_env" not in value for name, value in options.items() if name != "WhisperIngress")
     assert "runtime_env" not in actor_options({"inline_window_kb": 0})["WhisperIngress"]
+    assert "runtime_env" not in actor_options({})["WhisperIngress"], "the default keeps Ray's limit"

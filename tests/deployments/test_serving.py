@@ -20,7 +20,6 @@ import srt
 import webvtt
 
 from benchmarks.bench_load import metric_sum, run_load, scrape, server_timing_ms, steady_figures
-from deployments.config import HTTPLimits
 from engine.config import EngineConfig
 from engine.model.audio import load_audio_file
 from engine.model.loading import LoadedModel, load_model
@@ -38,6 +37,7 @@ pytestmark = pytest.mark.ray
 
 API_KEY = "test-key-123"  # the default app, with API keys switched on to test them too
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+INLINE_WINDOW_KB = 512  # not the default (0, Ray's own limit): the test server sends short windows inline
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,7 @@ def server_url():
         "max_in_flight_requests": 40,
         "upload_timeout_s": 3,
         "max_windows_in_flight": 1,
+        "inline_window_kb": INLINE_WINDOW_KB,
     }
     # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
     transfer = {**args["transfer"], "unclaimed_timeout_s": 10}
@@ -201,7 +202,7 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
 def test_the_ingress_replicas_processes_carry_the_inline_window_limit_ray_reads(server_url):
     """http.inline_window_kb reaches the ingress replicas' processes, where Ray's workers read the
     largest argument they send inside a call; short windows then skip Ray's object store."""
-    expected = str(HTTPLimits().inline_window_kb * 1024).encode()
+    expected = str(INLINE_WINDOW_KB * 1024).encode()
     ingresses = [
         proc
         for proc in Path("/proc").iterdir()
