@@ -220,10 +220,10 @@ class HTTPLimits(BaseModel):
         ge=0,
         description="a window's samples up to this size travel inside the ingress's call to the encoder or "
         "decoder replica: one message, where Ray would send every argument over its own limit (100 KB) "
-        "through its object store. It made such calls cheaper alone (at 512: 1.4-1.8x the calls a second "
-        "for 2-8 s windows), but the turbo app on a GPU served no more tokens a second with it, so 0, "
-        "Ray's own limit, is the default (benchmarks/RESULTS.md, bench_serve_call.py). Windows over ~8 s "
-        "(512 KB) cost the answering replica more CPU inside the call than through the store",
+        "through its object store. Such calls are cheaper measured alone, but the app on a GPU served no "
+        "more tokens a second with them, so 0 (Ray's own limit) is the default; windows over ~8 s cost the "
+        "answering replica more CPU inside the call than through the store (benchmarks/RESULTS.md, "
+        "bench_serve_call.py)",
     )
     api_keys: list[str] = Field(
         default_factory=list,
