@@ -14,6 +14,7 @@ the decoders' own counters (``whisper_decoder_tokens_generated`` at /metrics).
 from __future__ import annotations
 
 import argparse
+import atexit
 import concurrent.futures
 import contextlib
 import multiprocessing
@@ -398,6 +399,9 @@ def start_default_app(cpu_dtype: str | None = None) -> str:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     ray.init(include_dashboard=False, log_to_driver=False)
+    # Before Ray's own shutdown at exit (registered earlier, so it runs later): Serve stops what it
+    # started outside Ray's workers, such as HAProxy (README, "Behind HAProxy").
+    atexit.register(serve.shutdown)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(spec["args"]), name=spec["name"], route_prefix=spec["route_prefix"])
     return f"http://127.0.0.1:{port}"
