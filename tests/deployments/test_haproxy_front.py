@@ -48,11 +48,15 @@ def _listeners(url: str) -> list[psutil.Process]:
 
 @pytest.fixture(scope="module")
 def server_url():
-    # HAProxy's stats and metrics listeners have fixed ports unless told: free ones, so that
-    # nothing else on the machine decides whether it starts.
+    # HAProxy's stats and metrics listeners and Serve's fallback proxy behind it have fixed ports
+    # unless told: free ones, so that nothing else on the machine decides whether it starts.
     environment = HAPROXY_FRONT | {
-        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()),
-        "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+        variable: str(free_port())
+        for variable in (
+            "RAY_SERVE_HAPROXY_STATS_PORT",
+            "RAY_SERVE_HAPROXY_METRICS_PORT",
+            "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
+        )
     }
     haproxy: list[psutil.Process] = []
     with running_app(default_app_args(), environment) as url:
