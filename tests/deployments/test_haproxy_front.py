@@ -59,13 +59,17 @@ def server_url():
         )
     }
     haproxy: list[psutil.Process] = []
-    with running_app(default_app_args(), environment) as url:
-        deadline = time.monotonic() + 120
-        while httpx.get(f"{url}/ready", timeout=30).status_code != 200:
-            assert time.monotonic() < deadline, "the app never got ready"
-            time.sleep(0.5)
-        haproxy.extend(_listeners(url))
-        yield url
+    # Set while Ray starts, so that its processes inherit them, as from the shell of `serve run`.
+    with pytest.MonkeyPatch.context() as patch:
+        for variable, value in environment.items():
+            patch.setenv(variable, value)
+        with running_app(default_app_args()) as url:
+            deadline = time.monotonic() + 120
+            while httpx.get(f"{url}/ready", timeout=30).status_code != 200:
+                assert time.monotonic() < deadline, "the app never got ready"
+                time.sleep(0.5)
+            haproxy.extend(_listeners(url))
+            yield url
     gone = psutil.wait_procs(haproxy, timeout=30)[0]
     assert len(gone) == len(haproxy), "HAProxy outlived Serve and still holds the app's port"
 

@@ -4,7 +4,6 @@ and Serve, runs the app and shuts both down."""
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -28,39 +27,23 @@ def default_app_args() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running_app(args: dict[str, Any], environment: dict[str, str] | None = None) -> Iterator[str]:
+def running_app(args: dict[str, Any]) -> Iterator[str]:
     """Start a local Ray (as `serve run` does: it sees this machine's cores), run the app built from
-    ``args`` at ``/`` and yield its base URL; shut Serve and Ray down after. ``environment``: variables
-    set while it runs, so that Ray's processes inherit them (as from the shell of `serve run`)."""
+    ``args`` at ``/`` and yield its base URL; shut Serve and Ray down after."""
     import ray
     from ray import serve
 
     from deployments.app import build_app
 
     port = free_port()
-    with _environment(environment or {}):
-        ray.init(include_dashboard=False, log_to_driver=False)
-        try:
-            serve.start(http_options={"host": "127.0.0.1", "port": port})
-            serve.run(build_app(args), name="whisper", route_prefix="/")
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            serve.shutdown()
-            ray.shutdown()
-
-
-@contextlib.contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    before = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
+    ray.init(include_dashboard=False, log_to_driver=False)
     try:
-        yield
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app(args), name="whisper", route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        serve.shutdown()
+        ray.shutdown()
 
 
 def replica_actor(deployment: str):
