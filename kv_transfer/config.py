@@ -53,6 +53,15 @@ class TransferConfig(BaseModel):
         description="how often a sender checks for finished pulls and expiry, and an idle NIXL agent makes "
         "progress",
     )
+    staged_poll_interval_ms: float = Field(
+        0.2,
+        gt=0,
+        le=1000,
+        description="how often a NIXL sender's agent makes progress while it holds staged windows in GPU "
+        "memory: a READ of them completes only while the sender's agent is called, so this bounds a pull's "
+        "time (measured: benchmarks/RESULTS.md); release_poll_interval_ms applies while nothing is staged, "
+        "and to staging in host memory, which is read without the sender",
+    )
 
     @model_validator(mode="after")
     def _connector_is_installed(self) -> "TransferConfig":

@@ -12,6 +12,10 @@ RDMA across hosts, shared memory / CMA between processes on host memory).
   notification that carries the token; the sender's service thread polls notifications and frees
   the entry. A header that no longer holds the token means the entry was released or reused
   before the pull: the pull fails instead of handing out another request's bytes.
+- Pulls side by side: the agent is not thread-safe, so every call into it holds one lock, but
+  only for the call; a pull waits for its READ outside it, sleeping between polls. Each pull has
+  a header slot of its own. A decoder's loader pulls several windows at once, and a slow one holds
+  back only itself; a poll that spun instead would hold Python's GIL against the decode loop.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ from __future__ import annotations
 import atexit
 import importlib
 import logging
+import queue
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -37,7 +44,10 @@ from kv_transfer.staging import STAGING_ALIGNMENT, StagedEntry, StagingBuffer, S
 logger = logging.getLogger(__name__)
 
 _RELEASE_PREFIX = b"kv-release:"
-_SPIN_S = 2e-3  # how long a pull polls its READ without sleeping
+# A READ is polled after sleeps doubling from the first to the last: a window lands between GPUs in
+# well under a millisecond, and on a slow link a poll a millisecond is enough.
+_FIRST_POLL_S, _LAST_POLL_S = 20e-6, 1e-3
+_HEADER_SLOTS = 16  # pulls in flight at once through one receiver; more wait for a slot
 
 
 def nixl_api() -> ModuleType:
@@ -129,7 +139,10 @@ class NixlSender(StagingSender):
                 if message.startswith(_RELEASE_PREFIX):
                     tokens.append(int(message[len(_RELEASE_PREFIX) :]))
         if not tokens:
-            self._closed.wait(timeout_s)
+            # A READ of staged GPU memory completes only while this agent makes progress: while
+            # windows wait to be pulled, poll often. (Host memory is read without the sender.)
+            staged = self._memory_type == "VRAM" and self.num_staged > 0
+            self._closed.wait(self.config.staged_poll_interval_ms / 1000 if staged else timeout_s)
         return tokens
 
     def close(self) -> None:
@@ -153,12 +166,18 @@ class NixlReceiver(KVReceiver):
         self.device = storage.cache.device if storage is not None else torch.device(device or "cpu")
         self.name = f"kv-receiver-{uuid.uuid4().hex[:12]}"
         self.agent = _make_agent(self.name, self.device)
-        self._lock = threading.Lock()  # one transfer at a time through this agent
+        self._agent_lock = threading.Lock()  # held for each call into the agent, never for a wait
         self._registrations: dict[int, tuple[torch.Tensor, object]] = {}  # data_ptr -> (tensor, registration)
         self._remote_agents: set[str] = set()
-        # Where each pull's header lands; one slot, as pulls are serialized by the lock.
-        self._header = torch.zeros(STAGING_ALIGNMENT // 8, dtype=torch.int64, device=self.device)
-        self._register(self._header)
+        # Where each pull's header lands: a slot per pull in flight.
+        self._headers = torch.zeros(
+            _HEADER_SLOTS, STAGING_ALIGNMENT // 8, dtype=torch.int64, device=self.device
+        )
+        self._register(self._headers)
+        self._free_headers: queue.SimpleQueue[int] = queue.SimpleQueue()
+        for slot in range(_HEADER_SLOTS):
+            self._free_headers.put(slot)
+        self._states_lock = threading.Lock()  # one encoder_states pull at a time: they share a buffer
         self._states: torch.Tensor | None = None  # receive buffer for encoder_states, grown on demand
         if storage is not None:
             self._register(storage.cache)
@@ -172,36 +191,35 @@ class NixlReceiver(KVReceiver):
     def pull_blocks(self, handle: TransferHandle, storage: PagedKVStorage, block_ids: list[int]) -> None:
         self.check_connector(handle)
         layout = handle.layout
-        with self._lock:
-            try:
-                layout.check_fits(storage, block_ids)
-            except IncompatibleHandleError:
-                self._release_unpulled(handle)
-                raise
-            cache = storage.cache
+        try:
+            layout.check_fits(storage, block_ids)
+        except IncompatibleHandleError:
+            self.discard(handle)
+            raise
+        cache = storage.cache
+        with self._agent_lock:
             self._register(cache)
-            memory_type, device_id = _memory_kind(cache)
-            # Block-major on both sides: staged block i and cache block block_ids[i] are each one
-            # contiguous region, and so is a run of them.
-            block_bytes = np.uint64(layout.bytes_per_block)
-            staged_starts, cache_starts, run_lengths = (
-                run.astype(np.uint64) for run in _block_runs(block_ids)
-            )
-            local = _descriptors(
-                np.uint64(cache.data_ptr()) + cache_starts * block_bytes, run_lengths * block_bytes, device_id
-            )
-            remote = _descriptors(
-                np.uint64(handle.location.payload_address) + staged_starts * block_bytes,
-                run_lengths * block_bytes,
-                handle.location.device_id,
-            )
-            self._read_checked(handle, local, memory_type, remote)
+        memory_type, device_id = _memory_kind(cache)
+        # Block-major on both sides: staged block i and cache block block_ids[i] are each one
+        # contiguous region, and so is a run of them.
+        block_bytes = np.uint64(layout.bytes_per_block)
+        staged_starts, cache_starts, run_lengths = (run.astype(np.uint64) for run in _block_runs(block_ids))
+        local = _descriptors(
+            np.uint64(cache.data_ptr()) + cache_starts * block_bytes, run_lengths * block_bytes, device_id
+        )
+        remote = _descriptors(
+            np.uint64(handle.location.payload_address) + staged_starts * block_bytes,
+            run_lengths * block_bytes,
+            handle.location.device_id,
+        )
+        self._read_checked(handle, local, memory_type, remote)
 
     def pull_states(self, handle: TransferHandle) -> torch.Tensor:
         self.check_connector(handle)
         layout = handle.layout
-        with self._lock:
-            buffer = self._states_buffer(layout.nbytes)
+        with self._states_lock:
+            with self._agent_lock:
+                buffer = self._states_buffer(layout.nbytes)
             memory_type, device_id = _memory_kind(buffer)
             local = _descriptors([buffer.data_ptr()], layout.nbytes, device_id)
             remote = _descriptors([handle.location.payload_address], layout.nbytes, handle.location.device_id)
@@ -217,7 +235,7 @@ class NixlReceiver(KVReceiver):
         atexit.unregister(self.close)
         self._closed.set()
         self._progress.join()
-        with self._lock:
+        with self._agent_lock:
             for remote_agent in list(self._remote_agents):
                 self._forget(remote_agent)
             for _tensor, registration in self._registrations.values():
@@ -229,15 +247,27 @@ class NixlReceiver(KVReceiver):
         connection it travels on) only moves while this agent is called: keep calling it."""
         interval_s = self.config.release_poll_interval_ms / 1000
         while not self._closed.wait(interval_s):
-            if self._lock.acquire(blocking=False):  # a pull in progress drives progress itself
+            if self._agent_lock.acquire(blocking=False):  # busy: a pull's own calls drive progress
                 try:
                     self.agent.get_new_notifs()
                 except Exception:
                     logger.debug("NIXL progress poll failed", exc_info=True)
                 finally:
-                    self._lock.release()
+                    self._agent_lock.release()
 
     # --- one pull ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _header_slot(self) -> Iterator[torch.Tensor]:
+        """A zeroed header slot of this pull's own (waits while every slot is in flight)."""
+        slot = self._free_headers.get()
+        try:
+            header = self._headers[slot]
+            header.zero_()
+            synchronize(self.device)  # or the zeroing could land after the READ
+            yield header
+        finally:
+            self._free_headers.put(slot)
 
     def _read_checked(
         self, handle: TransferHandle, local: np.ndarray, memory_type: str, remote: np.ndarray
@@ -247,33 +277,28 @@ class NixlReceiver(KVReceiver):
         location: NixlLocation = handle.location
         deadline = time.monotonic() + self.config.pull_timeout_s
         remote_agent = handle.sender_id
-        try:
-            self._connect(remote_agent, location.agent_metadata)
-            self._read(handle, remote_agent, local, memory_type, remote, location.memory_type, b"", deadline)
-            header_local = _descriptors([self._header.data_ptr()], 8, _memory_kind(self._header)[1])
-            header_remote = _descriptors([location.header_address], 8, location.device_id)
-            self._header[0] = 0
-            synchronize(self.device)  # or the zeroing could land after the READ
-            self._read(
-                handle,
-                remote_agent,
-                header_local,
-                _memory_kind(self._header)[0],
-                header_remote,
-                location.memory_type,
-                _RELEASE_PREFIX + str(handle.staging_token).encode(),
-                deadline,
-            )
-        except TransferError:
-            self._release_unpulled(handle)
-            raise
-        except Exception as error:  # NIXL raises its own types (e.g. nixlRemoteDisconnectError)
-            self._release_unpulled(handle)
-            self._forget(remote_agent)
-            raise TransferError(
-                f"pulling {handle.request_id} from {remote_agent} failed: {error!r}"
-            ) from error
-        if int(self._header[0]) != handle.staging_token:
+        with self._header_slot() as header:
+            try:
+                with self._agent_lock:
+                    self._connect(remote_agent, location.agent_metadata)
+                self._read(handle, local, memory_type, remote, b"", deadline)
+                header_type, header_device = _memory_kind(header)
+                header_local = _descriptors([header.data_ptr()], 8, header_device)
+                header_remote = _descriptors([location.header_address], 8, location.device_id)
+                release = _RELEASE_PREFIX + str(handle.staging_token).encode()
+                self._read(handle, header_local, header_type, header_remote, release, deadline)
+            except TransferError:
+                self.discard(handle)
+                raise
+            except Exception as error:  # NIXL raises its own types (e.g. nixlRemoteDisconnectError)
+                with self._agent_lock:
+                    self._release_unpulled(handle)
+                    self._forget(remote_agent)
+                raise TransferError(
+                    f"pulling {handle.request_id} from {remote_agent} failed: {error!r}"
+                ) from error
+            token = int(header[0])
+        if token != handle.staging_token:
             raise TransferError(
                 f"staging for {handle.request_id} was released before the pull "
                 "(unclaimed_timeout_s or released)"
@@ -282,43 +307,41 @@ class NixlReceiver(KVReceiver):
     def _read(
         self,
         handle: TransferHandle,
-        remote_agent: str,
         local: np.ndarray,
         local_type: str,
         remote: np.ndarray,
-        remote_type: str,
         notification: bytes,
         deadline: float,
     ) -> None:
-        transfer = self.agent.initialize_xfer(
-            "READ",
-            self.agent.get_xfer_descs(local, local_type),
-            self.agent.get_xfer_descs(remote, remote_type),
-            remote_agent,
-            notification,
-        )
+        remote_agent, remote_type = handle.sender_id, handle.location.memory_type
+        with self._agent_lock:
+            transfer = self.agent.initialize_xfer(
+                "READ",
+                self.agent.get_xfer_descs(local, local_type),
+                self.agent.get_xfer_descs(remote, remote_type),
+                remote_agent,
+                notification,
+            )
         state = "PROC"
         try:
-            state = self.agent.transfer(transfer)
-            # Spin first: a GPU-to-GPU READ of a whole window takes well under a millisecond, and
-            # the thread has nothing else to do. Then back off, so a slow link does not burn a core.
-            spin_until = time.monotonic() + _SPIN_S
-            pause_s = 50e-6
+            with self._agent_lock:
+                state = self.agent.transfer(transfer)
+            pause_s = _FIRST_POLL_S
             while state == "PROC":
-                now = time.monotonic()
-                if now > deadline:
+                if time.monotonic() > deadline:
                     raise TransferError(
                         f"pulling {handle.request_id} from {remote_agent} "
                         f"took over {self.config.pull_timeout_s} s"
                     )
-                if now > spin_until:
-                    time.sleep(pause_s)
-                    pause_s = min(pause_s * 2, 1e-3)
-                state = self.agent.check_xfer_state(transfer)
+                time.sleep(pause_s)  # lets the GIL go: the decode loop runs while this waits
+                pause_s = min(pause_s * 2, _LAST_POLL_S)
+                with self._agent_lock:
+                    state = self.agent.check_xfer_state(transfer)
             if state != "DONE":
                 raise TransferError(f"NIXL READ of {handle.request_id} from {remote_agent} failed")
         finally:
-            self._release_transfer(transfer, remote_agent, in_flight=state == "PROC")
+            with self._agent_lock:
+                self._release_transfer(transfer, remote_agent, in_flight=state == "PROC")
 
     def _release_transfer(self, transfer, remote_agent: str, in_flight: bool) -> None:
         try:
@@ -331,6 +354,8 @@ class NixlReceiver(KVReceiver):
             logger.exception("could not cancel a timed-out READ from %s; disconnecting it", remote_agent)
             self._forget(remote_agent)
             transfer.release()
+
+    # --- with the agent lock held ----------------------------------------------------------------
 
     def _connect(self, remote_agent: str, metadata: bytes) -> None:
         if remote_agent not in self._remote_agents:
@@ -349,7 +374,7 @@ class NixlReceiver(KVReceiver):
                 logger.debug("removing NIXL agent %s failed", remote_agent, exc_info=True)
 
     def discard(self, handle: TransferHandle) -> None:
-        with self._lock:
+        with self._agent_lock:
             self._release_unpulled(handle)
 
     def _release_unpulled(self, handle: TransferHandle) -> None:

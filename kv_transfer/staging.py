@@ -217,11 +217,14 @@ class StagingSender(KVSender):
 
     def _service_loop(self) -> None:
         interval_s = self.config.release_poll_interval_ms / 1000
+        next_expiry_s = 0.0
         while not self._closed.is_set():
             try:
                 for token in self._wait_pulled(interval_s):
                     self._free(token, pulled=True)
-                self._expire()
+                if time.monotonic() >= next_expiry_s:  # a poll may come far more often than this
+                    self._expire()
+                    next_expiry_s = time.monotonic() + interval_s
             except Exception:
                 # The loop must outlive one bad poll: without it nothing is ever freed again.
                 logger.exception("kv sender %s: release poll failed", self.sender_id)

@@ -12,7 +12,9 @@ import dataclasses
 import os
 import random
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -269,6 +271,51 @@ def test_encoder_states_arrive_bit_for_bit(connector, stager):
     receiver.close()
 
 
+@pytest.mark.ray
+def test_nixl_pulls_from_several_threads_run_side_by_side_and_each_lands_bit_for_bit(stager):
+    """A decoder's loader pulls several windows at once: each pull waits for its READs outside the
+    agent's lock, with a header slot of its own, so the pulls overlap and none reads another's
+    token or bytes."""
+    windows = 6
+    storage = PagedKVStorage(windows * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
+    receiver = make_receiver(transfer_config("nixl"), storage=storage)
+    staging = stager("nixl")
+    payloads = [torch.randn(TINY_EN_CROSS_KV) for _ in range(windows)]
+    handles = [staging.stage(f"r{index}", payload) for index, payload in enumerate(payloads)]
+
+    reads_in_flight, most_in_flight, counting = 0, 0, threading.Lock()
+    read = receiver._read
+
+    def counted_read(*args, **kwargs):  # a spy: the real READ runs, counted while it is in flight
+        nonlocal reads_in_flight, most_in_flight
+        with counting:
+            reads_in_flight += 1
+            most_in_flight = max(most_in_flight, reads_in_flight)
+        try:
+            return read(*args, **kwargs)
+        finally:
+            with counting:
+                reads_in_flight -= 1
+
+    receiver._read = counted_read
+    start = threading.Barrier(windows)
+
+    def pull(index: int) -> list[int]:
+        block_ids = list(range(index * WINDOW_BLOCKS, (index + 1) * WINDOW_BLOCKS))
+        start.wait()
+        receiver.pull_blocks(handles[index], storage, block_ids)
+        return block_ids
+
+    with ThreadPoolExecutor(max_workers=windows) as pullers:
+        landed = list(pullers.map(pull, range(windows)))
+    for payload, block_ids in zip(payloads, landed):
+        expected = split_into_blocks(payload, BLOCK)
+        assert torch.equal(as_bytes(storage.read_blocks(block_ids)), as_bytes(expected))
+    assert most_in_flight >= 2, "the pulls ran one at a time"
+    assert wait_until(lambda: staging.num_staged() == 0), "the sender kept staging after the pulls"
+    receiver.close()
+
+
 # --- failures: retriable, nothing held on either side ----------------------------------------
 
 
@@ -520,6 +567,8 @@ def test_config_rejects_unknown_fields_and_bad_values_by_name():
         TransferConfig(staging_memory_mb=0)
     with pytest.raises(ValidationError, match="connector"):
         TransferConfig(connector="rdma")
+    with pytest.raises(ValidationError, match="staged_poll_interval_ms"):
+        TransferConfig(staged_poll_interval_ms=0)
 
 
 def test_auto_picks_nixl_here_and_ships_kv_over_it_but_states_through_the_object_store():
