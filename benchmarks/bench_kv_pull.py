@@ -88,20 +88,21 @@ class StandInLoop:
         if self.device.type == "cuda":
             self.torch.cuda.current_stream(self.device).synchronize()
 
+    def _timed_step(self) -> None:
+        started = time.perf_counter()
+        self._step()
+        self.step_s.append(time.perf_counter() - started)
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            started = time.perf_counter()
-            self._step()
-            self.step_s.append(time.perf_counter() - started)
+            self._timed_step()
 
     def measure(self, seconds: float) -> float:
         """The median step time over ``seconds`` of the loop running alone."""
         self.step_s.clear()
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            started = time.perf_counter()
-            self._step()
-            self.step_s.append(time.perf_counter() - started)
+            self._timed_step()
         return statistics.median(self.step_s)
 
     def start(self) -> None:

@@ -355,6 +355,10 @@ class NixlReceiver(KVReceiver):
             self._forget(remote_agent)
             transfer.release()
 
+    def discard(self, handle: TransferHandle) -> None:
+        with self._agent_lock:
+            self._release_unpulled(handle)
+
     # --- with the agent lock held ----------------------------------------------------------------
 
     def _connect(self, remote_agent: str, metadata: bytes) -> None:
@@ -372,10 +376,6 @@ class NixlReceiver(KVReceiver):
                 self.agent.remove_remote_agent(remote_agent)
             except Exception:
                 logger.debug("removing NIXL agent %s failed", remote_agent, exc_info=True)
-
-    def discard(self, handle: TransferHandle) -> None:
-        with self._agent_lock:
-            self._release_unpulled(handle)
 
     def _release_unpulled(self, handle: TransferHandle) -> None:
         """Best effort: tell a sender that is still there to free staging we will not pull."""
