@@ -196,6 +196,9 @@ def steady_figures(before: dict[str, float], after: dict[str, float], seconds: f
         "decoder_queued_s": ratio(delta("whisper_decoder_window_seconds[queued]"), windows),
         "kv_loading_s": ratio(delta("whisper_decoder_window_seconds[loading]"), windows),
         "decoding_s": ratio(delta("whisper_decoder_window_seconds[decoding]"), windows),
+        "kv_worker_queue_s": ratio(delta("whisper_decoder_kv_load_stage_seconds[worker_queue]"), windows),
+        "kv_pull_s": ratio(delta("whisper_decoder_kv_load_stage_seconds[pull]"), windows),
+        "kv_pickup_s": ratio(delta("whisper_decoder_kv_load_stage_seconds[pickup]"), windows),
         "seconds": seconds,
     }
 
@@ -358,6 +361,10 @@ def steady_rows(steady: dict[str, float]) -> list[list]:
             "a window's ms: encoder queue, forward; decoder queue, K/V load, decoding",
             f"{ms['encoder_queued_s']}, {ms['encoder_forward_s']}; {ms['decoder_queued_s']}, "
             f"{ms['kv_loading_s']}, {ms['decoding_s']}",
+        ],
+        [
+            "of the K/V load, ms: waiting for a loader worker, pulling, waiting for the loop",
+            f"{ms['kv_worker_queue_s']}, {ms['kv_pull_s']}, {ms['kv_pickup_s']}",
         ],
         [
             "a forward's ms: all, on its worker thread, of that waiting for the GPU (colocated)",

@@ -130,6 +130,13 @@ class ServingMetrics:
             ["replica", "stage"],
             registry=self.registry,
         )
+        self.decoder_load_seconds = Gauge(
+            "whisper_decoder_kv_load_stage_seconds",
+            "decoded windows' loading stage in parts, summed since start (worker_queue: to a loader worker "
+            "starting the pull; pull: the pull and its copy; pickup: to the decode loop seeing it landed)",
+            ["replica", "stage"],
+            registry=self.registry,
+        )
         self.decoder_windows_timed = Gauge(
             "whisper_decoder_windows_timed",
             "decoded windows whose stages whisper_decoder_window_seconds sums",
@@ -214,6 +221,7 @@ class ServingMetrics:
             self.encoder_forward_seconds,
             self.encoder_batches,
             self.decoder_window_seconds,
+            self.decoder_load_seconds,
             self.decoder_windows_timed,
             self.decoder_steps,
             self.decoder_rows,
@@ -236,6 +244,9 @@ class ServingMetrics:
             self.decoder_window_seconds.labels(replica, "queued").set(timings.queued_s)
             self.decoder_window_seconds.labels(replica, "loading").set(timings.loading_s)
             self.decoder_window_seconds.labels(replica, "decoding").set(timings.decoding_s)
+            self.decoder_load_seconds.labels(replica, "worker_queue").set(timings.load_queued_s)
+            self.decoder_load_seconds.labels(replica, "pull").set(timings.load_pulling_s)
+            self.decoder_load_seconds.labels(replica, "pickup").set(timings.load_landed_s)
             self.decoder_windows_timed.labels(replica).set(timings.windows)
             self.decoder_steps.labels(replica).set(timings.steps)
             self.decoder_rows.labels(replica).set(timings.rows)

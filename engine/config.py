@@ -191,6 +191,14 @@ class EngineConfig(BaseModel):
         "in kv_cache_memory_mb, half the K/V each decode step reads) at fp8's precision; flash_attn cannot "
         "read it",
     )
+    kv_load_workers: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="threads loading cross-attention K/V that travels (pulls from encoder replicas) beside "
+        "the decode loop; a pull is mostly waiting on its link, so a few keep it busy, and one slow "
+        "sender holds back only the windows queued behind its worker",
+    )
     attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
     gpu: GPUSwitches = Field(default_factory=GPUSwitches, description="switches that matter on CUDA only")
 

@@ -31,7 +31,7 @@ from engine.decode.request import Request, RequestStatus
 from engine.decode.results import ResultBuilder
 from engine.decode.runner import ModelRunner
 from engine.decode.scheduler import Scheduler
-from engine.decode.timings import LoopTimings
+from engine.decode.timings import LoopTimings, WindowTimes
 from engine.errors import RetriableError
 from engine.kernels import triton_available
 from engine.kv.block_pool import BlockPool
@@ -109,7 +109,9 @@ class DecoderEngine:
             self.stepped_prompt_tokens,
             self.async_steps,
         )
-        self.loader = CrossKVLoader(self.storage, self.runner.project_cross_kv, self.device)
+        self.loader = CrossKVLoader(
+            self.storage, self.runner.project_cross_kv, self.device, workers=config.kv_load_workers
+        )
         self.results = ResultBuilder(
             self.tokenizer, loaded.model, self.storage, alignment_heads_of(loaded.weights)
         )
@@ -258,7 +260,8 @@ class DecoderEngine:
         failed: list[DecodeResult] = []
         now = time.monotonic()
         for request in admitted:
-            request.admitted_s = request.runnable_s = now  # runnable again when a pull lands
+            # All four again when a pull lands (the loader sets when it began and ended).
+            request.admitted_s = request.load_started_s = request.load_ended_s = request.runnable_s = now
             if request.cross_source.travels:
                 self.loader.start(request)
                 continue
@@ -301,7 +304,14 @@ class DecoderEngine:
         decoded = reason in (FinishReason.STOP, FinishReason.LENGTH)
         if decoded:
             self.timings.count_window(
-                request.submitted_s, request.admitted_s, request.runnable_s, time.monotonic()
+                WindowTimes(
+                    request.submitted_s,
+                    request.admitted_s,
+                    request.load_started_s,
+                    request.load_ended_s,
+                    request.runnable_s,
+                    time.monotonic(),
+                )
             )
         if request.search is not None:
             self._end_search(request, keep_prompt=False)

@@ -25,9 +25,6 @@ from engine.decode.request import Request
 from engine.kv.sources import StateProjection
 from engine.kv.storage import PagedKVStorage
 
-# Pulls are mostly waiting (on the network, or on a copy engine): two at a time keep a link busy
-# without one slow sender holding back every other window.
-LOAD_WORKERS = 2
 # Load times kept for the percentiles the decoder reports (the most recent ones).
 RECENT_LOADS = 1000
 
@@ -39,12 +36,18 @@ class _Load:
 
 
 class CrossKVLoader:
-    def __init__(self, storage: PagedKVStorage, project_states: StateProjection, device: torch.device):
+    def __init__(
+        self,
+        storage: PagedKVStorage,
+        project_states: StateProjection,
+        device: torch.device,
+        workers: int = 2,  # engine.kv_load_workers
+    ):
         self.storage = storage
         self.project_states = project_states
         self.device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._workers = ThreadPoolExecutor(max_workers=LOAD_WORKERS, thread_name_prefix="kv-load")
+        self._workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kv-load")
         self._loads: list[_Load] = []
         self._some_landed = threading.Event()
         self.recent_load_s: deque[float] = deque(maxlen=RECENT_LOADS)  # start of a load to its landing
@@ -57,21 +60,28 @@ class CrossKVLoader:
     def start(self, request: Request) -> None:
         """Load ``request``'s K/V into its cross-attention blocks on a worker thread."""
         request.cross_kv_loading = True
-        landed = self._workers.submit(self._load, request.cross_source, list(request.blocks.cross_block_ids))
+        landed = self._workers.submit(self._load, request, list(request.blocks.cross_block_ids))
         landed.add_done_callback(lambda _: self._some_landed.set())
         self._loads.append(_Load(request, landed))
 
-    def _load(self, source, block_ids: list[int]) -> torch.cuda.Event | None:
-        started = time.perf_counter()
+    def _load(self, request: Request, block_ids: list[int]) -> torch.cuda.Event | None:
+        """On a worker thread: the load, timed on the request (the loop reads it once it has landed)."""
+        request.load_started_s = time.monotonic()
+        try:
+            landed = self._load_on_stream(request.cross_source, block_ids)
+        finally:
+            request.load_ended_s = time.monotonic()
+        self.recent_load_s.append(request.load_ended_s - request.load_started_s)  # (thread-safe)
+        return landed
+
+    def _load_on_stream(self, source, block_ids: list[int]) -> torch.cuda.Event | None:
         if self._stream is None:
             source.load_into(self.storage, block_ids, self.project_states)
-            landed = None
-        else:
-            with torch.cuda.stream(self._stream), torch.inference_mode():
-                source.load_into(self.storage, block_ids, self.project_states)
-                landed = torch.cuda.Event()
-                landed.record(self._stream)
-        self.recent_load_s.append(time.perf_counter() - started)  # (a deque's append is thread-safe)
+            return None
+        with torch.cuda.stream(self._stream), torch.inference_mode():
+            source.load_into(self.storage, block_ids, self.project_states)
+            landed = torch.cuda.Event()
+            landed.record(self._stream)
         return landed
 
     def take_landed(self, wait_s: float = 0.0) -> list[tuple[Request, BaseException | None]]:

@@ -69,10 +69,13 @@ class Request:
     # A hypothesis: the search it belongs to; its self-attention blocks change as hypotheses fork.
     hypothesis_of: Search | None = field(default=None, repr=False, compare=False)
     tables_changed: bool = False  # its blocks changed since its block-table row was written
-    # time.monotonic() when it was submitted, admitted, and could first step (its K/V landed): the
-    # engine sums the stretches between them (engine/decode/timings.py).
+    # time.monotonic() when it was submitted, admitted, its K/V load began and ended on a loader
+    # worker (both at admission for K/V written in place), and it could first step (the loop saw the
+    # load end): the engine sums the stretches between them (engine/decode/timings.py).
     submitted_s: float = 0.0
     admitted_s: float = 0.0
+    load_started_s: float = 0.0
+    load_ended_s: float = 0.0
     runnable_s: float = 0.0
 
     @property

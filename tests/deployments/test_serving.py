@@ -254,6 +254,10 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
         all(stage >= 0 for stage in stages) and figures["encoder_forward_s"] > 0 and figures["decoding_s"] > 0
     )
     assert sum(stages) <= latency_s, "the stages are parts of the request's own time"
+    # The window's K/V travelled: its load, in parts that add up to it, spent time pulling.
+    load_parts = [figures[key] for key in ("kv_worker_queue_s", "kv_pull_s", "kv_pickup_s")]
+    assert all(part >= 0 for part in load_parts) and figures["kv_pull_s"] > 0
+    assert sum(load_parts) == pytest.approx(figures["kv_loading_s"])
     # The forward's own time: on its worker thread within it; the disaggregated encoder does not
     # measure its wait for the GPU, which is then unknown rather than zero.
     assert 0 < figures["forward_worker_s"] <= figures["forward_s"]

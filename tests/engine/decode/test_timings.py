@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions
 from tests.engine.decode.test_kv_loading import GatedPull
@@ -42,6 +44,7 @@ def test_steps_rows_and_window_stages_add_up_to_what_the_loop_did(tiny_en):
     # Two windows run at a time: the other two waited for a slot while the first two decoded.
     assert timings.queued_s > 0 and timings.decoding_s > 0
     assert timings.loading_s == 0  # in-process K/V is written at admission
+    assert timings.load_queued_s == timings.load_pulling_s == timings.load_landed_s == 0
     assert timings.queued_s + timings.loading_s + timings.decoding_s <= 4 * wall_s
     assert 0 < timings.read_wait_s <= wall_s  # every launched step was read back, within the run
 
@@ -61,3 +64,29 @@ def test_a_window_whose_kv_travels_counts_its_load_apart_from_its_decoding(tiny_
     assert timings.windows == 1
     assert 0.25 <= timings.loading_s <= wall_s
     assert 0 < timings.decoding_s <= wall_s - timings.loading_s
+    # Of the load: the pull is what waited (a worker was free; the loop, idle, saw it land at once).
+    assert 0.25 <= timings.load_pulling_s <= timings.loading_s
+    assert timings.load_queued_s + timings.load_landed_s < 0.1
+    parts = timings.load_queued_s + timings.load_pulling_s + timings.load_landed_s
+    assert parts == pytest.approx(timings.loading_s)
+
+
+def test_with_one_loader_worker_a_second_pull_waits_for_the_first_and_counts_it_as_queued(tiny_en):
+    cross_kvs = cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:2]])
+    engine = engine_with(tiny_en, block_size=16, kv_load_workers=1)
+    pulls = [GatedPull(CrossKVTensor(kv)) for kv in cross_kvs]
+    for i, pull in enumerate(pulls):
+        engine.submit(engine.make_request(DecodeOptions(max_tokens=4), pull, request_id=str(i)))
+    engine.step()  # admits both: the first pull holds the only worker, the second waits for it
+    assert engine.loader.num_loading == 2
+    time.sleep(0.3)
+    pulls[0].gate.set()
+    pulls[1].gate.set()  # opened before the second pull starts: it waited on the worker only
+    while engine.has_work:
+        engine.step()
+    timings = engine.stats().timings
+    assert timings.windows == 2
+    assert 0.25 <= timings.load_queued_s < timings.loading_s, "the second window queued behind the first"
+    assert timings.load_pulling_s >= 0.25, "the first pull waited at its gate"
+    parts = timings.load_queued_s + timings.load_pulling_s + timings.load_landed_s
+    assert parts == pytest.approx(timings.loading_s)
