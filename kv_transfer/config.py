@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
+import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kv_transfer.base import TransferPayload
@@ -57,11 +58,27 @@ class TransferConfig(BaseModel):
         0.2,
         gt=0,
         le=1000,
-        description="how often a NIXL sender's agent makes progress while it holds staged windows in GPU "
-        "memory: a READ of them completes only while the sender's agent is called, so this bounds a pull's "
-        "time (measured: benchmarks/RESULTS.md); release_poll_interval_ms applies while nothing is staged, "
-        "and to staging in host memory, which is read without the sender",
+        description="how often a NIXL sender's service thread calls its agent while it holds staged windows "
+        "in GPU memory: a READ of them completes only while the sender's agent makes progress, so without "
+        "NIXL's progress thread (sender_progress_thread) this bounds a pull's time (measured: "
+        "benchmarks/RESULTS.md); release_poll_interval_ms applies while nothing is staged, and to staging "
+        "in host memory, which is read without the sender",
     )
+
+    sender_progress_thread: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="NIXL's own progress thread in a sender's agent: a READ of staging in GPU memory "
+        "completes only while the sender's agent makes progress, and progress made from Python waits for "
+        "the GIL the encoder replica's threads hold (measured: benchmarks/RESULTS.md). The thread "
+        "busy-polls a core. auto: on where the sender stages in GPU memory, off for host memory (read "
+        "without the sender)",
+    )
+
+    def sender_progress_thread_on(self, device: torch.device) -> bool:
+        """Whether a NIXL sender staging on ``device`` runs NIXL's progress thread."""
+        if self.sender_progress_thread == "auto":
+            return torch.device(device).type == "cuda"
+        return self.sender_progress_thread == "on"
 
     @model_validator(mode="after")
     def _connector_is_installed(self) -> "TransferConfig":

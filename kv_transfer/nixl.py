@@ -2,8 +2,12 @@
 its own paged cache, one descriptor per block (UCX picks the path: CUDA IPC or NVLink between GPUs,
 RDMA across hosts, shared memory / CMA between processes on host memory).
 
-- Agents: one per sender and one per receiver, created once. On a GPU the CUDA context must be
-  live before the agent starts, or UCX settles on host transports (shared/gpu/README.md).
+- Agents: one per sender and one per receiver, created once (kv_transfer/nixl_agent.py). On a GPU
+  the CUDA context must be live before the agent starts, or UCX settles on host transports
+  (shared/gpu/README.md). A READ of a sender's GPU memory completes only while the sender's agent
+  makes progress, so a sender staging there runs NIXL's progress thread
+  (transfer.sender_progress_thread): progress made from Python waits for the GIL, which the
+  encoder replica's own threads hold.
 - Registration: the sender's staging tensor and the receiver's KV cache tensor are registered
   once; every transfer is a list of (address, length) descriptors inside them.
 - Metadata: the sender's agent metadata (~0.5 KB) rides in every handle; a receiver loads it the
@@ -21,7 +25,6 @@ RDMA across hosts, shared memory / CMA between processes on host memory).
 from __future__ import annotations
 
 import atexit
-import importlib
 import logging
 import queue
 import threading
@@ -30,7 +33,6 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 import torch
@@ -39,6 +41,7 @@ from engine.kv.block_pool import block_runs
 from engine.kv.storage import PagedKVStorage
 from kv_transfer.base import IncompatibleHandleError, KVReceiver, TransferError, TransferHandle
 from kv_transfer.config import TransferConfig
+from kv_transfer.nixl_agent import make_agent, memory_kind
 from kv_transfer.staging import STAGING_ALIGNMENT, StagedEntry, StagingBuffer, StagingSender, synchronize
 
 logger = logging.getLogger(__name__)
@@ -48,31 +51,6 @@ _RELEASE_PREFIX = b"kv-release:"
 # well under a millisecond, and on a slow link a poll a millisecond is enough.
 _FIRST_POLL_S, _LAST_POLL_S = 20e-6, 1e-3
 _HEADER_SLOTS = 16  # pulls in flight at once through one receiver; more wait for a slot
-
-
-def nixl_api() -> ModuleType:
-    """NIXL's Python API: from the `nixl` meta package when installed (it picks the build matching
-    torch's CUDA), else straight from the one variant that is (the project requires nixl-cu13)."""
-    for name in ("nixl._api", "nixl_cu13._api", "nixl_cu12._api"):
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    raise ImportError("no NIXL build is importable: `pip install nixl-cu13` (nixl-cu12 for a CUDA 12 torch)")
-
-
-def _make_agent(name: str, device: torch.device):
-    api = nixl_api()
-    if device.type == "cuda":
-        torch.zeros(1, device=device)  # a live CUDA context first, so UCX offers its CUDA transports
-    # No progress thread: it busy-polls a core per agent. Our own polls drive progress instead: the
-    # receiver's while it waits on a READ, the sender's in its release poll.
-    return api.nixl_agent(name, api.nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
-
-
-def _memory_kind(tensor: torch.Tensor) -> tuple[str, int]:
-    """NIXL's memory type and device id of a tensor."""
-    return ("VRAM", tensor.device.index or 0) if tensor.is_cuda else ("DRAM", 0)
 
 
 def _descriptors(addresses, lengths, device_id: int) -> np.ndarray:
@@ -110,10 +88,10 @@ class NixlSender(StagingSender):
     def __init__(self, config: TransferConfig, block_size: int, device: torch.device):
         super().__init__(config, block_size, sender_id=f"kv-sender-{uuid.uuid4().hex[:12]}")
         device = torch.device(device)
-        self.agent = _make_agent(self.sender_id, device)
+        self.agent = make_agent(self.sender_id, device, config.sender_progress_thread_on(device))
         self.buffer = StagingBuffer(self.arena.capacity_bytes, device)
         self._registration = self.agent.register_memory(self.buffer.tensor)
-        self._memory_type, self._device_id = _memory_kind(self.buffer.tensor)
+        self._memory_type, self._device_id = memory_kind(self.buffer.tensor)
         self._metadata = self.agent.get_agent_metadata()
         self._start_service()
         # A thread still inside the agent when the interpreter tears it down aborts the process.
@@ -165,7 +143,7 @@ class NixlReceiver(KVReceiver):
         self.config = config
         self.device = storage.cache.device if storage is not None else torch.device(device or "cpu")
         self.name = f"kv-receiver-{uuid.uuid4().hex[:12]}"
-        self.agent = _make_agent(self.name, self.device)
+        self.agent = make_agent(self.name, self.device)
         self._agent_lock = threading.Lock()  # held for each call into the agent, never for a wait
         self._registrations: dict[int, tuple[torch.Tensor, object]] = {}  # data_ptr -> (tensor, registration)
         self._remote_agents: set[str] = set()
@@ -199,7 +177,7 @@ class NixlReceiver(KVReceiver):
         cache = storage.cache
         with self._agent_lock:
             self._register(cache)
-        memory_type, device_id = _memory_kind(cache)
+        memory_type, device_id = memory_kind(cache)
         # Block-major on both sides: staged block i and cache block block_ids[i] are each one
         # contiguous region, and so is a run of them.
         block_bytes = np.uint64(layout.bytes_per_block)
@@ -220,7 +198,7 @@ class NixlReceiver(KVReceiver):
         with self._states_lock:
             with self._agent_lock:
                 buffer = self._states_buffer(layout.nbytes)
-            memory_type, device_id = _memory_kind(buffer)
+            memory_type, device_id = memory_kind(buffer)
             local = _descriptors([buffer.data_ptr()], layout.nbytes, device_id)
             remote = _descriptors([handle.location.payload_address], layout.nbytes, handle.location.device_id)
             self._read_checked(handle, local, memory_type, remote)
@@ -282,7 +260,7 @@ class NixlReceiver(KVReceiver):
                 with self._agent_lock:
                     self._connect(remote_agent, location.agent_metadata)
                 self._read(handle, local, memory_type, remote, b"", deadline)
-                header_type, header_device = _memory_kind(header)
+                header_type, header_device = memory_kind(header)
                 header_local = _descriptors([header.data_ptr()], 8, header_device)
                 header_remote = _descriptors([location.header_address], 8, location.device_id)
                 release = _RELEASE_PREFIX + str(handle.staging_token).encode()

@@ -9,6 +9,7 @@ real speech to the same tokens as the in-process engine, with an fp8 KV cache to
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import random
 import sys
@@ -110,6 +111,22 @@ class EncoderSide:
 
     def release(self, key: str, request_id: str) -> None:
         self.senders[key].release(request_id)
+
+    def close_sender(self, key: str) -> None:
+        self.senders.pop(key).close()
+
+    def threads_a_new_sender_starts(self, config: TransferConfig, block_size: int, tries: int = 3) -> int:
+        """How many threads this process gains with a new sender: the fewest over a few senders
+        (made and closed in turn), as other threads (Ray's, UCX's first) may start meanwhile."""
+        gained = []
+        for _ in range(tries):
+            before = len(os.listdir("/proc/self/task"))
+            sender = make_sender(config, block_size=block_size)
+            gained.append(len(os.listdir("/proc/self/task")) - before)
+            sender.close()
+            del sender  # its agent, and a progress thread, end now rather than during the next count
+            gc.collect()
+        return min(gained)
 
     def num_staged(self, key: str) -> int:
         return self.senders[key].num_staged
@@ -314,6 +331,49 @@ def test_nixl_pulls_from_several_threads_run_side_by_side_and_each_lands_bit_for
     assert most_in_flight >= 2, "the pulls ran one at a time"
     assert wait_until(lambda: staging.num_staged() == 0), "the sender kept staging after the pulls"
     receiver.close()
+
+
+@pytest.mark.ray
+def test_a_nixl_sender_running_nixls_progress_thread_hands_out_windows_bit_for_bit_and_frees_them(
+    encoder_side,
+):
+    """On a GPU a sender's agent runs NIXL's own progress thread (READs of GPU staging complete only
+    while the sender makes progress); here, on host memory, the thread is asked for by name."""
+    gained = {
+        switch: ray.get(
+            encoder_side.threads_a_new_sender_starts.remote(
+                transfer_config("nixl", staging_memory_mb=8, sender_progress_thread=switch), BLOCK
+            )
+        )
+        for switch in ("off", "on")
+    }
+    assert gained["on"] == gained["off"] + 1, "NIXL's progress thread did not start"
+    key = "nixl-progress-thread"
+    ray.get(encoder_side.add_sender.remote(key, transfer_config("nixl", sender_progress_thread="on"), BLOCK))
+    staging = Stager(actor=encoder_side, key=key)
+    windows = 3
+    storage = PagedKVStorage(windows * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
+    receiver = make_receiver(transfer_config("nixl"), storage=storage)
+    try:
+        payloads = [torch.randn(TINY_EN_CROSS_KV) for _ in range(windows)]
+        handles = [staging.stage(f"r{index}", payload) for index, payload in enumerate(payloads)]
+        for index, (payload, handle) in enumerate(zip(payloads, handles)):
+            block_ids = list(range(index * WINDOW_BLOCKS, (index + 1) * WINDOW_BLOCKS))
+            receiver.pull_blocks(handle, storage, block_ids)
+            expected = split_into_blocks(payload, BLOCK)
+            assert torch.equal(as_bytes(storage.read_blocks(block_ids)), as_bytes(expected))
+        assert wait_until(lambda: staging.num_staged() == 0), "the sender kept staging after the pulls"
+    finally:
+        receiver.close()
+        ray.get(encoder_side.close_sender.remote(key))  # its thread busy-polls a core: not for long
+
+
+def test_a_sender_runs_nixls_progress_thread_where_it_stages_in_gpu_memory_unless_told():
+    on_gpu, on_host = torch.device("cuda", 0), torch.device("cpu")
+    automatic = TransferConfig()
+    assert automatic.sender_progress_thread_on(on_gpu) and not automatic.sender_progress_thread_on(on_host)
+    assert TransferConfig(sender_progress_thread="on").sender_progress_thread_on(on_host)
+    assert not TransferConfig(sender_progress_thread="off").sender_progress_thread_on(on_gpu)
 
 
 # --- failures: retriable, nothing held on either side ----------------------------------------
@@ -569,6 +629,8 @@ def test_config_rejects_unknown_fields_and_bad_values_by_name():
         TransferConfig(connector="rdma")
     with pytest.raises(ValidationError, match="staged_poll_interval_ms"):
         TransferConfig(staged_poll_interval_ms=0)
+    with pytest.raises(ValidationError, match="sender_progress_thread"):
+        TransferConfig(sender_progress_thread="always")
 
 
 def test_auto_picks_nixl_here_and_ships_kv_over_it_but_states_through_the_object_store():
