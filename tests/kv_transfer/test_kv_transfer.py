@@ -231,6 +231,15 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.contiguous().view(torch.uint8)
 
 
+def storage_for_windows(windows: int) -> PagedKVStorage:
+    """A host cache with room for ``windows`` tiny.en windows, window i in blocks_of_window(i)."""
+    return PagedKVStorage(windows * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
+
+
+def blocks_of_window(index: int) -> list[int]:
+    return list(range(index * WINDOW_BLOCKS, (index + 1) * WINDOW_BLOCKS))
+
+
 def engine_for(tiny_en) -> DecoderEngine:
     return DecoderEngine(tiny_en, EngineConfig(model="tiny.en", kv_cache_memory_mb=48))
 
@@ -294,7 +303,7 @@ def test_nixl_pulls_from_several_threads_run_side_by_side_and_each_lands_bit_for
     agent's lock, with a header slot of its own, so the pulls overlap and none reads another's
     token or bytes."""
     windows = 6
-    storage = PagedKVStorage(windows * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
+    storage = storage_for_windows(windows)
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
     staging = stager("nixl")
     payloads = [torch.randn(TINY_EN_CROSS_KV) for _ in range(windows)]
@@ -318,7 +327,7 @@ def test_nixl_pulls_from_several_threads_run_side_by_side_and_each_lands_bit_for
     start = threading.Barrier(windows)
 
     def pull(index: int) -> list[int]:
-        block_ids = list(range(index * WINDOW_BLOCKS, (index + 1) * WINDOW_BLOCKS))
+        block_ids = blocks_of_window(index)
         start.wait()
         receiver.pull_blocks(handles[index], storage, block_ids)
         return block_ids
@@ -352,13 +361,13 @@ def test_a_nixl_sender_running_nixls_progress_thread_hands_out_windows_bit_for_b
     ray.get(encoder_side.add_sender.remote(key, transfer_config("nixl", sender_progress_thread="on"), BLOCK))
     staging = Stager(actor=encoder_side, key=key)
     windows = 3
-    storage = PagedKVStorage(windows * WINDOW_BLOCKS, 4, BLOCK, 6, 64, torch.float32, torch.device("cpu"))
+    storage = storage_for_windows(windows)
     receiver = make_receiver(transfer_config("nixl"), storage=storage)
     try:
         payloads = [torch.randn(TINY_EN_CROSS_KV) for _ in range(windows)]
         handles = [staging.stage(f"r{index}", payload) for index, payload in enumerate(payloads)]
         for index, (payload, handle) in enumerate(zip(payloads, handles)):
-            block_ids = list(range(index * WINDOW_BLOCKS, (index + 1) * WINDOW_BLOCKS))
+            block_ids = blocks_of_window(index)
             receiver.pull_blocks(handle, storage, block_ids)
             expected = split_into_blocks(payload, BLOCK)
             assert torch.equal(as_bytes(storage.read_blocks(block_ids)), as_bytes(expected))
