@@ -36,6 +36,7 @@ class ResolvedGPUSwitches:
     encoder_cuda_graphs: bool
     fused_encoder_gelu: bool
     fused_decoder_norms: bool
+    small_rows_products: int
     fp8_encoder: bool
     encoder_stream_first: bool
     encoder_sm_share: float | None
@@ -88,6 +89,14 @@ class GPUSwitches(BaseModel):
         True,
         description="run each residual add in the decoder and the layer norm after it as one Triton kernel",
     )
+    small_rows_products: int = Field(
+        2,
+        ge=0,
+        le=64,
+        description="a decoder step of at most this many rows runs its matrix products through a Triton "
+        "kernel that loads its weights while the kernel before it runs (programmatic dependent launch on "
+        "Hopper and later; engine/kernels/small_products.py) instead of cuBLAS; 0: cuBLAS at every batch",
+    )
     fp8_encoder: bool = Field(
         False,
         description="run the encoder's matrix products (and the cross-K/V projection) in FP8 e4m3 with "
@@ -133,6 +142,7 @@ class GPUSwitches(BaseModel):
             and self.fused_encoder_gelu
             and dtype in (torch.bfloat16, torch.float16),
             fused_decoder_norms=on_cuda and self.fused_decoder_norms,
+            small_rows_products=self.small_rows_products if on_cuda else 0,
             fp8_encoder=on_cuda and self.fp8_encoder,
             encoder_stream_first=on_cuda and self.encoder_stream_first,
             encoder_sm_share=self.encoder_sm_share if on_cuda and self.encoder_sm_share != 1 else None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from engine.kernels import tl, triton
 
 if triton is not None:
+    from triton.language.extra.cuda import gdc_launch_dependents
 
     def paged_decode_kernel(
         Q,
@@ -50,6 +51,7 @@ if triton is not None:
         NUM_SPLITS: tl.constexpr,
         CLAMP_Q: tl.constexpr,
         SHARED: tl.constexpr,
+        LAUNCH_CONTROL: tl.constexpr,
     ):
         """A decode step (one query per request): one program per (request, group of HEADS
         adjacent heads, key split). Each key tile is loaded as [BLOCK_N, HEADS * HEAD_DIM], the
@@ -63,6 +65,8 @@ if triton is not None:
         from ``req`` on read ``req``'s keys, and its program serves them all, reader r's heads in
         tile rows r * HEADS onwards, so each key tile is read once for all of them; a row whose
         keys an earlier row's program reads (KEY_READERS 0) does nothing."""
+        if LAUNCH_CONTROL:
+            gdc_launch_dependents()  # the product after attention loads its weights meanwhile
         ROWS: tl.constexpr = 16  # tl.dot's least M; rows past the readers' heads hold a zero query
         WIDTH: tl.constexpr = HEADS * HEAD_DIM
         flat = tl.program_id(0)

@@ -53,6 +53,7 @@ MAX_HEAD_DIM = 256
 
 
 if triton is not None:
+    from triton.language.extra.cuda import gdc_launch_dependents
 
     def _paged_attention_kernel(
         Q,
@@ -225,7 +226,10 @@ if triton is not None:
         HEAD_DIM_PAD: tl.constexpr,
         NUM_SPLITS: tl.constexpr,
         SPLITS_PAD: tl.constexpr,
+        LAUNCH_CONTROL: tl.constexpr,
     ):
+        if LAUNCH_CONTROL:
+            gdc_launch_dependents()  # the product after attention loads its weights meanwhile
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)

@@ -11,7 +11,14 @@ import torch
 from engine.arith import ceil_div, round_up
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.triton_kernels import MAX_HEAD_DIM, kernels
-from engine.kernels import TRITON_IMPORT_ERROR, sm_count, tl, triton_available, triton_interpreting
+from engine.kernels import (
+    TRITON_IMPORT_ERROR,
+    launch_control,
+    sm_count,
+    tl,
+    triton_available,
+    triton_interpreting,
+)
 
 
 def _next_pow2(x: int) -> int:
@@ -254,6 +261,9 @@ class TritonPagedBackend(AttentionBackend):
             *out.stride(),
             *block_tables.stride(),
         )
+        # The next kernel (a product: engine/kernels/small_products.py) may start as attention's last
+        # kernel does, and waits for its end before it reads the output.
+        control = launch_control(query.device)
         if plan.heads_per_program > 1:
             num_groups = num_heads // plan.heads_per_program
             shared = batch.key_readers is not None
@@ -274,6 +284,7 @@ class TritonPagedBackend(AttentionBackend):
                 NUM_SPLITS=plan.num_splits,
                 CLAMP_Q=clamp_q,
                 SHARED=shared,
+                LAUNCH_CONTROL=control,
                 num_warps=plan.num_warps,
                 num_stages=plan.num_stages,
             )
@@ -310,6 +321,7 @@ class TritonPagedBackend(AttentionBackend):
                 HEAD_DIM_PAD=_next_pow2(head_dim),
                 NUM_SPLITS=plan.num_splits,
                 SPLITS_PAD=max(2, _next_pow2(plan.num_splits)),
+                LAUNCH_CONTROL=control,
                 num_warps=1 if head_dim <= 64 else 2,
             )
         return out

@@ -374,6 +374,9 @@ def _model_runner(loaded: LoadedModel, config: EngineConfig, storage: PagedKVSto
     backend = make_attention_backend(
         config.attention_backend, device, block_size=config.block_size, dtype=config.kv_cache_torch_dtype
     )
-    if config.gpu_switches().fused_decoder_norms and triton_available():
+    switches = config.gpu_switches()
+    if switches.fused_decoder_norms and triton_available():
         loaded.model.decoder.fuse_residual_norms()  # before the decode graphs capture the step
+    # Set either way: benchmarks build several engines on one loaded model.
+    loaded.model.decoder.use_small_rows_products(switches.small_rows_products if triton_available() else 0)
     return ModelRunner(loaded.model, storage, backend, config.max_num_seqs)

@@ -32,6 +32,21 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def launch_control(device: torch.device) -> bool:
+    """Whether kernels on ``device`` may use programmatic dependent launch (Triton's ``launch_pdl``, and
+    ``gdc_wait`` / ``gdc_launch_dependents`` inside): CUDA on Hopper (compute capability 9.0) and
+    later; not Triton's interpreter, which lacks them."""
+    if device.type != "cuda" or triton_interpreting():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _LAUNCH_CONTROL:
+        _LAUNCH_CONTROL[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _LAUNCH_CONTROL[index]
+
+
+_LAUNCH_CONTROL: dict[int, bool] = {}
+
+
 _SM_COUNT: dict[int, int] = {}
 
 

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels import tl, triton, triton_available
+from engine.kernels import launch_control, tl, triton, triton_available
 
 if triton_available():
+    from triton.language.extra.cuda import gdc_launch_dependents
 
     def _add_layer_norm_kernel(
         X,
@@ -43,7 +44,12 @@ if triton_available():
         BLOCK: tl.constexpr,
         HAS_DELTA: tl.constexpr,
         QUANTIZE: tl.constexpr,
+        LAUNCH_CONTROL: tl.constexpr,
     ):
+        if LAUNCH_CONTROL:
+            # The next kernel may start now: a product (engine/kernels/small_products.py) loads its
+            # weights meanwhile, and waits for this kernel's end before it reads the normed rows.
+            gdc_launch_dependents()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         valid = cols < n_cols
@@ -113,6 +119,7 @@ def _launch(
             BLOCK=block,
             HAS_DELTA=delta is not None,
             QUANTIZE=scales is not None,
+            LAUNCH_CONTROL=launch_control(x.device),
             num_warps=4 if block <= 2048 else 8,
         )
     return total

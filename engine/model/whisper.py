@@ -7,6 +7,7 @@ cross-attention K/V back through the attention backend, as named by a DecoderSte
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,13 @@ def add_layer_norm(
     """
     x = x + delta
     return x, F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def dense_product(x: torch.Tensor, linear: nn.Linear, gelu: bool = False) -> torch.Tensor:
+    """``linear(x)``, then the exact GELU where asked: the decoder's products, which it calls through
+    ``TextDecoder.product``; ``use_small_rows_products`` swaps in a Triton kernel for few rows."""
+    out = linear(x)
+    return F.gelu(out) if gelu else out
 
 
 def norm_params(norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -195,6 +203,7 @@ class DecoderLayer(nn.Module):
         meta: DecoderStepMetadata,
         backend: AttentionBackend,
         add_norm=add_layer_norm,
+        product=dense_product,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer on the residual stream ``x`` plus ``pending``, the previous sublayer's output
         not yet added (so that the add and this layer's first norm fuse). Returns the stream and
@@ -204,20 +213,22 @@ class DecoderLayer(nn.Module):
         tokens, d_model = x.shape
         scale = self.head_dim**-0.5
         x, h = add_norm(x, pending, *norm_params(self.self_attn_norm))
-        qkv = self.self_qkv(h).view(tokens, 3, self.num_heads, self.head_dim)
+        qkv = product(h, self.self_qkv).view(tokens, 3, self.num_heads, self.head_dim)
         # K and V land in one indexed write (one kernel per layer, not two).
         layer_cache[meta.slot_block_ids, :, meta.slot_offsets] = to_cache_dtype(qkv[:, 1:], layer_cache.dtype)
         q = qkv[:, 0]
         key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
         attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
         x, h = add_norm(
-            x, self.self_out(attended.reshape(tokens, d_model)), *norm_params(self.cross_attn_norm)
+            x, product(attended.reshape(tokens, d_model), self.self_out), *norm_params(self.cross_attn_norm)
         )
 
-        q = self.cross_q(h).view(tokens, self.num_heads, self.head_dim)
+        q = product(h, self.cross_q).view(tokens, self.num_heads, self.head_dim)
         attended = backend.paged_attention(q, key_cache, value_cache, meta.cross_attention, scale)
-        x, h = add_norm(x, self.cross_out(attended.reshape(tokens, d_model)), *norm_params(self.mlp_norm))
-        return x, self.mlp(h)
+        x, h = add_norm(
+            x, product(attended.reshape(tokens, d_model), self.cross_out), *norm_params(self.mlp_norm)
+        )
+        return x, product(product(h, self.mlp.fc1, gelu=True), self.mlp.fc2)
 
 
 class TextDecoder(nn.Module):
@@ -236,6 +247,7 @@ class TextDecoder(nn.Module):
         # output viewed (not copied) into the per-layer layout.
         self.cross_kv = nn.Linear(dims.d_model, dims.decoder_layers * 2 * dims.d_model)
         self.add_norm = add_layer_norm
+        self.product = dense_product
         self.vocabulary = VocabularyProjection(self.embed_tokens)  # the output projection, tied
         self.cross_kv_in_bf16 = False  # see project_cross_kv_in_bf16
 
@@ -244,6 +256,18 @@ class TextDecoder(nn.Module):
         from engine.kernels.fused_norm import triton_add_layer_norm
 
         self.add_norm = triton_add_layer_norm
+
+    def use_small_rows_products(self, max_rows: int) -> None:
+        """Products of at most ``max_rows`` rows (a decode step's few sequences) through a Triton kernel
+        that loads its weights while the kernel before it runs (engine/kernels/small_products.py);
+        with 0, every product through ``dense_product``. Set before the decode graphs capture the step."""
+        from engine.kernels.small_products import small_rows_product
+
+        self.product = (
+            functools.partial(small_rows_product, max_rows=max_rows, otherwise=dense_product)
+            if max_rows
+            else dense_product
+        )
 
     def forward(
         self,
@@ -255,7 +279,9 @@ class TextDecoder(nn.Module):
         """Packed token ids [T] -> final hidden states [T, d_model]; writes their K/V to the cache."""
         x, pending = self.embed_tokens(token_ids), self.positions[meta.positions]
         for index, layer in enumerate(self.layers):
-            x, pending = layer(x, pending, storage.layer_cache(index), meta, backend, self.add_norm)
+            x, pending = layer(
+                x, pending, storage.layer_cache(index), meta, backend, self.add_norm, self.product
+            )
         return self.add_norm(x, pending, *norm_params(self.norm))[1]
 
     def store_widening_weights_column_major(self) -> None:

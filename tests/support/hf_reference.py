@@ -89,3 +89,38 @@ def hf_greedy_as_engine(
         timestamps=request.options.timestamps,
         no_timestamps_token=special.no_timestamps,
     )
+
+
+def jfk_tokens_beside_transformers(
+    folder, device: torch.device, prepare, max_tokens: int
+) -> tuple[list[int], list[int]]:
+    """The engine's greedy tokens for the jfk clip on the model saved in ``folder`` (float32, every
+    step eager), the decoder first changed by ``prepare(decoder)``, and transformers' for the same
+    prompt: (ours, theirs)."""
+    from engine.config import EngineConfig
+    from engine.decode.engine import DecoderEngine
+    from engine.encode.runner import EncoderRunner
+    from engine.model.audio import log_mel_spectrogram
+    from engine.model.loading import load_model
+    from engine.types import DecodeOptions
+    from tests.support.engines import decode_alone
+    from tests.support.speech import SPEECH_DIR, windows_of
+
+    reference, _ = hf_model(str(folder))
+    config = EngineConfig(
+        model=str(folder),
+        device=device.type,
+        dtype="float32",
+        block_size=8,
+        kv_cache_memory_mb=64,
+        gpu={"compile_encoder": False, "cuda_graphs": False},
+    )
+    loaded = load_model(config)
+    engine = DecoderEngine(loaded)
+    prepare(loaded.model.decoder)  # after the engine set the decoder up for the device
+    audio = windows_of([SPEECH_DIR / "jfk.flac"])
+    with torch.inference_mode():
+        mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
+        cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels.to(device)))[0]
+    request, result = decode_alone(engine, cross_kv, DecodeOptions(max_tokens=max_tokens))
+    return result.tokens, hf_greedy_as_engine(reference, mels, engine, request)

@@ -29,19 +29,11 @@ from engine.attention.flash_attn_backend import FlashAttnBackend, flash_attn_ava
 from engine.attention.registry import kv_cache_dtype_problem, make_attention_backend
 from engine.attention.torch_ref import TorchReferenceBackend
 from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_heads
-from engine.config import EngineConfig
-from engine.decode.engine import DecoderEngine
-from engine.encode.runner import EncoderRunner
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import triton_add_layer_norm
-from engine.model.audio import log_mel_spectrogram
-from engine.model.loading import load_model
 from engine.model.whisper import add_layer_norm
-from engine.types import DecodeOptions
-from tests.support.engines import decode_alone
-from tests.support.hf_reference import hf_greedy_as_engine, hf_model
+from tests.support.hf_reference import jfk_tokens_beside_transformers
 from tests.support.paths import REPO_ROOT
-from tests.support.speech import SPEECH_DIR, windows_of
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 N_LAYERS = 3
@@ -532,25 +524,11 @@ def test_fused_residual_norm_matches_eager():
 
 def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whisper_folder):
     """The decoder with engine.fused_decoder_norms' kernel stays token-exact with transformers."""
-    reference, _ = hf_model(str(random_whisper_folder))
-    loaded = load_model(
-        EngineConfig(
-            model=str(random_whisper_folder),
-            device=DEVICE.type,
-            dtype="float32",
-            block_size=8,
-            kv_cache_memory_mb=64,
-            gpu={"compile_encoder": False},
-        )
-    )
-    loaded.model.decoder.fuse_residual_norms()
-    assert loaded.model.decoder.add_norm is triton_add_layer_norm
-    engine = DecoderEngine(loaded)
-    audio = windows_of([SPEECH_DIR / "jfk.flac"])
-    with torch.inference_mode():
-        mels = log_mel_spectrogram(audio, loaded.weights.dims.n_mels)
-        cross_kv = EncoderRunner(loaded).cross_kv(loaded.model.encoder(mels.to(DEVICE)))[0]
-    request, result = decode_alone(engine, cross_kv, DecodeOptions(max_tokens=40))
-    expected = hf_greedy_as_engine(reference, mels, engine, request)
-    assert len(result.tokens) > 0
-    assert result.tokens == expected
+
+    def fuse(decoder):
+        decoder.fuse_residual_norms()
+        assert decoder.add_norm is triton_add_layer_norm
+
+    ours, theirs = jfk_tokens_beside_transformers(random_whisper_folder, DEVICE, fuse, max_tokens=40)
+    assert len(ours) > 0
+    assert ours == theirs

@@ -1,0 +1,150 @@
+"""The decoder's matrix products at a decode step's few rows: one Triton kernel each that loads its
+weights before it waits for the kernel ahead of it.
+
+At batch 1 a large-v3 step's 192 products read ~1.5 GB of weights, ~0.3 ms at an H200's bandwidth,
+but cuBLAS takes ~6 µs on each however few its bytes: the launch, the first reads' latency and the
+tail, one after another (benchmarks/RESULTS.md). Here each program holds ``BLOCK_N`` whole weight
+rows in registers. Launched with programmatic dependent launch (Hopper and later; Triton's
+``launch_pdl``), a kernel may start while the one before it still runs, as soon as that one lets it
+(``gdc_launch_dependents``, first thing in these kernels and in the fused residual norm's): it loads
+its weights and bias, then ``gdc_wait`` holds it until the kernel before has finished and its
+output is visible, and only then reads its input rows. So the weights' reads overlap the previous
+kernel instead of following it. Nothing is written before the wait, and the rows read after it, so
+the order of results is the stream's, in or out of a CUDA graph.
+
+The rows are few (``engine.gpu.small_row_products``), so each program sums each row's products on
+CUDA cores from the registers: the weights are read once however many rows. With more rows cuBLAS's
+tensor-core tiles win, and the caller sends those there. fc1's GELU (the exact form, as the
+decoder's unfused path) is applied before the store. JIT-decorated on first use, so Triton's CPU
+interpreter can run it in tests (without the launch control, which the interpreter lacks).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from engine.kernels import launch_control, tl, triton, triton_available
+
+# Weight elements one program holds in registers (~40 KB in 16 bits): enough rows of the product
+# to keep a kernel's programs few, few enough to stay in registers beside the rows' sums.
+_ELEMENTS_PER_PROGRAM = 20480
+_MIN_PROGRAMS = 64  # below this a product's programs leave most of a large GPU's SMs idle
+
+if triton_available():
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+    def _small_rows_kernel(
+        X,
+        W,
+        BIAS,
+        Y,
+        rows,
+        n_out,
+        stride_x,
+        stride_y,
+        K_HIGH: tl.constexpr,
+        K_LOW: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+        LAUNCH_CONTROL: tl.constexpr,
+    ):
+        if LAUNCH_CONTROL:
+            gdc_launch_dependents()
+        outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid = outs < n_out
+        # The input dimension as two powers of two (1280 = 1024 + 256), each a block of its own.
+        high = tl.arange(0, K_HIGH)
+        low = K_HIGH + tl.arange(0, K_LOW if K_LOW > 0 else 1)
+        row_start = W + outs[:, None].to(tl.int64) * (K_HIGH + K_LOW)
+        w_high = tl.load(row_start + high[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        w_low = tl.load(row_start + low[None, :], mask=valid[:, None] & (K_LOW > 0), other=0.0).to(tl.float32)
+        bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(BIAS + outs, mask=valid, other=0.0).to(tl.float32)
+        if LAUNCH_CONTROL:
+            gdc_wait()  # the kernel before has finished: its output, this kernel's input, is there
+        for row in range(rows):
+            x_high = tl.load(X + row * stride_x + high).to(tl.float32)
+            total = tl.sum(w_high * x_high[None, :], axis=1) + bias
+            if K_LOW > 0:
+                x_low = tl.load(X + row * stride_x + low).to(tl.float32)
+                total += tl.sum(w_low * x_low[None, :], axis=1)
+            if GELU:
+                total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
+            tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=valid)
+
+
+_JITTED: dict[str, object] = {}
+
+
+def _split_in_two_powers(k: int) -> tuple[int, int] | None:
+    """``k`` as high + low, each a power of two (low may be 0), or None where it is not."""
+    high = 1 << (k.bit_length() - 1)
+    low = k - high
+    return (high, low) if low == 0 or low & (low - 1) == 0 else None
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel takes this product: rows with a unit last stride, a row-major [out, in]
+    weight whose input width is two powers of two at most."""
+    return (
+        triton_available()
+        and x.dim() == 2
+        and x.stride(-1) == 1
+        and weight.is_contiguous()
+        and _split_in_two_powers(weight.shape[1]) is not None
+    )
+
+
+def triton_small_rows_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False
+) -> torch.Tensor:
+    """``x @ weight.T + bias`` (then the exact GELU where asked), x [rows, in], weight [out, in]."""
+    if "kernel" not in _JITTED:
+        _JITTED["kernel"] = triton.jit(_small_rows_kernel)
+    rows, k = x.shape
+    n_out = weight.shape[0]
+    high, low = _split_in_two_powers(k)
+    block_n = 1 << max(0, min(_ELEMENTS_PER_PROGRAM // k, max(1, n_out // _MIN_PROGRAMS)).bit_length() - 1)
+    out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
+    if rows == 0:
+        return out
+    control = launch_control(x.device)
+    launch = {"launch_pdl": True} if control else {}
+    _JITTED["kernel"][(triton.cdiv(n_out, block_n),)](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        rows,
+        n_out,
+        x.stride(0),
+        out.stride(0),
+        K_HIGH=high,
+        K_LOW=low,
+        BLOCK_N=block_n,
+        HAS_BIAS=bias is not None,
+        GELU=gelu,
+        LAUNCH_CONTROL=control,
+        num_warps=8 if block_n * k >= 16384 else 4,
+        **launch,
+    )
+    return out
+
+
+def small_rows_product(
+    x: torch.Tensor,
+    linear: nn.Linear,
+    gelu: bool = False,
+    *,
+    max_rows: int,
+    otherwise: Callable[[torch.Tensor, nn.Linear, bool], torch.Tensor],
+) -> torch.Tensor:
+    """The decoder's product through the kernel above at up to ``max_rows`` rows, else ``otherwise``."""
+    if x.shape[0] > max_rows or not supports(x, linear.weight):
+        return otherwise(x, linear, gelu)
+    return triton_small_rows_linear(x, linear.weight, linear.bias, gelu)
