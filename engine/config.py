@@ -90,12 +90,13 @@ class GPUSwitches(BaseModel):
         description="run each residual add in the decoder and the layer norm after it as one Triton kernel",
     )
     small_rows_products: int = Field(
-        2,
+        16,
         ge=0,
-        le=64,
-        description="a decoder step of at most this many rows runs its matrix products through a Triton "
-        "kernel that loads its weights while the kernel before it runs (programmatic dependent launch on "
-        "Hopper and later; engine/kernels/small_products.py) instead of cuBLAS; 0: cuBLAS at every batch",
+        le=16,
+        description="a decoder step of at most this many rows runs its matrix products through Triton "
+        "kernels that load their weights while the kernel before them runs (programmatic dependent launch "
+        "on Hopper and later; engine/kernels/small_products.py) instead of cuBLAS, except products wider "
+        "than 2048 inputs past two rows; 0: cuBLAS at every batch",
     )
     fp8_encoder: bool = Field(
         False,

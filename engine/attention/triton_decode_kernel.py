@@ -8,7 +8,7 @@ from __future__ import annotations
 from engine.kernels import tl, triton
 
 if triton is not None:
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     def paged_decode_kernel(
         Q,
@@ -67,6 +67,7 @@ if triton is not None:
         keys an earlier row's program reads (KEY_READERS 0) does nothing."""
         if LAUNCH_CONTROL:
             gdc_launch_dependents()  # the product after attention loads its weights meanwhile
+            gdc_wait()  # launched early itself: the kernel before (the query's) has ended
         ROWS: tl.constexpr = 16  # tl.dot's least M; rows past the readers' heads hold a zero query
         WIDTH: tl.constexpr = HEADS * HEAD_DIM
         flat = tl.program_id(0)

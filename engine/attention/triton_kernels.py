@@ -53,7 +53,7 @@ MAX_HEAD_DIM = 256
 
 
 if triton is not None:
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     def _paged_attention_kernel(
         Q,
@@ -230,6 +230,7 @@ if triton is not None:
     ):
         if LAUNCH_CONTROL:
             gdc_launch_dependents()  # the product after attention loads its weights meanwhile
+            gdc_wait()  # launched early itself: the split kernel before it has ended
         tok = tl.program_id(0).to(tl.int64)
         head = tl.program_id(1)
         offs_s = tl.arange(0, SPLITS_PAD)

@@ -25,7 +25,7 @@ import torch
 from engine.kernels import launch_control, tl, triton, triton_available
 
 if triton_available():
-    from triton.language.extra.cuda import gdc_launch_dependents
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
     def _add_layer_norm_kernel(
         X,
@@ -49,7 +49,9 @@ if triton_available():
         if LAUNCH_CONTROL:
             # The next kernel may start now: a product (engine/kernels/small_products.py) loads its
             # weights meanwhile, and waits for this kernel's end before it reads the normed rows.
+            # This one was launched early in turn: it waits for the kernel before it to end.
             gdc_launch_dependents()
+            gdc_wait()
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK)
         valid = cols < n_cols
@@ -102,6 +104,7 @@ def _launch(
     total = torch.empty(x.shape, dtype=x.dtype, device=x.device) if delta is not None else x
     if rows:
         block = triton.next_power_of_2(cols)
+        control = launch_control(x.device)
         _JITTED["kernel"][(rows,)](
             x,
             delta if delta is not None else x,
@@ -119,8 +122,9 @@ def _launch(
             BLOCK=block,
             HAS_DELTA=delta is not None,
             QUANTIZE=scales is not None,
-            LAUNCH_CONTROL=launch_control(x.device),
+            LAUNCH_CONTROL=control,
             num_warps=4 if block <= 2048 else 8,
+            **({"launch_pdl": True} if control else {}),
         )
     return total
 

@@ -12,11 +12,14 @@ output is visible, and only then reads its input rows. So the weights' reads ove
 kernel instead of following it. Nothing is written before the wait, and the rows read after it, so
 the order of results is the stream's, in or out of a CUDA graph.
 
-The rows are few (``engine.gpu.small_row_products``), so each program sums each row's products on
-CUDA cores from the registers: the weights are read once however many rows. With more rows cuBLAS's
-tensor-core tiles win, and the caller sends those there. fc1's GELU (the exact form, as the
-decoder's unfused path) is applied before the store. JIT-decorated on first use, so Triton's CPU
-interpreter can run it in tests (without the launch control, which the interpreter lacks).
+Two kernels, by the rows (at most ``engine.gpu.small_rows_products``):
+- up to ``CUDA_CORE_ROWS``, each program sums each row's products on CUDA cores from its registers;
+- up to ``TILE_ROWS``, each program multiplies its 32 weight rows by the input rows, padded to a
+  16-row tile, on tensor cores. Its weight rows are whole, so an input width over ``TILE_MAX_IN``
+  (fc2's 5120 in large-v3) would not fit a program's registers; such products stay with cuBLAS.
+fc1's GELU (the exact form, as the decoder's unfused path) is applied before the store.
+JIT-decorated on first use, so Triton's CPU interpreter can run them in tests (without the launch
+control, which the interpreter lacks).
 """
 
 from __future__ import annotations
@@ -32,11 +35,15 @@ from engine.kernels import launch_control, tl, triton, triton_available
 # to keep a kernel's programs few, few enough to stay in registers beside the rows' sums.
 _ELEMENTS_PER_PROGRAM = 20480
 _MIN_PROGRAMS = 64  # below this a product's programs leave most of a large GPU's SMs idle
+CUDA_CORE_ROWS = 2  # up to this many rows, sums on CUDA cores; beyond, the tensor-core tile
+TILE_ROWS = 16  # tl.dot's least tile height: the input rows padded to it
+TILE_MAX_IN = 2048  # the widest input whose 32 whole weight rows a tile program holds
+_TILE_OUTS = 32
 
 if triton_available():
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-    def _small_rows_kernel(
+    def _rows_kernel(
         X,
         W,
         BIAS,
@@ -77,6 +84,53 @@ if triton_available():
                 total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
             tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=valid)
 
+    def _tile_kernel(
+        X,
+        W,
+        BIAS,
+        Y,
+        rows,
+        n_out,
+        stride_x,
+        stride_y,
+        K_HIGH: tl.constexpr,
+        K_LOW: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        ROWS: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        GELU: tl.constexpr,
+        LAUNCH_CONTROL: tl.constexpr,
+    ):
+        if LAUNCH_CONTROL:
+            gdc_launch_dependents()
+        outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        valid = outs < n_out
+        high = tl.arange(0, K_HIGH)
+        row_start = W + outs[:, None].to(tl.int64) * (K_HIGH + K_LOW)
+        w_high = tl.load(row_start + high[None, :], mask=valid[:, None], other=0.0)
+        if K_LOW > 0:
+            low = K_HIGH + tl.arange(0, K_LOW)
+            w_low = tl.load(row_start + low[None, :], mask=valid[:, None], other=0.0)
+        bias = tl.zeros([BLOCK_N], dtype=tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(BIAS + outs, mask=valid, other=0.0).to(tl.float32)
+        if LAUNCH_CONTROL:
+            gdc_wait()
+        tile_rows = tl.arange(0, ROWS)
+        present = tile_rows < rows
+        x_start = X + tile_rows[:, None] * stride_x
+        # "ieee": float32 operands multiply in float32, not TF32 (16-bit ones are unaffected).
+        x_high = tl.load(x_start + high[None, :], mask=present[:, None], other=0.0)
+        total = tl.dot(x_high, tl.trans(w_high), input_precision="ieee")
+        if K_LOW > 0:
+            x_low = tl.load(x_start + low[None, :], mask=present[:, None], other=0.0)
+            total += tl.dot(x_low, tl.trans(w_low), input_precision="ieee")
+        total += bias[None, :]
+        if GELU:
+            total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
+        y = Y + tile_rows[:, None] * stride_y + outs[None, :]
+        tl.store(y, total.to(Y.dtype.element_ty), mask=present[:, None] & valid[None, :])
+
 
 _JITTED: dict[str, object] = {}
 
@@ -89,33 +143,44 @@ def _split_in_two_powers(k: int) -> tuple[int, int] | None:
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel takes this product: rows with a unit last stride, a row-major [out, in]
-    weight whose input width is two powers of two at most."""
+    """Whether a kernel here takes this product: rows with a unit last stride, a row-major [out, in]
+    weight whose input width is two powers of two at most; past ``CUDA_CORE_ROWS`` rows, at most
+    ``TILE_ROWS`` of them and an input at most ``TILE_MAX_IN`` wide."""
+    rows, k = x.shape if x.dim() == 2 else (0, 0)
     return (
         triton_available()
         and x.dim() == 2
         and x.stride(-1) == 1
         and weight.is_contiguous()
-        and _split_in_two_powers(weight.shape[1]) is not None
+        and _split_in_two_powers(k) is not None
+        and (rows <= CUDA_CORE_ROWS or (rows <= TILE_ROWS and k <= TILE_MAX_IN))
     )
 
 
 def triton_small_rows_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False
 ) -> torch.Tensor:
-    """``x @ weight.T + bias`` (then the exact GELU where asked), x [rows, in], weight [out, in]."""
-    if "kernel" not in _JITTED:
-        _JITTED["kernel"] = triton.jit(_small_rows_kernel)
+    """``x @ weight.T + bias`` (then the exact GELU where asked), x [rows, in], weight [out, in]; a
+    product ``supports`` takes."""
+    if not _JITTED:
+        _JITTED["rows"] = triton.jit(_rows_kernel)
+        _JITTED["tile"] = triton.jit(_tile_kernel)
     rows, k = x.shape
     n_out = weight.shape[0]
     high, low = _split_in_two_powers(k)
-    block_n = 1 << max(0, min(_ELEMENTS_PER_PROGRAM // k, max(1, n_out // _MIN_PROGRAMS)).bit_length() - 1)
     out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
+    if rows <= CUDA_CORE_ROWS:
+        kernel = _JITTED["rows"]
+        fewest = min(_ELEMENTS_PER_PROGRAM // k, max(1, n_out // _MIN_PROGRAMS))
+        block_n = 1 << max(0, fewest.bit_length() - 1)
+        shape = {"num_warps": 8 if block_n * k >= 16384 else 4}
+    else:
+        kernel, block_n = _JITTED["tile"], _TILE_OUTS
+        shape = {"ROWS": TILE_ROWS, "num_warps": 4}
     control = launch_control(x.device)
-    launch = {"launch_pdl": True} if control else {}
-    _JITTED["kernel"][(triton.cdiv(n_out, block_n),)](
+    kernel[(triton.cdiv(n_out, block_n),)](
         x,
         weight,
         bias if bias is not None else weight,
@@ -130,8 +195,8 @@ def triton_small_rows_linear(
         HAS_BIAS=bias is not None,
         GELU=gelu,
         LAUNCH_CONTROL=control,
-        num_warps=8 if block_n * k >= 16384 else 4,
-        **launch,
+        **shape,
+        **({"launch_pdl": True} if control else {}),
     )
     return out
 
@@ -144,7 +209,8 @@ def small_rows_product(
     max_rows: int,
     otherwise: Callable[[torch.Tensor, nn.Linear, bool], torch.Tensor],
 ) -> torch.Tensor:
-    """The decoder's product through the kernel above at up to ``max_rows`` rows, else ``otherwise``."""
+    """The decoder's product through a kernel here at up to ``max_rows`` rows, where one takes it;
+    else ``otherwise``."""
     if x.shape[0] > max_rows or not supports(x, linear.weight):
         return otherwise(x, linear, gelu)
     return triton_small_rows_linear(x, linear.weight, linear.bias, gelu)

@@ -27,11 +27,19 @@ def linear_layer(k: int, n: int, bias: bool, seed: int, device=DEVICE, dtype=tor
 
 
 @pytest.mark.parametrize(
-    "rows,k,n,bias,gelu", [(1, 96, 40, True, False), (3, 64, 100, False, True), (4, 384, 24, True, True)]
+    "rows,k,n,bias,gelu",
+    [
+        (1, 96, 40, True, False),
+        (2, 64, 100, False, True),
+        (5, 384, 24, True, True),
+        (16, 96, 70, True, False),
+        (3, 64, 33, False, False),
+    ],
 )
 def test_the_small_rows_kernel_computes_the_dense_product(rows, k, n, bias, gelu):
-    """Input widths of one power of two (64) and of two (96 = 64 + 32, 384 = 256 + 128), output widths
-    that are no multiple of a program's rows, with and without a bias, and fc1's exact GELU."""
+    """Both kernels (sums on CUDA cores up to two rows, the tensor-core tile up to 16), input widths of
+    one power of two (64) and of two (96 = 64 + 32, 384 = 256 + 128), output widths that are no
+    multiple of a program's rows, with and without a bias, and fc1's exact GELU."""
     linear = linear_layer(k, n, bias, seed=rows)
     x = torch.randn(rows, k, device=DEVICE) * 2
     with torch.no_grad():
@@ -49,13 +57,18 @@ def test_products_of_more_rows_or_of_another_width_go_to_the_dense_product():
         return dense_product(x, linear, gelu)
 
     linear = linear_layer(64, 32, True, seed=0)
+    wide = linear_layer(4096, 8, True, seed=2)  # 32 whole rows of it would not fit a tile program
     with torch.no_grad():
         for rows in (1, 2, 3):
             small_rows_product(torch.randn(rows, 64, device=DEVICE), linear, max_rows=2, otherwise=dense)
+        for rows in (16, 17):
+            small_rows_product(torch.randn(rows, 64, device=DEVICE), linear, max_rows=32, otherwise=dense)
+        for rows in (2, 3):
+            small_rows_product(torch.randn(rows, 4096, device=DEVICE), wide, max_rows=16, otherwise=dense)
         odd = linear_layer(100, 32, True, seed=1)  # 100 = 64 + 36: not two powers of two
         assert not supports(torch.randn(1, 100, device=DEVICE), odd.weight)
         out = small_rows_product(torch.randn(1, 100, device=DEVICE), odd, max_rows=2, otherwise=dense)
-    assert calls == [3, 1]
+    assert calls == [3, 17, 3, 1]
     assert out.shape == (1, 32)
 
 
@@ -73,11 +86,11 @@ def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_to
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("rows", [1, 4])
+@pytest.mark.parametrize("rows", [1, 4, 16])
 def test_on_the_gpu_products_behind_the_fused_norm_in_a_cuda_graph_match_the_dense_ones(rows):
-    """large-v3's widths, fp16: residual norm -> QKV-wide product -> fc1 with GELU -> fc2, each
-    product launched to overlap the kernel before it, replayed from a CUDA graph after the input
-    changed, against the same chain through cuBLAS."""
+    """large-v3's widths, fp16: residual norm -> QKV-wide product -> fc1 with GELU -> fc2 (cuBLAS's
+    past two rows), the kernels' products launched to overlap the kernel before them, replayed from a
+    CUDA graph after the input changed, against the same chain through cuBLAS."""
     device, dtype = torch.device("cuda"), torch.float16
     qkv, fc1, fc2 = (
         linear_layer(k, n, True, s, device, dtype)
@@ -92,7 +105,7 @@ def test_on_the_gpu_products_behind_the_fused_norm_in_a_cuda_graph_match_the_den
         return wide, product(product(h, fc1, True), fc2)
 
     def small(h, linear, gelu=False):
-        return triton_small_rows_linear(h, linear.weight, linear.bias, gelu)
+        return small_rows_product(h, linear, gelu, max_rows=16, otherwise=dense_product)
 
     with torch.inference_mode():
         chain(small)  # compiled before capture
