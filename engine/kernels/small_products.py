@@ -12,7 +12,7 @@ output is visible, and only then reads its input rows. So the weights' reads ove
 kernel instead of following it. Nothing is written before the wait, and the rows read after it, so
 the order of results is the stream's, in or out of a CUDA graph.
 
-Two kernels, by the rows (at most ``engine.gpu.small_rows_products``):
+One kernel, two ways by the rows (at most ``engine.gpu.small_rows_products``):
 - up to ``CUDA_CORE_ROWS``, each program sums each row's products on CUDA cores from its registers;
 - up to ``TILE_ROWS``, each program multiplies its 32 weight rows by the input rows, padded to a
   16-row tile, on tensor cores. Its weight rows are whole, so an input width over ``TILE_MAX_IN``
@@ -43,7 +43,7 @@ _TILE_OUTS = 32
 if triton_available():
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-    def _rows_kernel(
+    def _small_rows_kernel(
         X,
         W,
         BIAS,
@@ -55,6 +55,7 @@ if triton_available():
         K_HIGH: tl.constexpr,
         K_LOW: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        TILE: tl.constexpr,  # 0: each row's sums on CUDA cores; else the rows padded to this tile height
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
         LAUNCH_CONTROL: tl.constexpr,
@@ -65,71 +66,45 @@ if triton_available():
         valid = outs < n_out
         # The input dimension as two powers of two (1280 = 1024 + 256), each a block of its own.
         high = tl.arange(0, K_HIGH)
-        low = K_HIGH + tl.arange(0, K_LOW if K_LOW > 0 else 1)
         row_start = W + outs[:, None].to(tl.int64) * (K_HIGH + K_LOW)
-        w_high = tl.load(row_start + high[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        w_low = tl.load(row_start + low[None, :], mask=valid[:, None] & (K_LOW > 0), other=0.0).to(tl.float32)
+        w_high = tl.load(row_start + high[None, :], mask=valid[:, None], other=0.0)
+        if TILE == 0:
+            w_high = w_high.to(tl.float32)
+        if K_LOW > 0:
+            low = K_HIGH + tl.arange(0, K_LOW)
+            w_low = tl.load(row_start + low[None, :], mask=valid[:, None], other=0.0)
+            if TILE == 0:
+                w_low = w_low.to(tl.float32)
         bias = tl.zeros([BLOCK_N], dtype=tl.float32)
         if HAS_BIAS:
             bias = tl.load(BIAS + outs, mask=valid, other=0.0).to(tl.float32)
         if LAUNCH_CONTROL:
             gdc_wait()  # the kernel before has finished: its output, this kernel's input, is there
-        for row in range(rows):
-            x_high = tl.load(X + row * stride_x + high).to(tl.float32)
-            total = tl.sum(w_high * x_high[None, :], axis=1) + bias
+        if TILE == 0:
+            for row in range(rows):
+                x_high = tl.load(X + row * stride_x + high).to(tl.float32)
+                total = tl.sum(w_high * x_high[None, :], axis=1) + bias
+                if K_LOW > 0:
+                    x_low = tl.load(X + row * stride_x + low).to(tl.float32)
+                    total += tl.sum(w_low * x_low[None, :], axis=1)
+                if GELU:
+                    total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
+                tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=valid)
+        else:
+            tile_rows = tl.arange(0, TILE)
+            present = tile_rows < rows
+            x_start = X + tile_rows[:, None] * stride_x
+            # "ieee": float32 operands multiply in float32, not TF32 (16-bit ones are unaffected).
+            x_high = tl.load(x_start + high[None, :], mask=present[:, None], other=0.0)
+            total = tl.dot(x_high, tl.trans(w_high), input_precision="ieee")
             if K_LOW > 0:
-                x_low = tl.load(X + row * stride_x + low).to(tl.float32)
-                total += tl.sum(w_low * x_low[None, :], axis=1)
+                x_low = tl.load(x_start + low[None, :], mask=present[:, None], other=0.0)
+                total += tl.dot(x_low, tl.trans(w_low), input_precision="ieee")
+            total += bias[None, :]
             if GELU:
                 total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
-            tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=valid)
-
-    def _tile_kernel(
-        X,
-        W,
-        BIAS,
-        Y,
-        rows,
-        n_out,
-        stride_x,
-        stride_y,
-        K_HIGH: tl.constexpr,
-        K_LOW: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        ROWS: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        GELU: tl.constexpr,
-        LAUNCH_CONTROL: tl.constexpr,
-    ):
-        if LAUNCH_CONTROL:
-            gdc_launch_dependents()
-        outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        valid = outs < n_out
-        high = tl.arange(0, K_HIGH)
-        row_start = W + outs[:, None].to(tl.int64) * (K_HIGH + K_LOW)
-        w_high = tl.load(row_start + high[None, :], mask=valid[:, None], other=0.0)
-        if K_LOW > 0:
-            low = K_HIGH + tl.arange(0, K_LOW)
-            w_low = tl.load(row_start + low[None, :], mask=valid[:, None], other=0.0)
-        bias = tl.zeros([BLOCK_N], dtype=tl.float32)
-        if HAS_BIAS:
-            bias = tl.load(BIAS + outs, mask=valid, other=0.0).to(tl.float32)
-        if LAUNCH_CONTROL:
-            gdc_wait()
-        tile_rows = tl.arange(0, ROWS)
-        present = tile_rows < rows
-        x_start = X + tile_rows[:, None] * stride_x
-        # "ieee": float32 operands multiply in float32, not TF32 (16-bit ones are unaffected).
-        x_high = tl.load(x_start + high[None, :], mask=present[:, None], other=0.0)
-        total = tl.dot(x_high, tl.trans(w_high), input_precision="ieee")
-        if K_LOW > 0:
-            x_low = tl.load(x_start + low[None, :], mask=present[:, None], other=0.0)
-            total += tl.dot(x_low, tl.trans(w_low), input_precision="ieee")
-        total += bias[None, :]
-        if GELU:
-            total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
-        y = Y + tile_rows[:, None] * stride_y + outs[None, :]
-        tl.store(y, total.to(Y.dtype.element_ty), mask=present[:, None] & valid[None, :])
+            y = Y + tile_rows[:, None] * stride_y + outs[None, :]
+            tl.store(y, total.to(Y.dtype.element_ty), mask=present[:, None] & valid[None, :])
 
 
 _JITTED: dict[str, object] = {}
@@ -162,9 +137,8 @@ def triton_small_rows_linear(
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` (then the exact GELU where asked), x [rows, in], weight [out, in]; a
     product ``supports`` takes."""
-    if not _JITTED:
-        _JITTED["rows"] = triton.jit(_rows_kernel)
-        _JITTED["tile"] = triton.jit(_tile_kernel)
+    if "kernel" not in _JITTED:
+        _JITTED["kernel"] = triton.jit(_small_rows_kernel)
     rows, k = x.shape
     n_out = weight.shape[0]
     high, low = _split_in_two_powers(k)
@@ -172,15 +146,13 @@ def triton_small_rows_linear(
     if rows == 0:
         return out
     if rows <= CUDA_CORE_ROWS:
-        kernel = _JITTED["rows"]
         fewest = min(_ELEMENTS_PER_PROGRAM // k, max(1, n_out // _MIN_PROGRAMS))
         block_n = 1 << max(0, fewest.bit_length() - 1)
-        shape = {"num_warps": 8 if block_n * k >= 16384 else 4}
+        shape = {"TILE": 0, "num_warps": 8 if block_n * k >= 16384 else 4}
     else:
-        kernel, block_n = _JITTED["tile"], _TILE_OUTS
-        shape = {"ROWS": TILE_ROWS, "num_warps": 4}
+        block_n, shape = _TILE_OUTS, {"TILE": TILE_ROWS, "num_warps": 4}
     control = launch_control(x.device)
-    kernel[(triton.cdiv(n_out, block_n),)](
+    _JITTED["kernel"][(triton.cdiv(n_out, block_n),)](
         x,
         weight,
         bias if bias is not None else weight,
