@@ -6,11 +6,11 @@ but cuBLAS takes ~6 µs on each however few its bytes: the launch, the first rea
 tail, one after another (benchmarks/RESULTS.md). Here each program holds ``BLOCK_N`` whole weight
 rows in registers. Launched with programmatic dependent launch (Hopper and later; Triton's
 ``launch_pdl``), a kernel may start while the one before it still runs, as soon as that one lets it
-(``gdc_launch_dependents``, first thing in these kernels and in the fused residual norm's): it loads
-its weights and bias, then ``gdc_wait`` holds it until the kernel before has finished and its
-output is visible, and only then reads its input rows. So the weights' reads overlap the previous
-kernel instead of following it. Nothing is written before the wait, and the rows read after it, so
-the order of results is the stream's, in or out of a CUDA graph.
+(``gdc_launch_dependents``, first thing in these kernels, the fused residual norm's and attention's
+decode kernels): it loads its weights and bias, then ``gdc_wait`` holds it until the kernel before
+has finished and its output is visible, and only then reads its input rows. So the weights' reads
+overlap the previous kernel instead of following it. Nothing is written before the wait, and the
+rows read after it, so the order of results is the stream's, in or out of a CUDA graph.
 
 One kernel, two ways by the rows (at most ``engine.gpu.small_rows_products``):
 - up to ``CUDA_CORE_ROWS``, each program sums each row's products on CUDA cores from its registers;

@@ -7,6 +7,8 @@ speed is in benchmarks/RESULTS.md."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from torch import nn
@@ -74,11 +76,19 @@ def test_products_of_more_rows_or_of_another_width_go_to_the_dense_product():
 
 def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_tokens(random_whisper_folder):
     def through_the_kernel(decoder):
-        decoder.use_small_rows_products(4)  # the engine sets 0 on a CPU; a step here has one row
-        assert decoder.product is not dense_product
+        for layer in decoder.layers:
+            # Column-major on a CPU (store_widening_weights_column_major); row-major, as on a GPU,
+            # for the kernel to take them.
+            for linear in (layer.self_qkv, layer.mlp.fc1):
+                linear.weight = nn.Parameter(linear.weight.detach().contiguous(), requires_grad=False)
+
+        def past_the_kernel(x, linear, gelu=False):
+            raise AssertionError(f"a product of {x.shape[0]} rows went past the kernel")
+
+        decoder.product = functools.partial(small_rows_product, max_rows=4, otherwise=past_the_kernel)
 
     ours, theirs = jfk_tokens_beside_transformers(
-        random_whisper_folder, DEVICE, through_the_kernel, max_tokens=16
+        random_whisper_folder, DEVICE, through_the_kernel, max_tokens=8
     )
     assert len(ours) > 0
     assert ours == theirs
