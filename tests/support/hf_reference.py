@@ -3,11 +3,23 @@ its own greedy `generate` with Whisper's suppression (and timestamp) logits proc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 from transformers import GenerationConfig, GenerationMixin, WhisperConfig, WhisperForConditionalGeneration
 from transformers.generation.logits_process import LogitsProcessorList, WhisperTimeStampLogitsProcessor
 
+from engine.config import EngineConfig
+from engine.decode.engine import DecoderEngine
+from engine.encode.runner import EncoderRunner
+from engine.model.audio import log_mel_spectrogram
+from engine.model.loading import load_model
 from engine.model.weights import LoadedWeights, load_weights
+from engine.model.whisper import TextDecoder
+from engine.types import DecodeOptions
+from tests.support.engines import decode_alone
+from tests.support.speech import SPEECH_DIR, windows_of
 
 
 def hf_model(model_name: str) -> tuple[WhisperForConditionalGeneration, LoadedWeights]:
@@ -92,20 +104,11 @@ def hf_greedy_as_engine(
 
 
 def jfk_tokens_beside_transformers(
-    folder, device: torch.device, prepare, max_tokens: int
+    folder: Path, device: torch.device, prepare: Callable[[TextDecoder], None], max_tokens: int
 ) -> tuple[list[int], list[int]]:
     """The engine's greedy tokens for the jfk clip on the model saved in ``folder`` (float32, every
     step eager), the decoder first changed by ``prepare(decoder)``, and transformers' for the same
     prompt: (ours, theirs)."""
-    from engine.config import EngineConfig
-    from engine.decode.engine import DecoderEngine
-    from engine.encode.runner import EncoderRunner
-    from engine.model.audio import log_mel_spectrogram
-    from engine.model.loading import load_model
-    from engine.types import DecodeOptions
-    from tests.support.engines import decode_alone
-    from tests.support.speech import SPEECH_DIR, windows_of
-
     reference, _ = hf_model(str(folder))
     config = EngineConfig(
         model=str(folder),
