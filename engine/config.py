@@ -93,10 +93,10 @@ class GPUSwitches(BaseModel):
         16,
         ge=0,
         le=16,
-        description="a decoder step of at most this many rows runs its matrix products through Triton "
-        "kernels that load their weights while the kernel before them runs (programmatic dependent launch "
-        "on Hopper and later; engine/kernels/small_products.py) instead of cuBLAS, except products wider "
-        "than 2048 inputs past two rows; 0: cuBLAS at every batch",
+        description="on Hopper and later GPUs, a decoder step of at most this many rows runs its matrix "
+        "products through Triton kernels that load their weights while the kernel before them runs "
+        "(programmatic dependent launch; engine/kernels/small_products.py) instead of cuBLAS, except "
+        "products wider than 2048 inputs past two rows; 0: cuBLAS at every batch (and on other GPUs)",
     )
     fp8_encoder: bool = Field(
         False,

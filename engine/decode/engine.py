@@ -33,7 +33,7 @@ from engine.decode.runner import ModelRunner
 from engine.decode.scheduler import Scheduler
 from engine.decode.timings import LoopTimings, WindowTimes
 from engine.errors import RetriableError
-from engine.kernels import triton_available
+from engine.kernels import launch_control, triton_available
 from engine.kv.block_pool import BlockPool
 from engine.kv.sources import CrossKVSource
 from engine.kv.storage import PagedKVStorage
@@ -377,6 +377,8 @@ def _model_runner(loaded: LoadedModel, config: EngineConfig, storage: PagedKVSto
     switches = config.gpu_switches()
     if switches.fused_decoder_norms and triton_available():
         loaded.model.decoder.fuse_residual_norms()  # before the decode graphs capture the step
-    # Set either way: benchmarks build several engines on one loaded model.
-    loaded.model.decoder.use_small_rows_products(switches.small_rows_products if triton_available() else 0)
+    # Only where the kernels' launches overlap (Hopper and later), where they were measured faster
+    # than cuBLAS. Set either way: benchmarks build several engines on one loaded model.
+    overlapping = triton_available() and launch_control(device)
+    loaded.model.decoder.use_small_rows_products(switches.small_rows_products if overlapping else 0)
     return ModelRunner(loaded.model, storage, backend, config.max_num_seqs)
