@@ -13,6 +13,7 @@ from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.attention.triton_kernels import MAX_HEAD_DIM, kernels
 from engine.kernels import (
     TRITON_IMPORT_ERROR,
+    early_launch,
     launch_control,
     sm_count,
     tl,
@@ -264,7 +265,6 @@ class TritonPagedBackend(AttentionBackend):
         # The next kernel (a product: engine/kernels/small_products.py) may start as attention's last
         # kernel does, and waits for its end before it reads the output.
         control = launch_control(query.device)
-        early = {"launch_pdl": True} if control else {}  # launched early, each waits first thing
         if plan.heads_per_program > 1:
             num_groups = num_heads // plan.heads_per_program
             shared = batch.key_readers is not None
@@ -287,7 +287,7 @@ class TritonPagedBackend(AttentionBackend):
                 SHARED=shared,
                 LAUNCH_CONTROL=control,
                 num_warps=plan.num_warps,
-                **early,
+                **early_launch(control),  # each waits first thing
                 num_stages=plan.num_stages,
             )
         else:
@@ -325,6 +325,6 @@ class TritonPagedBackend(AttentionBackend):
                 SPLITS_PAD=max(2, _next_pow2(plan.num_splits)),
                 LAUNCH_CONTROL=control,
                 num_warps=1 if head_dim <= 64 else 2,
-                **early,
+                **early_launch(control),  # each waits first thing
             )
         return out

@@ -8,6 +8,7 @@ when a function is decorated) need only be set before the first call.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -36,25 +37,25 @@ def launch_control(device: torch.device) -> bool:
     """Whether kernels on ``device`` may use programmatic dependent launch (Triton's ``launch_pdl``, and
     ``gdc_wait`` / ``gdc_launch_dependents`` inside): CUDA on Hopper (compute capability 9.0) and
     later; not Triton's interpreter, which lacks them."""
-    if device.type != "cuda" or triton_interpreting():
-        return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _LAUNCH_CONTROL:
-        _LAUNCH_CONTROL[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return _LAUNCH_CONTROL[index]
+    return device.type == "cuda" and not triton_interpreting() and _cuda_properties(device).major >= 9
 
 
-_LAUNCH_CONTROL: dict[int, bool] = {}
-
-
-_SM_COUNT: dict[int, int] = {}
+def early_launch(control: bool) -> dict[str, bool]:
+    """Triton launch options that let a kernel start before the one ahead of it has ended, where
+    ``control`` (``launch_control``); the kernel then calls ``gdc_wait`` before it reads that one's output."""
+    return {"launch_pdl": True} if control else {}
 
 
 def sm_count(device: torch.device) -> int:
     """The streaming multiprocessors of CUDA ``device`` (1 elsewhere), read once per device."""
-    if device.type != "cuda":
-        return 1
+    return _cuda_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def _cuda_properties(device: torch.device):
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return _properties_of(index)
+
+
+@functools.cache
+def _properties_of(index: int):
+    return torch.cuda.get_device_properties(index)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.kernels import launch_control, tl, triton, triton_available
+from engine.kernels import early_launch, launch_control, tl, triton, triton_available
 
 if triton_available():
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -124,7 +124,7 @@ def _launch(
             QUANTIZE=scales is not None,
             LAUNCH_CONTROL=control,
             num_warps=4 if block <= 2048 else 8,
-            **({"launch_pdl": True} if control else {}),
+            **early_launch(control),
         )
     return total
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from engine.kernels import launch_control, tl, triton, triton_available
+from engine.kernels import early_launch, launch_control, tl, triton, triton_available
 
 # Weight elements one program holds in registers (~40 KB in 16 bits): enough rows of the product
 # to keep a kernel's programs few, few enough to stay in registers beside the rows' sums.
@@ -121,15 +121,11 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a kernel here takes this product: rows with a unit last stride, a row-major [out, in]
     weight whose input width is two powers of two at most; past ``CUDA_CORE_ROWS`` rows, at most
     ``TILE_ROWS`` of them and an input at most ``TILE_MAX_IN`` wide."""
-    rows, k = x.shape if x.dim() == 2 else (0, 0)
-    return (
-        triton_available()
-        and x.dim() == 2
-        and x.stride(-1) == 1
-        and weight.is_contiguous()
-        and _split_in_two_powers(k) is not None
-        and (rows <= CUDA_CORE_ROWS or (rows <= TILE_ROWS and k <= TILE_MAX_IN))
-    )
+    if not triton_available() or x.dim() != 2 or x.stride(-1) != 1 or not weight.is_contiguous():
+        return False
+    rows, k = x.shape
+    fits = rows <= CUDA_CORE_ROWS or (rows <= TILE_ROWS and k <= TILE_MAX_IN)
+    return fits and _split_in_two_powers(k) is not None
 
 
 def triton_small_rows_linear(
@@ -168,7 +164,7 @@ def triton_small_rows_linear(
         GELU=gelu,
         LAUNCH_CONTROL=control,
         **shape,
-        **({"launch_pdl": True} if control else {}),
+        **early_launch(control),
     )
     return out
 
