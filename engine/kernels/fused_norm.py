@@ -132,8 +132,8 @@ def _launch(
 def triton_add_layer_norm(
     x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as ``engine.model.whisper.add_layer_norm``: (x + delta, layer_norm(x + delta)), x and
-    delta [T, d]."""
+    """Same contract as ``engine.model.sublayers.add_layer_norm``: (x + delta, layer_norm(x + delta)),
+    x and delta [T, d]."""
     normed = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return _launch(x, delta, weight, bias, eps, normed, None), normed
 

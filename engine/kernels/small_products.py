@@ -9,8 +9,12 @@ rows in registers. Launched with programmatic dependent launch (Hopper and later
 (``gdc_launch_dependents``, first thing in these kernels, the fused residual norm's and attention's
 decode kernels): it loads its weights and bias, then ``gdc_wait`` holds it until the kernel before
 has finished and its output is visible, and only then reads its input rows. So the weights' reads
-overlap the previous kernel instead of following it. Nothing is written before the wait, and the
-rows read after it, so the order of results is the stream's, in or out of a CUDA graph.
+overlap the previous kernel instead of following it. Nothing is written before the wait, and
+nothing but weights read, so the order of results is the stream's, in or out of a CUDA graph.
+
+The self-attention QKV product stores its keys and values straight into their cache slots
+(``KVSlots``): otherwise an indexed write, one more kernel a layer, and not one of ours, so the
+attention kernel after it could not start early either.
 
 One kernel, two ways by the rows (at most ``engine.gpu.small_rows_products``):
 - up to ``CUDA_CORE_ROWS``, each program sums each row's products on CUDA cores from its registers;
@@ -24,10 +28,9 @@ control, which the interpreter lacks).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
-from torch import nn
 
 from engine.kernels import early_launch, launch_control, tl, triton, triton_available
 
@@ -40,6 +43,17 @@ TILE_ROWS = 16  # tl.dot's least tile height: the input rows padded to it
 TILE_MAX_IN = 2048  # the widest input whose 32 whole weight rows a tile program holds
 _TILE_OUTS = 32
 
+
+@dataclass(frozen=True)
+class KVSlots:
+    """Where a QKV product's keys and values go: one layer's cache [num_blocks, 2 (k|v), block_size,
+    H, D] (a strided view, heads and dimensions contiguous), and each row's block and offset there."""
+
+    cache: torch.Tensor
+    block_ids: torch.Tensor  # [rows]
+    offsets: torch.Tensor  # [rows]
+
+
 if triton_available():
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -48,16 +62,23 @@ if triton_available():
         W,
         BIAS,
         Y,
+        CACHE,
+        SLOT_BLOCKS,
+        SLOT_OFFSETS,
         rows,
         n_out,
         stride_x,
         stride_y,
+        stride_block,
+        stride_kv,
+        stride_slot,
         K_HIGH: tl.constexpr,
         K_LOW: tl.constexpr,
         BLOCK_N: tl.constexpr,
         TILE: tl.constexpr,  # 0: each row's sums on CUDA cores; else the rows padded to this tile height
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
+        STORE_KV: tl.constexpr,  # a QKV product: queries to Y, keys and values to their cache slots
         LAUNCH_CONTROL: tl.constexpr,
     ):
         if LAUNCH_CONTROL:
@@ -78,6 +99,13 @@ if triton_available():
         bias = tl.zeros([BLOCK_N], dtype=tl.float32)
         if HAS_BIAS:
             bias = tl.load(BIAS + outs, mask=valid, other=0.0).to(tl.float32)
+        # With STORE_KV: outputs past the queries' ``stride_y`` go to key (0) or value (1) ``kv``'s
+        # cache, at column ``within`` of a row's slot.
+        to_y = valid
+        if STORE_KV:
+            to_y = valid & (outs < stride_y)
+            kv = (outs // stride_y - 1).to(tl.int64) * stride_kv
+            within = outs % stride_y
         if LAUNCH_CONTROL:
             gdc_wait()  # the kernel before has finished: its output, this kernel's input, is there
         if TILE == 0:
@@ -89,7 +117,12 @@ if triton_available():
                     total += tl.sum(w_low * x_low[None, :], axis=1)
                 if GELU:
                     total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
-                tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=valid)
+                tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=to_y)
+                if STORE_KV:
+                    block = tl.load(SLOT_BLOCKS + row).to(tl.int64)
+                    offset = tl.load(SLOT_OFFSETS + row).to(tl.int64)
+                    cached = CACHE + block * stride_block + offset * stride_slot + kv + within
+                    tl.store(cached, total.to(CACHE.dtype.element_ty), mask=valid & ~to_y)
         else:
             tile_rows = tl.arange(0, TILE)
             present = tile_rows < rows
@@ -104,7 +137,14 @@ if triton_available():
             if GELU:
                 total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
             y = Y + tile_rows[:, None] * stride_y + outs[None, :]
-            tl.store(y, total.to(Y.dtype.element_ty), mask=present[:, None] & valid[None, :])
+            tl.store(y, total.to(Y.dtype.element_ty), mask=present[:, None] & to_y[None, :])
+            if STORE_KV:
+                blocks = tl.load(SLOT_BLOCKS + tile_rows, mask=present, other=0).to(tl.int64)
+                offsets = tl.load(SLOT_OFFSETS + tile_rows, mask=present, other=0).to(tl.int64)
+                slots = blocks[:, None] * stride_block + offsets[:, None] * stride_slot
+                cached = CACHE + slots + kv[None, :] + within[None, :]
+                kept = present[:, None] & (valid & ~to_y)[None, :]
+                tl.store(cached, total.to(CACHE.dtype.element_ty), mask=kept)
 
 
 _JITTED: dict[str, object] = {}
@@ -128,17 +168,30 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return fits and _split_in_two_powers(k) is not None
 
 
+def stores_kv(x: torch.Tensor, slots: KVSlots) -> bool:
+    """Whether the kernel can store a QKV product of ``x``'s rows into ``slots``' cache: the cache in
+    the rows' dtype (into fp8 the dense path's saturating cast, ``engine.kv.storage.to_cache_dtype``),
+    heads and their dimensions contiguous."""
+    cache = slots.cache
+    return cache.dtype == x.dtype and cache.stride(-1) == 1 and cache.stride(-2) == cache.shape[-1]
+
+
 def triton_small_rows_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gelu: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gelu: bool = False,
+    slots: KVSlots | None = None,
 ) -> torch.Tensor:
     """``x @ weight.T + bias`` (then the exact GELU where asked), x [rows, in], weight [out, in]; a
-    product ``supports`` takes."""
+    product ``supports`` takes. With ``slots`` (a QKV product, ``stores_kv``), only the queries
+    [rows, out / 3] come back, the keys and values going to their rows' cache slots."""
     if "kernel" not in _JITTED:
         _JITTED["kernel"] = triton.jit(_small_rows_kernel)
     rows, k = x.shape
     n_out = weight.shape[0]
     high, low = _split_in_two_powers(k)
-    out = torch.empty((rows, n_out), dtype=x.dtype, device=x.device)
+    out = torch.empty((rows, n_out // 3 if slots is not None else n_out), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
     if rows <= CUDA_CORE_ROWS:
@@ -147,38 +200,29 @@ def triton_small_rows_linear(
         shape = {"TILE": 0, "num_warps": 8 if block_n * k >= 16384 else 4}
     else:
         block_n, shape = _TILE_OUTS, {"TILE": TILE_ROWS, "num_warps": 4}
+    cache = slots.cache if slots is not None else out
     control = launch_control(x.device)
     _JITTED["kernel"][(triton.cdiv(n_out, block_n),)](
         x,
         weight,
         bias if bias is not None else weight,
         out,
+        cache,
+        slots.block_ids if slots is not None else out,
+        slots.offsets if slots is not None else out,
         rows,
         n_out,
         x.stride(0),
         out.stride(0),
+        *(cache.stride()[:3] if slots is not None else (0, 0, 0)),
         K_HIGH=high,
         K_LOW=low,
         BLOCK_N=block_n,
         HAS_BIAS=bias is not None,
         GELU=gelu,
+        STORE_KV=slots is not None,
         LAUNCH_CONTROL=control,
         **shape,
         **early_launch(control),
     )
     return out
-
-
-def small_rows_product(
-    x: torch.Tensor,
-    linear: nn.Linear,
-    gelu: bool = False,
-    *,
-    max_rows: int,
-    otherwise: Callable[[torch.Tensor, nn.Linear, bool], torch.Tensor],
-) -> torch.Tensor:
-    """The decoder's product through a kernel here at up to ``max_rows`` rows, where one takes it;
-    else ``otherwise``."""
-    if x.shape[0] > max_rows or not supports(x, linear.weight):
-        return otherwise(x, linear, gelu)
-    return triton_small_rows_linear(x, linear.weight, linear.bias, gelu)

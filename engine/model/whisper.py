@@ -7,7 +7,6 @@ cross-attention K/V back through the attention backend, as named by a DecoderSte
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -18,9 +17,11 @@ from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_norm_quantize_rows_op
 from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
-from engine.kv.storage import PagedKVStorage, to_cache_dtype
+from engine.kernels.small_products import KVSlots
+from engine.kv.storage import PagedKVStorage
 from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import quantize_linears
+from engine.model.sublayers import SmallRowsSublayers, Sublayers, norm_params
 from engine.model.vocabulary import VocabularyProjection
 from engine.model.weights import ModelDims
 
@@ -34,29 +35,6 @@ class DecoderStepMetadata:
     slot_offsets: torch.Tensor  # [T] offset of that slot inside the block
     self_attention: PagedAttentionBatch
     cross_attention: PagedAttentionBatch
-
-
-def add_layer_norm(
-    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The residual stream ``x + delta``, and that sum layer-normed (the next sublayer's input).
-
-    The decoder calls it through ``TextDecoder.add_norm``, which ``fuse_residual_norms`` swaps
-    for one Triton kernel with the same contract (engine/kernels/fused_norm.py).
-    """
-    x = x + delta
-    return x, F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
-
-
-def dense_product(x: torch.Tensor, linear: nn.Linear, gelu: bool = False) -> torch.Tensor:
-    """``linear(x)``, then the exact GELU where asked: the decoder's products, which it calls through
-    ``TextDecoder.product``; ``use_small_rows_products`` swaps in a Triton kernel for few rows."""
-    out = linear(x)
-    return F.gelu(out) if gelu else out
-
-
-def norm_params(norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, float]:
-    return norm.weight, norm.bias, norm.eps
 
 
 class MLP(nn.Module):
@@ -202,8 +180,7 @@ class DecoderLayer(nn.Module):
         layer_cache: torch.Tensor,
         meta: DecoderStepMetadata,
         backend: AttentionBackend,
-        add_norm=add_layer_norm,
-        product=dense_product,
+        sublayers: Sublayers | SmallRowsSublayers,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer on the residual stream ``x`` plus ``pending``, the previous sublayer's output
         not yet added (so that the add and this layer's first norm fuse). Returns the stream and
@@ -212,11 +189,10 @@ class DecoderLayer(nn.Module):
         layer_cache: this layer's K/V, [num_blocks, 2 (k|v), block_size, H, D] (a strided view)."""
         tokens, d_model = x.shape
         scale = self.head_dim**-0.5
+        add_norm, product = sublayers.add_norm, sublayers.product
         x, h = add_norm(x, pending, *norm_params(self.self_attn_norm))
-        qkv = product(h, self.self_qkv).view(tokens, 3, self.num_heads, self.head_dim)
-        # K and V land in one indexed write (one kernel per layer, not two).
-        layer_cache[meta.slot_block_ids, :, meta.slot_offsets] = to_cache_dtype(qkv[:, 1:], layer_cache.dtype)
-        q = qkv[:, 0]
+        slots = KVSlots(layer_cache, meta.slot_block_ids, meta.slot_offsets)
+        q = sublayers.queries_writing_kv(h, self.self_qkv, slots, self.num_heads)
         key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
         attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
         x, h = add_norm(
@@ -246,8 +222,8 @@ class TextDecoder(nn.Module):
         # to the encoder states: one large matrix product instead of one per layer, and its
         # output viewed (not copied) into the per-layer layout.
         self.cross_kv = nn.Linear(dims.d_model, dims.decoder_layers * 2 * dims.d_model)
-        self.add_norm = add_layer_norm
-        self.product = dense_product
+        self.sublayers = Sublayers()
+        self.small_rows_products = 0  # see use_small_rows_products
         self.vocabulary = VocabularyProjection(self.embed_tokens)  # the output projection, tied
         self.cross_kv_in_bf16 = False  # see project_cross_kv_in_bf16
 
@@ -255,19 +231,14 @@ class TextDecoder(nn.Module):
         """Run each residual add and the layer norm after it as one Triton kernel (CUDA)."""
         from engine.kernels.fused_norm import triton_add_layer_norm
 
-        self.add_norm = triton_add_layer_norm
+        self.sublayers = Sublayers(add_norm=triton_add_layer_norm)
 
     def use_small_rows_products(self, max_rows: int) -> None:
-        """Products of at most ``max_rows`` rows (a decode step's few sequences) through a Triton kernel
-        that loads its weights while the kernel before it runs (engine/kernels/small_products.py);
-        with 0, every product through ``dense_product``. Set before the decode graphs capture the step."""
-        from engine.kernels.small_products import small_rows_product
-
-        self.product = (
-            functools.partial(small_rows_product, max_rows=max_rows, otherwise=dense_product)
-            if max_rows
-            else dense_product
-        )
+        """Steps of at most ``max_rows`` tokens (a decode step's few sequences) run their products
+        through a Triton kernel that loads its weights while the kernel before it runs, the QKV
+        product's storing its keys and values itself (SmallRowsSublayers); with 0, none does. Set
+        before the decode graphs capture the step."""
+        self.small_rows_products = max_rows
 
     def forward(
         self,
@@ -277,12 +248,13 @@ class TextDecoder(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         """Packed token ids [T] -> final hidden states [T, d_model]; writes their K/V to the cache."""
+        sublayers = self.sublayers
+        if token_ids.shape[0] <= self.small_rows_products:
+            sublayers = SmallRowsSublayers(otherwise=self.sublayers)
         x, pending = self.embed_tokens(token_ids), self.positions[meta.positions]
         for index, layer in enumerate(self.layers):
-            x, pending = layer(
-                x, pending, storage.layer_cache(index), meta, backend, self.add_norm, self.product
-            )
-        return self.add_norm(x, pending, *norm_params(self.norm))[1]
+            x, pending = layer(x, pending, storage.layer_cache(index), meta, backend, sublayers)
+        return sublayers.add_norm(x, pending, *norm_params(self.norm))[1]
 
     def store_widening_weights_column_major(self) -> None:
         """On a CPU: the products that widen the stream (QKV, the MLP's first) keep their weights

@@ -31,7 +31,7 @@ from engine.attention.torch_ref import TorchReferenceBackend
 from engine.attention.triton_paged import TritonPagedBackend, grouped_decode_heads
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import triton_add_layer_norm
-from engine.model.whisper import add_layer_norm
+from engine.model.sublayers import add_layer_norm
 from tests.support.hf_reference import jfk_tokens_beside_transformers
 from tests.support.paths import REPO_ROOT
 
@@ -527,7 +527,7 @@ def test_fused_residual_norms_decode_the_same_tokens_as_transformers(random_whis
 
     def fuse(decoder):
         decoder.fuse_residual_norms()
-        assert decoder.add_norm is triton_add_layer_norm
+        assert decoder.sublayers.add_norm is triton_add_layer_norm
 
     ours, theirs = jfk_tokens_beside_transformers(random_whisper_folder, DEVICE, fuse, max_tokens=40)
     assert len(ours) > 0

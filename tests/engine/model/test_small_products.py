@@ -1,13 +1,12 @@
 """The decoder's products at a decode step's few rows through engine/kernels/small_products.py
-(``engine.gpu.small_rows_products``): the kernel against the dense product, which rows and widths
-it takes, and a decoder that runs every product through it decoding transformers' tokens. On a CPU
-the kernel runs under Triton's interpreter (tests/conftest.py), without the launch control; the GPU
-test runs it captured in a CUDA graph behind the fused residual norm, as a decode step does. Its
-speed is in benchmarks/RESULTS.md."""
+(``engine.gpu.small_rows_products``): the kernel against the dense product, and a QKV product's
+keys and values stored in their cache slots as the dense path's indexed write puts them; which
+products go the dense way instead (engine/model/sublayers.py); and a decoder that runs every
+product through it decoding transformers' tokens. On a CPU the kernel runs under Triton's interpreter
+(tests/conftest.py), without the launch control; the GPU test runs a layer's chain captured in a
+CUDA graph, as a decode step does. Its speed is in benchmarks/RESULTS.md."""
 
 from __future__ import annotations
-
-import functools
 
 import pytest
 import torch
@@ -15,8 +14,8 @@ from torch import nn
 
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import triton_add_layer_norm
-from engine.kernels.small_products import small_rows_product, supports, triton_small_rows_linear
-from engine.model.whisper import dense_product
+from engine.kernels.small_products import KVSlots, supports, triton_small_rows_linear
+from engine.model.sublayers import SmallRowsSublayers, Sublayers, dense_product
 from tests.support.hf_reference import jfk_tokens_beside_transformers
 
 pytestmark = pytest.mark.skipif(not triton_available(), reason="needs triton (its interpreter on a CPU)")
@@ -51,27 +50,66 @@ def test_the_small_rows_kernel_computes_the_dense_product(rows, k, n, bias, gelu
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_products_of_more_rows_or_of_another_width_go_to_the_dense_product():
+def kv_layout(blocks=6, layers=3, block_size=4, heads=2, head_dim=16, device=DEVICE, dtype=torch.float32):
+    """A whole cache [blocks, layers, 2, block_size, H, D] of NaNs, and its layer 1 as the decoder sees it."""
+    cache = torch.full(
+        (blocks, layers, 2, block_size, heads, head_dim), float("nan"), device=device, dtype=dtype
+    )
+    return cache, cache[:, 1]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5])
+def test_a_qkv_product_stores_its_keys_and_values_in_their_cache_slots(rows):
+    """Queries come back; keys and values land in each row's (block, offset) of the layer's strided
+    cache view and nowhere else, as the dense path's indexed write puts them."""
+    heads, head_dim = 2, 16
+    d_model = heads * head_dim
+    qkv = linear_layer(d_model, 3 * d_model, True, seed=rows)
+    x = torch.randn(rows, d_model, device=DEVICE)
+    block_ids = torch.tensor([4, 0, 4, 2, 5][:rows], device=DEVICE)
+    offsets = torch.tensor([3, 0, 1, 2, 3][:rows], device=DEVICE)
+    whole, layer = kv_layout(heads=heads, head_dim=head_dim)
+    expected_whole, expected_layer = kv_layout(heads=heads, head_dim=head_dim)
+    with torch.no_grad():
+        queries = triton_small_rows_linear(x, qkv.weight, qkv.bias, slots=KVSlots(layer, block_ids, offsets))
+        expected_queries = Sublayers().queries_writing_kv(
+            x, qkv, KVSlots(expected_layer, block_ids, offsets), heads
+        )
+    torch.testing.assert_close(queries.view(rows, heads, head_dim), expected_queries, rtol=1e-5, atol=1e-5)
+    written = ~torch.isnan(whole)
+    assert torch.equal(written, ~torch.isnan(expected_whole))
+    assert written.sum() == rows * 2 * d_model
+    torch.testing.assert_close(whole[written], expected_whole[written], rtol=1e-5, atol=1e-5)
+
+
+def test_what_the_kernel_does_not_take_goes_the_dense_way():
+    """Past 16 rows, an input wider than a tile program holds past two rows, an input width that is
+    not two powers of two, and a K/V write into a cache of another dtype (fp8's saturating cast):
+    its product still through the kernel, its write the dense path's."""
     calls = []
 
     def dense(x, linear, gelu=False):
-        calls.append(x.shape[0])
+        calls.append((x.shape[0], linear.in_features))
         return dense_product(x, linear, gelu)
 
+    small = SmallRowsSublayers(otherwise=Sublayers(product=dense))
     linear = linear_layer(64, 32, True, seed=0)
     wide = linear_layer(4096, 8, True, seed=2)  # 32 whole rows of it would not fit a tile program
+    odd = linear_layer(100, 32, True, seed=1)  # 100 = 64 + 36: not two powers of two
+    qkv = linear_layer(64, 192, True, seed=3)
     with torch.no_grad():
-        for rows in (1, 2, 3):
-            small_rows_product(torch.randn(rows, 64, device=DEVICE), linear, max_rows=2, otherwise=dense)
-        for rows in (16, 17):
-            small_rows_product(torch.randn(rows, 64, device=DEVICE), linear, max_rows=32, otherwise=dense)
+        for rows in (1, 16, 17):
+            small.product(torch.randn(rows, 64, device=DEVICE), linear)
         for rows in (2, 3):
-            small_rows_product(torch.randn(rows, 4096, device=DEVICE), wide, max_rows=16, otherwise=dense)
-        odd = linear_layer(100, 32, True, seed=1)  # 100 = 64 + 36: not two powers of two
+            small.product(torch.randn(rows, 4096, device=DEVICE), wide)
         assert not supports(torch.randn(1, 100, device=DEVICE), odd.weight)
-        out = small_rows_product(torch.randn(1, 100, device=DEVICE), odd, max_rows=2, otherwise=dense)
-    assert calls == [3, 17, 3, 1]
-    assert out.shape == (1, 32)
+        out = small.product(torch.randn(1, 100, device=DEVICE), odd)
+        _, layer = kv_layout(heads=4, head_dim=16, dtype=torch.float16)
+        slots = KVSlots(layer, torch.tensor([0], device=DEVICE), torch.tensor([1], device=DEVICE))
+        queries = small.queries_writing_kv(torch.randn(1, 64, device=DEVICE), qkv, slots, 4)
+    assert calls == [(17, 64), (3, 4096), (1, 100)]
+    assert out.shape == (1, 32) and queries.shape == (1, 4, 16)
+    assert not torch.isnan(layer[0, :, 1]).any()  # the dense path's write
 
 
 def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_tokens(random_whisper_folder):
@@ -85,7 +123,8 @@ def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_to
         def past_the_kernel(x, linear, gelu=False):
             raise AssertionError(f"a product of {x.shape[0]} rows went past the kernel")
 
-        decoder.product = functools.partial(small_rows_product, max_rows=4, otherwise=past_the_kernel)
+        decoder.sublayers = Sublayers(product=past_the_kernel)
+        decoder.use_small_rows_products(4)
 
     ours, theirs = jfk_tokens_beside_transformers(
         random_whisper_folder, DEVICE, through_the_kernel, max_tokens=8
@@ -97,10 +136,10 @@ def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_to
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rows", [1, 4, 16])
-def test_on_the_gpu_products_behind_the_fused_norm_in_a_cuda_graph_match_the_dense_ones(rows):
-    """large-v3's widths, fp16: residual norm -> QKV-wide product -> fc1 with GELU -> fc2 (cuBLAS's
-    past two rows), the kernels' products launched to overlap the kernel before them, replayed from a
-    CUDA graph after the input changed, against the same chain through cuBLAS."""
+def test_on_the_gpu_a_layers_products_in_a_cuda_graph_match_the_dense_ones(rows):
+    """large-v3's widths, fp16: residual norm -> QKV product writing its K/V -> fc1 with GELU -> fc2
+    (cuBLAS's past two rows), the kernels launched to overlap the kernel before them, replayed from
+    a CUDA graph after the input changed, against the same chain the dense way."""
     device, dtype = torch.device("cuda"), torch.float16
     qkv, fc1, fc2 = (
         linear_layer(k, n, True, s, device, dtype)
@@ -108,23 +147,31 @@ def test_on_the_gpu_products_behind_the_fused_norm_in_a_cuda_graph_match_the_den
     )
     norm_weight, norm_bias = torch.randn(2, 1280, device=device, dtype=dtype)
     x, delta = torch.randn(2, rows, 1280, device=device, dtype=dtype)
+    block_ids = torch.arange(rows, device=device) // 4
+    offsets = torch.arange(rows, device=device) % 4
 
-    def chain(product):
-        _, h = triton_add_layer_norm(x, delta, norm_weight, norm_bias, 1e-5)
-        wide = product(h, qkv)
-        return wide, product(product(h, fc1, True), fc2)
+    def chain(sublayers, layer):
+        _, h = sublayers.add_norm(x, delta, norm_weight, norm_bias, 1e-5)
+        q = sublayers.queries_writing_kv(h, qkv, KVSlots(layer, block_ids, offsets), 20)
+        return q, sublayers.product(sublayers.product(h, fc1, True), fc2)
 
-    def small(h, linear, gelu=False):
-        return small_rows_product(h, linear, gelu, max_rows=16, otherwise=dense_product)
-
+    whole, layer = kv_layout(blocks=4, block_size=4, heads=20, head_dim=64, device=device, dtype=dtype)
+    expected_whole, expected_layer = kv_layout(
+        blocks=4, block_size=4, heads=20, head_dim=64, device=device, dtype=dtype
+    )
+    fused_norm = Sublayers(add_norm=triton_add_layer_norm)
+    small = SmallRowsSublayers(otherwise=fused_norm)
     with torch.inference_mode():
-        chain(small)  # compiled before capture
+        chain(small, layer)  # compiled before capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            wide, out = chain(small)
+            got = chain(small, layer)
         x.copy_(torch.randn_like(x))
         graph.replay()
         torch.cuda.synchronize()
-        expected_wide, expected = chain(dense_product)
-    torch.testing.assert_close(wide, expected_wide, rtol=2e-2, atol=2e-2)
-    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+        expected = chain(fused_norm, expected_layer)
+    for ours, dense in zip(got, expected, strict=True):
+        torch.testing.assert_close(ours, dense, rtol=2e-2, atol=2e-2)
+    written = ~torch.isnan(whole)
+    assert torch.equal(written, ~torch.isnan(expected_whole))
+    torch.testing.assert_close(whole[written], expected_whole[written], rtol=2e-2, atol=2e-2)

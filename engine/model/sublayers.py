@@ -1,0 +1,83 @@
+"""How a decoder layer's sublayers run: the residual adds with the layer norms after them, the
+matrix products, and the self-attention K/V write. Two ways, one contract:
+
+- ``Sublayers``: each product is ``product`` (a dense ``nn.Linear`` call), each residual add and
+  the norm after it ``add_norm`` (PyTorch's two operations, or one fused Triton kernel,
+  engine/kernels/fused_norm.py), and the keys and values go into the cache in one indexed write.
+- ``SmallRowsSublayers``: at a decode step's few rows on a GPU, each product is one kernel
+  (engine/kernels/small_products.py), and the QKV product's kernel stores the keys and values into
+  their cache slots itself; whatever the kernel does not take goes the first way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kernels.small_products import KVSlots, stores_kv, supports, triton_small_rows_linear
+from engine.kv.storage import to_cache_dtype
+
+
+def add_layer_norm(
+    x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``x + delta``, and that sum layer-normed (the next sublayer's input).
+    ``Sublayers.add_norm`` by default; ``TextDecoder.fuse_residual_norms`` swaps in one Triton
+    kernel with the same contract (engine/kernels/fused_norm.py)."""
+    x = x + delta
+    return x, F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def dense_product(x: torch.Tensor, linear: nn.Linear, gelu: bool = False) -> torch.Tensor:
+    """``linear(x)``, then the exact GELU where asked."""
+    out = linear(x)
+    return F.gelu(out) if gelu else out
+
+
+def norm_params(norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, float]:
+    return norm.weight, norm.bias, norm.eps
+
+
+def _queries_after_writing_kv(projected: torch.Tensor, slots: KVSlots, heads: int) -> torch.Tensor:
+    """The queries [T, heads, D] of a QKV product [T, 3 * heads * D], its keys and values written to
+    the tokens' ``slots`` in one indexed write (one kernel, not two)."""
+    projected = projected.view(projected.shape[0], 3, heads, -1)
+    slots.cache[slots.block_ids, :, slots.offsets] = to_cache_dtype(projected[:, 1:], slots.cache.dtype)
+    return projected[:, 0]
+
+
+@dataclass(frozen=True)
+class Sublayers:
+    add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_layer_norm
+    product: Callable[..., torch.Tensor] = dense_product
+
+    def queries_writing_kv(self, h: torch.Tensor, qkv: nn.Linear, slots: KVSlots, heads: int) -> torch.Tensor:
+        """The queries [T, heads, D] of ``qkv``'s product of ``h``, whose keys and values go to the
+        tokens' ``slots`` in the cache."""
+        return _queries_after_writing_kv(self.product(h, qkv), slots, heads)
+
+
+@dataclass(frozen=True)
+class SmallRowsSublayers:
+    """``Sublayers``' contract with the products through the small-rows kernel wherever it takes one
+    (not fc2 past two rows in large-v3, whose input is too wide), else ``otherwise``'s."""
+
+    otherwise: Sublayers
+
+    @property
+    def add_norm(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        return self.otherwise.add_norm
+
+    def product(self, x: torch.Tensor, linear: nn.Linear, gelu: bool = False) -> torch.Tensor:
+        if not supports(x, linear.weight):
+            return self.otherwise.product(x, linear, gelu)
+        return triton_small_rows_linear(x, linear.weight, linear.bias, gelu)
+
+    def queries_writing_kv(self, h: torch.Tensor, qkv: nn.Linear, slots: KVSlots, heads: int) -> torch.Tensor:
+        if not (supports(h, qkv.weight) and stores_kv(h, slots)):
+            return _queries_after_writing_kv(self.product(h, qkv), slots, heads)
+        return triton_small_rows_linear(h, qkv.weight, qkv.bias, slots=slots).view(h.shape[0], heads, -1)
