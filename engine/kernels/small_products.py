@@ -19,8 +19,10 @@ attention kernel after it could not start early either.
 One kernel, two ways by the rows (at most ``engine.gpu.small_rows_products``):
 - up to ``CUDA_CORE_ROWS``, each program sums each row's products on CUDA cores from its registers;
 - up to ``TILE_ROWS``, each program multiplies its 32 weight rows by the input rows, padded to a
-  16-row tile, on tensor cores. Its weight rows are whole, so an input width over ``TILE_MAX_IN``
-  (fc2's 5120 in large-v3) would not fit a program's registers; such products stay with cuBLAS.
+  16-row tile, on tensor cores. Whole weight rows wider than ``TILE_MAX_IN`` (fc2's 5120 in
+  large-v3) would not fit a program's registers: such an input is split in parts, a program each,
+  and the last program of a tile of outputs to finish adds the parts' sums up (counted in with an
+  atomic add), so the product is still one kernel.
 fc1's GELU (the exact form, as the decoder's unfused path) is applied before the store.
 JIT-decorated on first use, so Triton's CPU interpreter can run them in tests (without the launch
 control, which the interpreter lacks).
@@ -41,6 +43,9 @@ _MIN_PROGRAMS = 64  # below this a product's programs leave most of a large GPU'
 CUDA_CORE_ROWS = 2  # up to this many rows, sums on CUDA cores; beyond, the tensor-core tile
 TILE_ROWS = 16  # tl.dot's least tile height: the input rows padded to it
 TILE_MAX_IN = 2048  # the widest input whose 32 whole weight rows a tile program holds
+# A wider input (fc2's 5120 in large-v3) is split in parts of this width, a program each, whose sums
+# the last program of a tile of outputs adds up.
+_SPLIT_WIDTH = 1024
 _TILE_OUTS = 32
 
 
@@ -65,6 +70,8 @@ if triton_available():
         CACHE,
         SLOT_BLOCKS,
         SLOT_OFFSETS,
+        PARTIALS,
+        ARRIVALS,
         rows,
         n_out,
         stride_x,
@@ -79,15 +86,19 @@ if triton_available():
         HAS_BIAS: tl.constexpr,
         GELU: tl.constexpr,
         STORE_KV: tl.constexpr,  # a QKV product: queries to Y, keys and values to their cache slots
+        SPLITS: tl.constexpr,  # tile only: the input's width is SPLITS x (K_HIGH + K_LOW), a program each
         LAUNCH_CONTROL: tl.constexpr,
     ):
         if LAUNCH_CONTROL:
             gdc_launch_dependents()
         outs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         valid = outs < n_out
-        # The input dimension as two powers of two (1280 = 1024 + 256), each a block of its own.
+        # The input dimension as two powers of two (1280 = 1024 + 256), each a block of its own; with
+        # SPLITS, this program's part of it.
+        split = tl.program_id(1)
+        part_start = split * (K_HIGH + K_LOW)
         high = tl.arange(0, K_HIGH)
-        row_start = W + outs[:, None].to(tl.int64) * (K_HIGH + K_LOW)
+        row_start = W + outs[:, None].to(tl.int64) * ((K_HIGH + K_LOW) * SPLITS) + part_start
         w_high = tl.load(row_start + high[None, :], mask=valid[:, None], other=0.0)
         if TILE == 0:
             w_high = w_high.to(tl.float32)
@@ -126,13 +137,29 @@ if triton_available():
         else:
             tile_rows = tl.arange(0, TILE)
             present = tile_rows < rows
-            x_start = X + tile_rows[:, None] * stride_x
+            x_start = X + tile_rows[:, None] * stride_x + part_start
             # "ieee": float32 operands multiply in float32, not TF32 (16-bit ones are unaffected).
             x_high = tl.load(x_start + high[None, :], mask=present[:, None], other=0.0)
             total = tl.dot(x_high, tl.trans(w_high), input_precision="ieee")
             if K_LOW > 0:
                 x_low = tl.load(x_start + low[None, :], mask=present[:, None], other=0.0)
                 total += tl.dot(x_low, tl.trans(w_low), input_precision="ieee")
+            if SPLITS > 1:
+                # Each program leaves its part's sums in PARTIALS and counts itself in; the last of
+                # these outputs' programs to arrive adds all parts up and stores, then resets the count.
+                partials = PARTIALS + tile_rows[:, None] * n_out + outs[None, :]
+                part_mask = present[:, None] & valid[None, :]
+                tl.store(partials + split * (TILE * n_out), total, mask=part_mask)
+                tl.debug_barrier()  # every thread's stores issued before the count releases them
+                arrived = tl.atomic_add(ARRIVALS + tl.program_id(0), 1, sem="acq_rel")
+                last = (arrived + tl.zeros([TILE], dtype=tl.int32)) == SPLITS - 1  # per tile row
+                present = present & last
+                total = tl.zeros([TILE, BLOCK_N], dtype=tl.float32)
+                for other in tl.static_range(SPLITS):
+                    part = partials + other * (TILE * n_out)
+                    total += tl.load(part, mask=part_mask & last[:, None], other=0.0, cache_modifier=".cg")
+                if arrived == SPLITS - 1:
+                    tl.atomic_xchg(ARRIVALS + tl.program_id(0), 0)
             total += bias[None, :]
             if GELU:
                 total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
@@ -148,6 +175,8 @@ if triton_available():
 
 
 _JITTED: dict[str, object] = {}
+_ARRIVALS: dict[torch.device, torch.Tensor] = {}  # per device, zeros between products (see _arrivals)
+_MOST_OUT_TILES = 4096
 
 
 def _split_in_two_powers(k: int) -> tuple[int, int] | None:
@@ -160,12 +189,28 @@ def _split_in_two_powers(k: int) -> tuple[int, int] | None:
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a kernel here takes this product: rows with a unit last stride, a row-major [out, in]
     weight whose input width is two powers of two at most; past ``CUDA_CORE_ROWS`` rows, at most
-    ``TILE_ROWS`` of them and an input at most ``TILE_MAX_IN`` wide."""
+    ``TILE_ROWS`` of them, and an input either at most ``TILE_MAX_IN`` wide or split in parts of
+    ``_SPLIT_WIDTH``."""
     if not triton_available() or x.dim() != 2 or x.stride(-1) != 1 or not weight.is_contiguous():
         return False
     rows, k = x.shape
-    fits = rows <= CUDA_CORE_ROWS or (rows <= TILE_ROWS and k <= TILE_MAX_IN)
-    return fits and _split_in_two_powers(k) is not None
+    if rows > TILE_ROWS:
+        return False
+    if rows > CUDA_CORE_ROWS and k > TILE_MAX_IN:
+        return k % _SPLIT_WIDTH == 0 and weight.shape[0] <= _MOST_OUT_TILES * _TILE_OUTS
+    return _split_in_two_powers(k) is not None
+
+
+def _arrivals(device: torch.device) -> torch.Tensor:
+    """The counters a split product's programs count themselves in with, one per tile of outputs;
+    each product's last program resets its own, so they are zeros between products. Made once per
+    device, outside any CUDA graph (the decode graphs' warm-up step runs first): a graph replays
+    with it at the same address. One stream at a time, as a decoder's steps run."""
+    if device not in _ARRIVALS:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("run a split small-rows product once before capturing it in a CUDA graph")
+        _ARRIVALS[device] = torch.zeros(_MOST_OUT_TILES, dtype=torch.int32, device=device)
+    return _ARRIVALS[device]
 
 
 def stores_kv(x: torch.Tensor, slots: KVSlots) -> bool:
@@ -190,7 +235,8 @@ def triton_small_rows_linear(
         _JITTED["kernel"] = triton.jit(_small_rows_kernel)
     rows, k = x.shape
     n_out = weight.shape[0]
-    high, low = _split_in_two_powers(k)
+    splits = k // _SPLIT_WIDTH if rows > CUDA_CORE_ROWS and k > TILE_MAX_IN else 1
+    high, low = _split_in_two_powers(k // splits)
     out = torch.empty((rows, n_out // 3 if slots is not None else n_out), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
@@ -201,8 +247,11 @@ def triton_small_rows_linear(
     else:
         block_n, shape = _TILE_OUTS, {"TILE": TILE_ROWS, "num_warps": 4}
     cache = slots.cache if slots is not None else out
+    partials = (
+        torch.empty((splits, TILE_ROWS, n_out), dtype=torch.float32, device=x.device) if splits > 1 else out
+    )
     control = launch_control(x.device)
-    _JITTED["kernel"][(triton.cdiv(n_out, block_n),)](
+    _JITTED["kernel"][(triton.cdiv(n_out, block_n), splits)](
         x,
         weight,
         bias if bias is not None else weight,
@@ -210,6 +259,8 @@ def triton_small_rows_linear(
         cache,
         slots.block_ids if slots is not None else out,
         slots.offsets if slots is not None else out,
+        partials,
+        _arrivals(x.device) if splits > 1 else out,
         rows,
         n_out,
         x.stride(0),
@@ -221,6 +272,7 @@ def triton_small_rows_linear(
         HAS_BIAS=bias is not None,
         GELU=gelu,
         STORE_KV=slots is not None,
+        SPLITS=splits,
         LAUNCH_CONTROL=control,
         **shape,
         **early_launch(control),

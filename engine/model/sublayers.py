@@ -64,7 +64,7 @@ class Sublayers:
 @dataclass(frozen=True)
 class SmallRowsSublayers:
     """``Sublayers``' contract with the products through the small-rows kernel wherever it takes one
-    (not fc2 past two rows in large-v3, whose input is too wide), else ``otherwise``'s."""
+    (``engine.kernels.small_products.supports``), else ``otherwise``'s."""
 
     otherwise: Sublayers
 
