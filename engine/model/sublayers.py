@@ -52,6 +52,9 @@ def _queries_after_writing_kv(projected: torch.Tensor, slots: KVSlots, heads: in
 
 @dataclass(frozen=True)
 class Sublayers:
+    """The dense way: ``product`` for each product (``dense_product``, or a test's stand-in), and
+    ``add_norm`` for each residual add and the layer norm after it."""
+
     add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_layer_norm
     product: Callable[..., torch.Tensor] = dense_product
 
