@@ -186,19 +186,26 @@ def _split_in_two_powers(k: int) -> tuple[int, int] | None:
     return (high, low) if low == 0 or low & (low - 1) == 0 else None
 
 
+def _input_parts(rows: int, k: int) -> tuple[int, int, int] | None:
+    """How a program takes an input ``k`` wide at ``rows`` rows: (parts, high, low), each part
+    ``high + low`` wide with both powers of two (low may be 0); None where no way fits. Past
+    ``CUDA_CORE_ROWS`` rows an input wider than ``TILE_MAX_IN`` is split in parts of ``_SPLIT_WIDTH``."""
+    splits = k // _SPLIT_WIDTH if rows > CUDA_CORE_ROWS and k > TILE_MAX_IN else 1
+    if splits > 1 and k % _SPLIT_WIDTH:
+        return None
+    widths = _split_in_two_powers(k // splits)
+    return (splits, *widths) if widths is not None else None
+
+
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether a kernel here takes this product: rows with a unit last stride, a row-major [out, in]
-    weight whose input width is two powers of two at most; past ``CUDA_CORE_ROWS`` rows, at most
-    ``TILE_ROWS`` of them, and an input either at most ``TILE_MAX_IN`` wide or split in parts of
-    ``_SPLIT_WIDTH``."""
+    weight, at most ``TILE_ROWS`` rows, and an input ``_input_parts`` has a way for (a split one at
+    most ``_MOST_OUT_TILES`` tiles of outputs wide, its parts' counters)."""
     if not triton_available() or x.dim() != 2 or x.stride(-1) != 1 or not weight.is_contiguous():
         return False
     rows, k = x.shape
-    if rows > TILE_ROWS:
-        return False
-    if rows > CUDA_CORE_ROWS and k > TILE_MAX_IN:
-        return k % _SPLIT_WIDTH == 0 and weight.shape[0] <= _MOST_OUT_TILES * _TILE_OUTS
-    return _split_in_two_powers(k) is not None
+    parts = _input_parts(rows, k) if rows <= TILE_ROWS else None
+    return parts is not None and (parts[0] == 1 or weight.shape[0] <= _MOST_OUT_TILES * _TILE_OUTS)
 
 
 def _arrivals(device: torch.device) -> torch.Tensor:
@@ -235,8 +242,7 @@ def triton_small_rows_linear(
         _JITTED["kernel"] = triton.jit(_small_rows_kernel)
     rows, k = x.shape
     n_out = weight.shape[0]
-    splits = k // _SPLIT_WIDTH if rows > CUDA_CORE_ROWS and k > TILE_MAX_IN else 1
-    high, low = _split_in_two_powers(k // splits)
+    splits, high, low = _input_parts(rows, k)
     out = torch.empty((rows, n_out // 3 if slots is not None else n_out), dtype=x.dtype, device=x.device)
     if rows == 0:
         return out
