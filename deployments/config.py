@@ -183,7 +183,7 @@ class HTTPLimits(BaseModel):
         description="requests one ingress replica works on at once; beyond it new ones get 503 + Retry-After",
     )
     upload_timeout_s: float = Field(
-        60.0, gt=0, description="longest a client may take to send its request body (408 after)"
+        60.0, gt=0, description="longest a client may go without sending any of its request body (408 after)"
     )
     max_windows_in_flight: int = Field(
         16,

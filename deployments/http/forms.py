@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.datastructures import FormData
+from starlette.types import Message, Receive
 
 from deployments.config import AppConfig
 from deployments.http.errors import APIError
@@ -217,6 +218,27 @@ def _parse_include(form: FormData, response_format: str) -> bool:
     return bool(include)
 
 
+class _BodyStalled(Exception):
+    """The client sent nothing of its body for the upload timeout."""
+
+
+def _receive_with_gaps_under(receive: Receive, gap_s: float) -> Receive:
+    """``receive``, failing when one part of the body takes longer than ``gap_s`` to come.
+
+    The limit is on the gap between parts, not on the whole body (as nginx's client_body_timeout):
+    a large upload on a slow link keeps going, and a burst that keeps the server busy is not
+    blamed on its clients, while a client that stalls still frees its place.
+    """
+
+    async def receive_within() -> Message:
+        try:
+            return await asyncio.wait_for(receive(), gap_s)
+        except asyncio.TimeoutError:
+            raise _BodyStalled from None
+
+    return receive_within
+
+
 async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, bytes]:
     """The multipart form and its audio file's bytes, within the upload's size and time limits."""
     limit_bytes = int(config.http.max_upload_mb * 2**20)
@@ -231,12 +253,14 @@ async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, b
     content_type = request.headers.get("content-type", "")
     if not content_type.startswith("multipart/form-data"):
         raise APIError(400, "Send the audio as multipart/form-data with a 'file' field.", param="file")
+    gap_s = config.http.upload_timeout_s
     try:
-        form = await asyncio.wait_for(request.form(max_files=1, max_fields=32), config.http.upload_timeout_s)
-    except asyncio.TimeoutError:
+        body = Request(request.scope, _receive_with_gaps_under(request.receive, gap_s))
+        form = await body.form(max_files=1, max_fields=32)
+    except _BodyStalled:
         raise APIError(
             408,
-            f"The request body did not arrive within {config.http.upload_timeout_s:g} s.",
+            f"The request body stopped arriving: nothing came for {gap_s:g} s.",
             code="upload_timeout",
         ) from None
     except Exception as error:

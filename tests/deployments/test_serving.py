@@ -476,17 +476,22 @@ def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
 
 
-def test_a_body_that_never_finishes_gets_408_after_the_upload_timeout(server_url):
-    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
-    head = (
+def _raw_upload_head(url: httpx.URL, content_length: int) -> bytes:
+    """An upload's request line and headers, and the form's model field, as a raw socket sends them."""
+    return (
         f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
         f"Authorization: Bearer {API_KEY}\r\nContent-Type: multipart/form-data; boundary=XYZ\r\n"
-        "Content-Length: 100000\r\n\r\n"
+        f"Content-Length: {content_length}\r\nConnection: close\r\n\r\n"
         '--XYZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
-    )
+    ).encode()
+
+
+def test_a_body_that_never_finishes_gets_408_after_the_upload_timeout(server_url):
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    head = _raw_upload_head(url, 100_000)
     started = time.monotonic()
     with socket.create_connection((url.host, url.port), timeout=30) as connection:
-        connection.sendall(head.encode())  # ...and never the rest
+        connection.sendall(head)  # ...and never the rest
         reply = b""
         while b"upload_timeout" not in reply and (chunk := connection.recv(65536)):
             reply += chunk  # the status line and the JSON body may arrive in separate packets
@@ -494,6 +499,33 @@ def test_a_body_that_never_finishes_gets_408_after_the_upload_timeout(server_url
     assert reply.startswith("HTTP/1.1 408"), reply[:200]
     assert '"code":"upload_timeout"' in reply.replace(" ", "")
     assert 2.5 < time.monotonic() - started < 20
+
+
+def test_a_body_that_keeps_arriving_is_transcribed_though_it_takes_longer_than_the_upload_timeout(
+    server_url,
+):
+    """The upload timeout (3 s here) bounds the gaps in a body, not the whole: a slow link is served."""
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    audio = (SPEECH_DIR / "jfk.flac").read_bytes()
+    file_part = (
+        b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="jfk.flac"\r\n'
+        b"Content-Type: audio/flac\r\n\r\n" + audio + b"\r\n--XYZ--\r\n"
+    )
+    head = _raw_upload_head(url, 0)
+    head = _raw_upload_head(url, len(head.split(b"\r\n\r\n", 1)[1]) + len(file_part))
+    pieces = [file_part[i * len(file_part) // 3 : (i + 1) * len(file_part) // 3] for i in range(3)]
+    started = time.monotonic()
+    with socket.create_connection((url.host, url.port), timeout=60) as connection:
+        connection.sendall(head)
+        for piece in pieces:
+            time.sleep(2.0)  # each gap within the timeout, the three of them beyond it
+            connection.sendall(piece)
+        reply = b""
+        while chunk := connection.recv(65536):
+            reply += chunk
+    assert time.monotonic() - started > 6
+    assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+    assert b"ask not what your country" in reply
 
 
 def test_a_burst_beyond_the_in_flight_limit_gets_503_with_retry_after_and_loses_nothing(server_url, client):
