@@ -476,14 +476,16 @@ def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
 
 
+_MODEL_FIELD = b'--XYZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+
+
 def _raw_upload_head(url: httpx.URL, content_length: int) -> bytes:
     """An upload's request line and headers, and the form's model field, as a raw socket sends them."""
     return (
         f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
         f"Authorization: Bearer {API_KEY}\r\nContent-Type: multipart/form-data; boundary=XYZ\r\n"
         f"Content-Length: {content_length}\r\nConnection: close\r\n\r\n"
-        '--XYZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
-    ).encode()
+    ).encode() + _MODEL_FIELD
 
 
 def test_a_body_that_never_finishes_gets_408_after_the_upload_timeout(server_url):
@@ -511,8 +513,7 @@ def test_a_body_that_keeps_arriving_is_transcribed_though_it_takes_longer_than_t
         b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="jfk.flac"\r\n'
         b"Content-Type: audio/flac\r\n\r\n" + audio + b"\r\n--XYZ--\r\n"
     )
-    head = _raw_upload_head(url, 0)
-    head = _raw_upload_head(url, len(head.split(b"\r\n\r\n", 1)[1]) + len(file_part))
+    head = _raw_upload_head(url, len(_MODEL_FIELD) + len(file_part))
     pieces = [file_part[i * len(file_part) // 3 : (i + 1) * len(file_part) // 3] for i in range(3)]
     started = time.monotonic()
     with socket.create_connection((url.host, url.port), timeout=60) as connection:
