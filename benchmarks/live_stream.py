@@ -62,11 +62,14 @@ def stream_live(
     lead_silence_s: float = 0.5,
     timeout_s: float = 120.0,
     stop_after_bytes: int | None = None,
+    pace: float = 1.0,
 ) -> LiveStreamRecord:
     """Stream pcm16 24 kHz utterances at real-time pace and record the events until every
     utterance has its completed (or failed) event. ``commit``: manual turns (the client commits
     each utterance as its audio ends) instead of the server's VAD. ``stop_after_bytes``: stop
-    sending after this much audio and return without waiting (a client that hangs up mid-turn)."""
+    sending after this much audio and return without waiting (a client that hangs up mid-turn).
+    ``pace``: seconds of audio sent per second (below 1: a client whose audio comes slower than
+    real time, as over a congested link)."""
     record = LiveStreamRecord()
     chunk_bytes = REALTIME_RATE_HZ * 2 * chunk_ms // 1000
     silence = bytes(int(REALTIME_RATE_HZ * silence_s) * 2)
@@ -83,7 +86,7 @@ def stream_live(
                 if stop_after_bytes is not None and sent >= stop_after_bytes:
                     return False
                 chunk = audio[offset : offset + chunk_bytes]
-                delay_s = record.stream_started_s + audio_s - time.perf_counter()
+                delay_s = record.stream_started_s + audio_s / pace - time.perf_counter()
                 if delay_s > 0:
                     time.sleep(delay_s)
                 connection.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
