@@ -185,6 +185,13 @@ class HTTPLimits(BaseModel):
     upload_timeout_s: float = Field(
         60.0, gt=0, description="longest a client may go without sending any of its request body (408 after)"
     )
+    min_upload_bytes_per_s: float = Field(
+        500.0,
+        ge=0,
+        description="slowest a request body may come: it may take upload_timeout_s plus a second for "
+        "every this many bytes that have come, 408 after (Apache mod_reqtimeout's MinRate); 0: no "
+        "minimum. Without it a client that trickles bytes holds its in-flight slot for as long as it likes",
+    )
     max_windows_in_flight: int = Field(
         16,
         ge=1,

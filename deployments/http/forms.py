@@ -3,17 +3,16 @@ the audio bytes, the ``DecodeOptions`` its fields ask for, and how to answer. Ev
 wrong answers with an ``APIError`` naming it, as OpenAI's API does.
 """
 
-import asyncio
 import json
 from dataclasses import dataclass
 
 from fastapi import Request
 from starlette.datastructures import FormData
-from starlette.types import Message, Receive
 
 from deployments.config import AppConfig
 from deployments.http.errors import APIError
 from deployments.http.formats import RESPONSE_FORMATS
+from deployments.http.uploads import read_upload
 from engine.transcribe.speech import SpeechOptions
 from engine.transcribe.windows import LongFormMode
 from engine.types import DecodeOptions, FallbackOptions, Priority
@@ -218,68 +217,8 @@ def _parse_include(form: FormData, response_format: str) -> bool:
     return bool(include)
 
 
-class _BodyStalled(Exception):
-    """The client sent nothing of its body for the upload timeout."""
-
-
-def _receive_with_gaps_under(receive: Receive, gap_s: float) -> Receive:
-    """``receive``, failing when one part of the body takes longer than ``gap_s`` to come.
-
-    The limit is on the gap between parts, not on the whole body (as nginx's client_body_timeout):
-    a large upload on a slow link keeps going, and a burst that keeps the server busy is not
-    blamed on its clients, while a client that stalls still frees its place.
-    """
-
-    async def receive_within() -> Message:
-        try:
-            return await asyncio.wait_for(receive(), gap_s)
-        except asyncio.TimeoutError:
-            raise _BodyStalled from None
-
-    return receive_within
-
-
-async def _read_upload(request: Request, config: AppConfig) -> tuple[FormData, bytes]:
-    """The multipart form and its audio file's bytes, within the upload's size and time limits."""
-    limit_bytes = int(config.http.max_upload_mb * 2**20)
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit_bytes + 64 * 1024:
-        raise APIError(
-            413,
-            f"Request body exceeds {config.http.max_upload_mb:g} MB.",
-            param="file",
-            code="file_too_large",
-        )
-    content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
-        raise APIError(400, "Send the audio as multipart/form-data with a 'file' field.", param="file")
-    gap_s = config.http.upload_timeout_s
-    try:
-        body = Request(request.scope, _receive_with_gaps_under(request.receive, gap_s))
-        form = await body.form(max_files=1, max_fields=32)
-    except _BodyStalled:
-        raise APIError(
-            408,
-            f"The request body stopped arriving: nothing came for {gap_s:g} s.",
-            code="upload_timeout",
-        ) from None
-    except Exception as error:
-        raise APIError(400, f"Could not parse the multipart body: {error}") from None
-    upload = form.get("file")
-    if upload is None or isinstance(upload, str):
-        raise APIError(
-            400, "Missing required field 'file' (the audio file).", param="file", code="missing_file"
-        )
-    data = await upload.read()
-    if len(data) > limit_bytes:
-        raise APIError(
-            413, f"File exceeds {config.http.max_upload_mb:g} MB.", param="file", code="file_too_large"
-        )
-    return form, data
-
-
 async def parse_transcription_form(request: Request, task: str, config: AppConfig) -> TranscriptionForm:
-    form, data = await _read_upload(request, config)
+    form, data = await read_upload(request, config)
 
     model = form.get("model")
     if not model:

@@ -529,6 +529,34 @@ def test_a_body_that_keeps_arriving_is_transcribed_though_it_takes_longer_than_t
     assert b"ask not what your country" in reply
 
 
+def test_a_body_that_trickles_in_gets_408_once_it_falls_behind_the_minimum_upload_rate(server_url):
+    """Every gap well within the upload timeout (3 s here), but 20 bytes a second: under the default
+    http.min_upload_bytes_per_s (500), so the body may take 3 s plus a second per 500 bytes."""
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    audio = (SPEECH_DIR / "jfk.flac").read_bytes()
+    file_head = (
+        b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="jfk.flac"\r\n'
+        b"Content-Type: audio/flac\r\n\r\n"
+    )
+    started = time.monotonic()
+    reply = b""
+    with socket.create_connection((url.host, url.port), timeout=0.5) as connection:
+        connection.sendall(_raw_upload_head(url, len(_MODEL_FIELD) + len(file_head) + len(audio)) + file_head)
+        for offset in range(0, len(audio), 10):
+            try:
+                connection.sendall(audio[offset : offset + 10])
+                reply += connection.recv(65536)  # waits up to 0.5 s: 20 bytes a second
+            except TimeoutError:
+                continue
+            except OSError:
+                break  # the server answered and closed the connection
+            if b"upload_too_slow" in reply or time.monotonic() - started > 30:
+                break
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:300]
+    assert b'"code":"upload_too_slow"' in reply.replace(b" ", b"")
+    assert 3 < time.monotonic() - started < 20
+
+
 def test_a_burst_beyond_the_in_flight_limit_gets_503_with_retry_after_and_loses_nothing(server_url, client):
     clips = [c for c in english_clips() if c.duration_s <= 5][:10]
     payloads = [(c.path.name, c.path.read_bytes()) for c in clips]
