@@ -21,12 +21,12 @@ $(VENV)/.installed-test: $(VENV)/.installed
 
 install-test: $(VENV)/.installed-test
 
-# Every test, as CI runs it (.ci/run); the slowest 30 are listed at the end, to keep the run inside
-# CI's 90 minutes.
+# Every test, as CI runs it (.ci/run).
 lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
+# The slowest 30 tests are listed at the end: the run must stay inside CI's 90 minutes.
 test: lint
 	$(PY) -m pytest -q --durations=30 tests
 

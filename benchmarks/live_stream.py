@@ -64,7 +64,7 @@ def stream_live(
     stop_after_bytes: int | None = None,
     pace: float = 1.0,
 ) -> LiveStreamRecord:
-    """Stream pcm16 24 kHz utterances at real-time pace and record the events until every
+    """Stream pcm16 24 kHz utterances at real-time pace (or ``pace``) and record the events until every
     utterance has its completed (or failed) event. ``commit``: manual turns (the client commits
     each utterance as its audio ends) instead of the server's VAD. ``stop_after_bytes``: stop
     sending after this much audio and return without waiting (a client that hangs up mid-turn).

@@ -477,6 +477,10 @@ def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their
 
 
 _MODEL_FIELD = b'--XYZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+_JFK_FILE_HEAD = (
+    b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="jfk.flac"\r\n'
+    b"Content-Type: audio/flac\r\n\r\n"
+)
 
 
 def _raw_upload_head(url: httpx.URL, content_length: int) -> bytes:
@@ -508,11 +512,7 @@ def test_a_body_that_keeps_arriving_is_transcribed_though_it_takes_longer_than_t
 ):
     """The upload timeout (3 s here) bounds the gaps in a body, not the whole: a slow link is served."""
     url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
-    audio = (SPEECH_DIR / "jfk.flac").read_bytes()
-    file_part = (
-        b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="jfk.flac"\r\n'
-        b"Content-Type: audio/flac\r\n\r\n" + audio + b"\r\n--XYZ--\r\n"
-    )
+    file_part = _JFK_FILE_HEAD + (SPEECH_DIR / "jfk.flac").read_bytes() + b"\r\n--XYZ--\r\n"
     head = _raw_upload_head(url, len(_MODEL_FIELD) + len(file_part))
     pieces = [file_part[i * len(file_part) // 3 : (i + 1) * len(file_part) // 3] for i in range(3)]
     started = time.monotonic()
@@ -534,15 +534,14 @@ def test_a_body_that_trickles_in_gets_408_once_it_falls_behind_the_minimum_uploa
     http.min_upload_bytes_per_s (500), so the body may take 3 s plus a second per 500 bytes."""
     url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
     audio = (SPEECH_DIR / "jfk.flac").read_bytes()
-    file_head = (
-        b'--XYZ\r\nContent-Disposition: form-data; name="file"; filename="jfk.flac"\r\n'
-        b"Content-Type: audio/flac\r\n\r\n"
-    )
     started = time.monotonic()
     reply = b""
     with socket.create_connection((url.host, url.port), timeout=0.5) as connection:
-        connection.sendall(_raw_upload_head(url, len(_MODEL_FIELD) + len(file_head) + len(audio)) + file_head)
+        head = _raw_upload_head(url, len(_MODEL_FIELD) + len(_JFK_FILE_HEAD) + len(audio))
+        connection.sendall(head + _JFK_FILE_HEAD)
         for offset in range(0, len(audio), 10):
+            if b"upload_too_slow" in reply or time.monotonic() - started > 30:
+                break
             try:
                 connection.sendall(audio[offset : offset + 10])
                 reply += connection.recv(65536)  # waits up to 0.5 s: 20 bytes a second
@@ -550,8 +549,6 @@ def test_a_body_that_trickles_in_gets_408_once_it_falls_behind_the_minimum_uploa
                 continue
             except OSError:
                 break  # the server answered and closed the connection
-            if b"upload_too_slow" in reply or time.monotonic() - started > 30:
-                break
     assert reply.startswith(b"HTTP/1.1 408"), reply[:300]
     assert b'"code":"upload_too_slow"' in reply.replace(b" ", b"")
     assert 3 < time.monotonic() - started < 20
