@@ -42,6 +42,10 @@ class LaunchPlan:
 _MAX_GROUP_WIDTH = 128
 # The grouped decode kernel's tiles by bytes per cached element: (keys per tile, warps, stages).
 GROUPED_DECODE_TILES = {1: (128, 4, 3), 2: (32, 4, 3)}
+# Decode steps of at most this many requests read each program's first key tile before they wait
+# for the kernel ahead (EARLY_TILE in triton_decode_kernel.py), so the read overlaps that kernel;
+# steps of 8 and 16 measured slower with it (benchmarks/RESULTS.md).
+EARLY_TILE_MAX_REQUESTS = 4
 
 
 def grouped_decode_heads(num_heads: int, head_dim: int) -> int:
@@ -285,6 +289,8 @@ class TritonPagedBackend(AttentionBackend):
                 NUM_SPLITS=plan.num_splits,
                 CLAMP_Q=clamp_q,
                 SHARED=shared,
+                EARLY_TILE=batch.num_requests <= EARLY_TILE_MAX_REQUESTS,
+                NEWEST_KEY_IS_INPUT=bool(batch.causal),
                 LAUNCH_CONTROL=control,
                 num_warps=plan.num_warps,
                 **early_launch(control),  # each waits first thing
