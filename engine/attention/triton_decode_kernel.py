@@ -121,11 +121,11 @@ if triton is not None:
         tile rows r * HEADS onwards, so each key tile is read once for all of them; a row whose
         keys an earlier row's program reads (KEY_READERS 0) does nothing.
 
-        EARLY_TILE (a step of few requests): with LAUNCH_CONTROL
-        a program reads its first key tile before ``gdc_wait``, beside the kernel before it, as the
-        products load their weights. The keys and values were written before this step began, by
-        kernels not launched early, all but self-attention's newest (NEWEST_KEY_IS_INPUT), the output
-        of the QKV product just before, which is read after the wait with the query."""
+        EARLY_TILE (a step of few requests): with LAUNCH_CONTROL a program reads its first key tile
+        before ``gdc_wait``, beside the kernel before it, as the products load their weights. The
+        keys and values were written before this step began, by kernels not launched early, all but
+        self-attention's newest (NEWEST_KEY_IS_INPUT): the QKV product just before writes it, and it
+        is read after the wait, with the query."""
         if LAUNCH_CONTROL:
             gdc_launch_dependents()  # the product after attention loads its weights meanwhile
             if not EARLY_TILE:

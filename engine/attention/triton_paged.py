@@ -293,7 +293,7 @@ class TritonPagedBackend(AttentionBackend):
                 NEWEST_KEY_IS_INPUT=bool(batch.causal),
                 LAUNCH_CONTROL=control,
                 num_warps=plan.num_warps,
-                **early_launch(control),  # each waits first thing
+                **early_launch(control),  # each waits before it reads the query (and the newest key)
                 num_stages=plan.num_stages,
             )
         else:
