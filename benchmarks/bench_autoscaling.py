@@ -36,6 +36,7 @@ import soundfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.local_ports import free_port  # noqa: E402
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.model.audio import SAMPLE_RATE, load_audio_file  # noqa: E402
 from engine.transcribe.evaluation import load_manifest  # noqa: E402
@@ -119,18 +120,10 @@ def start_app(cluster, args: dict) -> str:
     from deployments.app import build_app
 
     ray.init(address=cluster.address, log_to_driver=False)
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(args), name=APP_NAME, route_prefix="/")
     return f"http://127.0.0.1:{port}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def running_replicas() -> dict[str, int]:

@@ -33,6 +33,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.local_ports import free_port  # noqa: E402
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.transcribe.evaluation import load_manifest  # noqa: E402
 
@@ -391,8 +392,6 @@ def server_phase_rows(report: LoadReport) -> list[list]:
 
 
 def start_default_app(cpu_dtype: str | None = None) -> str:
-    import socket
-
     import ray
     import yaml
     from ray import serve
@@ -402,9 +401,7 @@ def start_default_app(cpu_dtype: str | None = None) -> str:
     spec = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["applications"][0]
     if cpu_dtype:
         spec["args"]["engine"]["cpu_dtype"] = cpu_dtype
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False)
     # Before Ray's own shutdown at exit (registered earlier, so it runs later): Serve stops what it
     # started outside Ray's workers, such as HAProxy (README, "Behind HAProxy").

@@ -16,7 +16,7 @@ import openai
 import yaml
 
 from benchmarks.bench_load import metric_sum
-from tests.support.network import free_port
+from benchmarks.local_ports import free_port
 from tests.support.paths import CONFIGS_DIR
 from tests.support.speech import english_clips
 
