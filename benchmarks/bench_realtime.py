@@ -206,8 +206,8 @@ def _start_app(api_key: str):
     import yaml
     from ray import serve
 
+    from benchmarks.local_ports import free_port
     from deployments.app import build_app
-    from tests.support.network import free_port
 
     spec = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["applications"][0]
     port = free_port()

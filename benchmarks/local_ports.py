@@ -24,6 +24,8 @@ def free_port() -> int:
     out again to a server Ray starts next (its GCS, raylet and agents bind port 0), before the
     test's own server binds it."""
     high = _ephemeral_ports_start() - 1
+    if high <= _ABOVE_RAY_WORKER_PORTS:
+        raise RuntimeError(f"the system hands out ports from {high + 1} for port 0: no room above Ray's")
     for _ in range(200):
         port = random.randint(_ABOVE_RAY_WORKER_PORTS, high)
         with socket.socket() as probe:
