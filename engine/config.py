@@ -96,7 +96,8 @@ class GPUSwitches(BaseModel):
         description="on Hopper and later GPUs, a decoder step of at most this many rows runs its matrix "
         "products through Triton kernels that load their weights while the kernel before them runs "
         "(programmatic dependent launch; engine/kernels/small_products.py) instead of cuBLAS, except "
-        "products wider than 2048 inputs past two rows; 0: cuBLAS at every batch (and on other GPUs)",
+        "products past one row whose input is wider than 2048 and not in whole parts of 1024; 0: cuBLAS at "
+        "every batch (and on other GPUs)",
     )
     fp8_encoder: bool = Field(
         False,

@@ -40,7 +40,9 @@ from engine.kernels import early_launch, launch_control, tl, triton, triton_avai
 # to keep a kernel's programs few, few enough to stay in registers beside the rows' sums.
 _ELEMENTS_PER_PROGRAM = 20480
 _MIN_PROGRAMS = 64  # below this a product's programs leave most of a large GPU's SMs idle
-CUDA_CORE_ROWS = 2  # up to this many rows, sums on CUDA cores; beyond, the tensor-core tile
+# Up to this many rows, sums on CUDA cores; beyond, the tensor-core tile. At two rows the tile's
+# products made a decode step faster than the CUDA cores' (benchmarks/RESULTS.md).
+CUDA_CORE_ROWS = 1
 TILE_ROWS = 16  # tl.dot's least tile height: the input rows padded to it
 TILE_MAX_IN = 2048  # the widest input whose 32 whole weight rows a tile program holds
 # A wider input (fc2's 5120 in large-v3) is split in parts of this width, a program each, whose sums
