@@ -9,13 +9,20 @@ once per batch size and replayed. What makes a captured step replayable for any 
   ``next_tokens`` inside the graph);
 * block tables are gathered on the device from fixed rows (engine.kv.block_tables);
 * every request's cross-attention length is Whisper's fixed 1500 frames, and the self-attention
-  grid is sized for the whole 448-token text context, so kernel grids never depend on the batch;
+  grid is sized for the whole 448-token text context, so kernel grids never depend on the batch.
+  Small batches also get a second graph per size, sized for texts of at most ``SHORT_TEXT_KEYS``
+  tokens: its self-attention reads them in one program per head group, with no split and no
+  combining kernel. A step whose texts are all that short (a short clip's whole decode, the start of
+  every window) replays it; sized for 448 tokens, the same step spent its time on splits past the
+  text's end and on the kernel that combines them (benchmarks/RESULTS.md);
 * a window's beams read its cross-attention K/V once (StepInput.cross_readers, an input row like
   the others: 1 for a row that reads alone), where the attention backend can;
 * a batch is padded up to the next captured size with rows that write only the null block.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import torch
@@ -26,6 +33,11 @@ from engine.decode.runner import ModelRunner, StepInput, StepTensors
 # Rows of the static input buffer.
 _TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN, _CROSS_READERS = range(7)
 _ROWS = _CROSS_READERS + 1
+# Texts of at most this many tokens (the prompt's and the sampled ones) have graphs of their own at
+# batch sizes up to SHORT_TEXT_MAX_BATCH: one attention split holds them (the Triton backend's
+# min_keys_per_split). Past eight requests the step measured no faster with them.
+SHORT_TEXT_KEYS = 64
+SHORT_TEXT_MAX_BATCH = 8
 
 
 def capture_sizes(max_batch_size: int) -> list[int]:
@@ -46,11 +58,21 @@ class DecodeGraphs:
         self._token_rows = torch.arange(largest, device=device)
         self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
         self._padding = np.array([0, -1, 0, runner.tables.pad_slot, 1, 1, 1], dtype=np.int32)[:, None]
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._logits: dict[int, torch.Tensor] = {}
+        # By (batch size, the text length the self-attention is sized for).
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._logits: dict[tuple[int, int], torch.Tensor] = {}
+        self.replays: Counter[tuple[int, int]] = Counter()
         self._capture()
 
-    def _step(self, size: int) -> StepTensors:
+    def _keys(self) -> list[tuple[int, int]]:
+        """Every graph to capture: (batch size, the text length its self-attention is sized for)."""
+        context = self.runner.model.dims.n_text_ctx
+        keys = [(size, context) for size in self.sizes]
+        if SHORT_TEXT_KEYS < context:
+            keys += [(size, SHORT_TEXT_KEYS) for size in self.sizes if size <= SHORT_TEXT_MAX_BATCH]
+        return keys
+
+    def _step(self, size: int, text_keys: int) -> StepTensors:
         inputs = self._inputs
         return StepTensors(
             token_ids=inputs[_TOKEN, :size].long(),
@@ -62,23 +84,24 @@ class DecodeGraphs:
             self_lens=inputs[_SELF_LEN, :size],
             cross_lens=inputs[_CROSS_LEN, :size],
             max_query_len=1,
-            max_self_len=self.runner.model.dims.n_text_ctx,
+            max_self_len=text_keys,
             cross_readers=inputs[_CROSS_READERS, :size] if self.runner.max_cross_readers > 1 else None,
         )
 
     def _capture(self) -> None:
+        self._graphs.clear()
+        self._logits.clear()
         self._staging.next_buffer()[:] = self._padding
         self._staging.copy_to(self._inputs)
         pool = torch.cuda.graph_pool_handle()
         # Largest first: smaller graphs then reuse the memory pool the largest one reserved.
-        for size in reversed(self.sizes):
-            step = self._step(size)
-            self.runner.forward(step, None)  # warm-up, so Triton compiles outside the capture
+        for key in sorted(self._keys(), reverse=True):
+            self.runner.forward(self._step(*key), None)  # warm-up, so Triton compiles outside the capture
             torch.cuda.synchronize(self.runner.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._logits[size] = self.runner.forward(self._step(size), None)
-            self._graphs[size] = graph
+                self._logits[key] = self.runner.forward(self._step(*key), None)
+            self._graphs[key] = graph
         torch.cuda.synchronize(self.runner.device)
 
     def fits(self, step: StepInput) -> bool:
@@ -92,6 +115,9 @@ class DecodeGraphs:
         size = next(s for s in self.sizes if s >= count)
         host = self._staging.next_buffer()
         positions = np.array(step.starts, dtype=np.int32)
+        key = (size, SHORT_TEXT_KEYS)
+        if key not in self._graphs or positions.max() >= SHORT_TEXT_KEYS:
+            key = (size, self.runner.model.dims.n_text_ctx)
         host[_TOKEN, :count] = [fed[0] for fed in step.tokens]
         host[_SOURCE, :count] = step.sources
         host[_POSITION, :count] = positions
@@ -101,5 +127,6 @@ class DecodeGraphs:
         host[_CROSS_READERS, :count] = 1 if step.cross_readers is None else step.cross_readers
         host[:, count:size] = self._padding
         self._staging.copy_to(self._inputs)
-        self._graphs[size].replay()
-        return self._logits[size][:count]
+        self._graphs[key].replay()
+        self.replays[key] += 1
+        return self._logits[key][:count]

@@ -15,6 +15,7 @@ import torch
 
 from benchmarks.gpu_models import engine_model, random_hf_whisper
 from engine.config import EngineConfig
+from engine.decode import cuda_graphs
 from engine.decode.engine import DecoderEngine
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
@@ -78,19 +79,19 @@ def decode_both(shape: str, dtype: torch.dtype, language: str | None = "en"):
         hf_greedy_as_engine(hf, mels[i : i + 1], engine, requests[i], max_new_tokens=NEW_TOKENS)
         for i in range(NUM_WINDOWS)
     ]
-    return ours, theirs
+    return ours, theirs, engine.runner.graphs.replays
 
 
 @pytest.mark.parametrize("shape", ["large-v3", "large-v3-turbo"])
 def test_fp32_greedy_tokens_equal_transformers_on_the_gpu(shape):
-    ours, theirs = decode_both(shape, torch.float32)
+    ours, theirs, _ = decode_both(shape, torch.float32)
     assert all(len(tokens) > 0 for tokens in ours)
     assert ours == theirs
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_first_tokens_equal_transformers_on_the_gpu(dtype):
-    ours, theirs = decode_both("large-v3-turbo", dtype)
+    ours, theirs, _ = decode_both("large-v3-turbo", dtype)
     first_equal = sum(a[:1] == b[:1] for a, b in zip(ours, theirs))
     assert first_equal >= NUM_WINDOWS - 1, (ours, theirs)
 
@@ -98,8 +99,19 @@ def test_half_precision_first_tokens_equal_transformers_on_the_gpu(dtype):
 def test_fp32_language_detection_in_replayed_steps_equals_transformers():
     """The prompt runs a token a step through the captured graphs; the logits at
     <|startoftranscript|> come from a replayed step and pick transformers' language."""
-    ours, theirs = decode_both("large-v3-turbo", torch.float32, language=None)
+    ours, theirs, _ = decode_both("large-v3-turbo", torch.float32, language=None)
     assert ours == theirs
+
+
+def test_fp32_greedy_tokens_equal_transformers_across_the_short_text_graphs(monkeypatch):
+    """Steps whose texts are all short replay graphs whose self-attention is sized for short texts
+    (engine/decode/cuda_graphs.py). With that length at 8 tokens, every window's decode crosses from
+    those graphs to the ones sized for the whole context, and the tokens stay transformers'."""
+    monkeypatch.setattr(cuda_graphs, "SHORT_TEXT_KEYS", 8)
+    ours, theirs, replays = decode_both("large-v3-turbo", torch.float32)
+    assert ours == theirs
+    text_lengths = {length for _, length in replays}
+    assert text_lengths == {8, 448}, replays
 
 
 def turbo_with_encoder_graphs(**config):
