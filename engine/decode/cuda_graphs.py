@@ -61,7 +61,7 @@ class DecodeGraphs:
         # By (batch size, the text length the self-attention is sized for).
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._logits: dict[tuple[int, int], torch.Tensor] = {}
-        self.replays: Counter[tuple[int, int]] = Counter()
+        self.replays: Counter[tuple[int, int]] = Counter()  # steps replayed, by graph
         self._capture()
 
     def _keys(self) -> list[tuple[int, int]]:
