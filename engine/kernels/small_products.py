@@ -52,6 +52,26 @@ _TILE_OUTS = 32
 
 
 @dataclass(frozen=True)
+class FoldedNorm:
+    """A layer norm (weight g, bias beta) folded into the product after it, weight w [out, in] and
+    bias b: g, g @ w and b + beta @ w, the last two in float32, made once (``of``)."""
+
+    weight: torch.Tensor  # g [in]
+    weight_sums: torch.Tensor  # [out]
+    bias: torch.Tensor  # [out]
+    eps: float
+
+    @classmethod
+    def of(cls, norm: torch.nn.LayerNorm, linear: torch.nn.Linear) -> FoldedNorm:
+        with torch.no_grad():
+            weight = linear.weight.float()
+            bias = weight @ norm.bias.float()
+            if linear.bias is not None:
+                bias += linear.bias.float()
+            return cls(norm.weight, weight @ norm.weight.float(), bias, norm.eps)
+
+
+@dataclass(frozen=True)
 class KVSlots:
     """Where a QKV product's keys and values go: one layer's cache [num_blocks, 2 (k|v), block_size,
     H, D] (a strided view, heads and dimensions contiguous), and each row's block and offset there."""
@@ -64,6 +84,10 @@ class KVSlots:
 if triton_available():
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+    @triton.jit
+    def _add_pairs(a_sum, a_squares, b_sum, b_squares):
+        return a_sum + b_sum, a_squares + b_squares
+
     def _small_rows_kernel(
         X,
         W,
@@ -74,6 +98,10 @@ if triton_available():
         SLOT_OFFSETS,
         PARTIALS,
         ARRIVALS,
+        DELTA,
+        NORM_W,
+        NORM_SUMS,
+        SUM,
         rows,
         n_out,
         stride_x,
@@ -81,6 +109,9 @@ if triton_available():
         stride_block,
         stride_kv,
         stride_slot,
+        stride_delta,
+        stride_sum,
+        eps,
         K_HIGH: tl.constexpr,
         K_LOW: tl.constexpr,
         BLOCK_N: tl.constexpr,
@@ -89,6 +120,7 @@ if triton_available():
         GELU: tl.constexpr,
         STORE_KV: tl.constexpr,  # a QKV product: queries to Y, keys and values to their cache slots
         SPLITS: tl.constexpr,  # tile only: the input's width is SPLITS x (K_HIGH + K_LOW), a program each
+        NORM: tl.constexpr,  # CUDA cores only: the input is layer_norm(X + DELTA), X + DELTA stored in SUM
         LAUNCH_CONTROL: tl.constexpr,
     ):
         if LAUNCH_CONTROL:
@@ -112,6 +144,15 @@ if triton_available():
         bias = tl.zeros([BLOCK_N], dtype=tl.float32)
         if HAS_BIAS:
             bias = tl.load(BIAS + outs, mask=valid, other=0.0).to(tl.float32)
+        if NORM:
+            # With s the row, m its mean and r its reciprocal deviation, layer_norm(s) @ w =
+            # r * ((g * s) @ w - m * (g @ w)) + beta @ w: the row's statistics are summed beside its
+            # products, not before them. g @ w (NORM_SUMS) and beta @ w (in BIAS) come made
+            # (``FoldedNorm``): made here, or the weights scaled by g, they take twice the registers.
+            g_high = tl.load(NORM_W + high).to(tl.float32)
+            if K_LOW > 0:
+                g_low = tl.load(NORM_W + low).to(tl.float32)
+            weight_sums = tl.load(NORM_SUMS + outs, mask=valid, other=0.0)
         # With STORE_KV: outputs past the queries' ``stride_y`` go to key (0) or value (1) ``kv``'s
         # cache, at column ``within`` of a row's slot.
         to_y = valid
@@ -123,11 +164,33 @@ if triton_available():
             gdc_wait()  # the kernel before has finished: its output, this kernel's input, is there
         if TILE == 0:
             for row in range(rows):
-                x_high = tl.load(X + row * stride_x + high).to(tl.float32)
-                total = tl.sum(w_high * x_high[None, :], axis=1) + bias
+                x_high = tl.load(X + row * stride_x + high)
+                if NORM:
+                    # The residual sum rounded to the stream's dtype, as the unfused add leaves it.
+                    x_high = (x_high + tl.load(DELTA + row * stride_delta + high)).to(SUM.dtype.element_ty)
+                    if tl.program_id(0) == 0:
+                        tl.store(SUM + row * stride_sum + high, x_high)
+                    x_high = x_high.to(tl.float32)
+                    row_sum, row_squares = tl.reduce((x_high, x_high * x_high), 0, _add_pairs)
+                    x_high = x_high * g_high
+                total = tl.sum(w_high * x_high.to(tl.float32)[None, :], axis=1)
                 if K_LOW > 0:
-                    x_low = tl.load(X + row * stride_x + low).to(tl.float32)
-                    total += tl.sum(w_low * x_low[None, :], axis=1)
+                    x_low = tl.load(X + row * stride_x + low)
+                    if NORM:
+                        x_low = (x_low + tl.load(DELTA + row * stride_delta + low)).to(SUM.dtype.element_ty)
+                        if tl.program_id(0) == 0:
+                            tl.store(SUM + row * stride_sum + low, x_low)
+                        x_low = x_low.to(tl.float32)
+                        low_sum, low_squares = tl.reduce((x_low, x_low * x_low), 0, _add_pairs)
+                        row_sum += low_sum
+                        row_squares += low_squares
+                        x_low = x_low * g_low
+                    total += tl.sum(w_low * x_low.to(tl.float32)[None, :], axis=1)
+                if NORM:
+                    mean = row_sum / (K_HIGH + K_LOW)
+                    variance = tl.maximum(row_squares / (K_HIGH + K_LOW) - mean * mean, 0.0)
+                    total = (total - mean * weight_sums) / tl.sqrt(variance + eps)
+                total += bias
                 if GELU:
                     total = 0.5 * total * (1.0 + tl.math.erf(total * 0.7071067811865476))
                 tl.store(Y + row * stride_y + outs, total.to(Y.dtype.element_ty), mask=to_y)
@@ -230,6 +293,14 @@ def stores_kv(x: torch.Tensor, slots: KVSlots) -> bool:
     return cache.dtype == x.dtype and cache.stride(-1) == 1 and cache.stride(-2) == cache.shape[-1]
 
 
+def folds_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel takes a product of ``layer_norm(x + delta)`` whole (``triton_add_norm_linear``):
+    one a CUDA-core program sums, whose rows are contiguous."""
+    return (
+        x.shape[0] <= CUDA_CORE_ROWS and x.is_contiguous() and delta.is_contiguous() and supports(x, weight)
+    )
+
+
 def triton_small_rows_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -240,6 +311,32 @@ def triton_small_rows_linear(
     """``x @ weight.T + bias`` (then the exact GELU where asked), x [rows, in], weight [out, in]; a
     product ``supports`` takes. With ``slots`` (a QKV product, ``stores_kv``), only the queries
     [rows, out / 3] come back, the keys and values going to their rows' cache slots."""
+    return _launch(x, weight, bias, gelu, slots, None)
+
+
+def triton_add_norm_linear(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    norm: FoldedNorm,
+    weight: torch.Tensor,
+    gelu: bool = False,
+    slots: KVSlots | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``engine.model.sublayers.add_layer_norm`` and ``triton_small_rows_linear`` after it as one
+    kernel, where ``folds_norm``: (x + delta, the product of layer_norm(x + delta), its bias in
+    ``norm``). The sum is stored by one program; every program takes the row's statistics itself."""
+    total = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return total, _launch(x, weight, norm.bias, gelu, slots, (delta, norm, total))
+
+
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    gelu: bool,
+    slots: KVSlots | None,
+    folded: tuple[torch.Tensor, FoldedNorm, torch.Tensor] | None,
+) -> torch.Tensor:
     if "kernel" not in _JITTED:
         _JITTED["kernel"] = triton.jit(_small_rows_kernel)
     rows, k = x.shape
@@ -253,11 +350,14 @@ def triton_small_rows_linear(
         block_n = 1 << max(0, fewest.bit_length() - 1)
         shape = {"TILE": 0, "num_warps": 8 if block_n * k >= 16384 else 4}
     else:
+        if folded is not None:
+            raise ValueError(f"a layer norm folds into products of at most {CUDA_CORE_ROWS} rows, not {rows}")
         block_n, shape = _TILE_OUTS, {"TILE": TILE_ROWS, "num_warps": 4}
     cache = slots.cache if slots is not None else out
     partials = (
         torch.empty((splits, TILE_ROWS, n_out), dtype=torch.float32, device=x.device) if splits > 1 else out
     )
+    delta, norm, total = folded if folded is not None else (x, FoldedNorm(x, x, x, 0.0), x)
     control = launch_control(x.device)
     _JITTED["kernel"][(triton.cdiv(n_out, block_n), splits)](
         x,
@@ -269,11 +369,18 @@ def triton_small_rows_linear(
         slots.offsets if slots is not None else out,
         partials,
         _arrivals(x.device) if splits > 1 else out,
+        delta,
+        norm.weight,
+        norm.weight_sums,
+        total,
         rows,
         n_out,
         x.stride(0),
         out.stride(0),
         *(cache.stride()[:3] if slots is not None else (0, 0, 0)),
+        delta.stride(0),
+        total.stride(0),
+        norm.eps,
         K_HIGH=high,
         K_LOW=low,
         BLOCK_N=block_n,
@@ -281,6 +388,7 @@ def triton_small_rows_linear(
         GELU=gelu,
         STORE_KV=slots is not None,
         SPLITS=splits,
+        NORM=folded is not None,
         LAUNCH_CONTROL=control,
         **shape,
         **early_launch(control),

@@ -6,19 +6,28 @@ matrix products, and the self-attention K/V write. Two ways, one contract:
   engine/kernels/fused_norm.py), and the keys and values go into the cache in one indexed write.
 - ``SmallRowsSublayers``: at a decode step's few rows on a GPU, each product is one kernel
   (engine/kernels/small_products.py), and the QKV product's kernel stores the keys and values into
-  their cache slots itself; whatever the kernel does not take goes the first way.
+  their cache slots itself; at one row the residual add and layer norm before a product are folded
+  into its kernel too. Whatever the kernel does not take goes the first way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.kernels.small_products import KVSlots, stores_kv, supports, triton_small_rows_linear
+from engine.kernels.small_products import (
+    FoldedNorm,
+    KVSlots,
+    folds_norm,
+    stores_kv,
+    supports,
+    triton_add_norm_linear,
+    triton_small_rows_linear,
+)
 from engine.kv.storage import to_cache_dtype
 
 
@@ -42,12 +51,12 @@ def norm_params(norm: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor, float]:
     return norm.weight, norm.bias, norm.eps
 
 
-def _queries_after_writing_kv(projected: torch.Tensor, slots: KVSlots, heads: int) -> torch.Tensor:
-    """The queries [T, heads, D] of a QKV product [T, 3 * heads * D], its keys and values written to
-    the tokens' ``slots`` in one indexed write (one kernel, not two)."""
-    projected = projected.view(projected.shape[0], 3, heads, -1)
+def _queries_after_writing_kv(projected: torch.Tensor, slots: KVSlots) -> torch.Tensor:
+    """The queries [T, d] of a QKV product [T, 3 * d], its keys and values written to the tokens'
+    ``slots`` in one indexed write (one kernel, not two)."""
+    projected = projected.view(projected.shape[0], 3, *slots.cache.shape[-2:])
     slots.cache[slots.block_ids, :, slots.offsets] = to_cache_dtype(projected[:, 1:], slots.cache.dtype)
-    return projected[:, 0]
+    return projected[:, 0].flatten(1)
 
 
 @dataclass(frozen=True)
@@ -58,18 +67,36 @@ class Sublayers:
     add_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_layer_norm
     product: Callable[..., torch.Tensor] = dense_product
 
-    def queries_writing_kv(self, h: torch.Tensor, qkv: nn.Linear, slots: KVSlots, heads: int) -> torch.Tensor:
-        """The queries [T, heads, D] of ``qkv``'s product of ``h``, whose keys and values go to the
-        tokens' ``slots`` in the cache."""
-        return _queries_after_writing_kv(self.product(h, qkv), slots, heads)
+    def queries_writing_kv(self, h: torch.Tensor, qkv: nn.Linear, slots: KVSlots) -> torch.Tensor:
+        """The queries [T, d] of ``qkv``'s product of ``h``, whose keys and values go to the tokens'
+        ``slots`` in the cache."""
+        return _queries_after_writing_kv(self.product(h, qkv), slots)
+
+    def add_norm_product(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        norm: nn.LayerNorm,
+        linear: nn.Linear,
+        gelu: bool = False,
+        slots: KVSlots | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual stream ``x + delta``, and ``linear``'s product of its layer norm (``norm``'s),
+        then the GELU where asked; with ``slots`` (a QKV product) the queries, as ``queries_writing_kv``."""
+        x, h = self.add_norm(x, delta, *norm_params(norm))
+        return x, self.product(h, linear, gelu) if slots is None else self.queries_writing_kv(
+            h, linear, slots
+        )
 
 
 @dataclass(frozen=True)
 class SmallRowsSublayers:
     """``Sublayers``' contract with the products through the small-rows kernel wherever it takes one
-    (``engine.kernels.small_products.supports``), else ``otherwise``'s."""
+    (``engine.kernels.small_products.supports``), else ``otherwise``'s. A product in ``folded`` takes
+    the residual add and layer norm before it into its kernel where ``folds_norm``."""
 
     otherwise: Sublayers
+    folded: Mapping[nn.Linear, FoldedNorm] = field(default_factory=dict)
 
     @property
     def add_norm(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
@@ -80,7 +107,28 @@ class SmallRowsSublayers:
             return self.otherwise.product(x, linear, gelu)
         return triton_small_rows_linear(x, linear.weight, linear.bias, gelu)
 
-    def queries_writing_kv(self, h: torch.Tensor, qkv: nn.Linear, slots: KVSlots, heads: int) -> torch.Tensor:
+    def queries_writing_kv(self, h: torch.Tensor, qkv: nn.Linear, slots: KVSlots) -> torch.Tensor:
         if not (supports(h, qkv.weight) and stores_kv(h, slots)):
-            return _queries_after_writing_kv(self.product(h, qkv), slots, heads)
-        return triton_small_rows_linear(h, qkv.weight, qkv.bias, slots=slots).view(h.shape[0], heads, -1)
+            return _queries_after_writing_kv(self.product(h, qkv), slots)
+        return triton_small_rows_linear(h, qkv.weight, qkv.bias, slots=slots)
+
+    def add_norm_product(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        norm: nn.LayerNorm,
+        linear: nn.Linear,
+        gelu: bool = False,
+        slots: KVSlots | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        folded = self.folded.get(linear)
+        if (
+            folded is not None
+            and folds_norm(x, delta, linear.weight)
+            and (slots is None or stores_kv(x, slots))
+        ):
+            return triton_add_norm_linear(x, delta, folded, linear.weight, gelu, slots)
+        x, h = self.add_norm(x, delta, *norm_params(norm))
+        return x, self.product(h, linear, gelu) if slots is None else self.queries_writing_kv(
+            h, linear, slots
+        )

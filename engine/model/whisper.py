@@ -17,7 +17,7 @@ from engine.attention.base import AttentionBackend, PagedAttentionBatch
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_norm_quantize_rows_op
 from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
-from engine.kernels.small_products import KVSlots
+from engine.kernels.small_products import FoldedNorm, KVSlots
 from engine.kv.storage import PagedKVStorage
 from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import quantize_linears
@@ -173,6 +173,14 @@ class DecoderLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
 
+    def norms_before_products(self) -> tuple[tuple[nn.LayerNorm, nn.Linear], ...]:
+        """Each layer norm and the product of its output."""
+        return (
+            (self.self_attn_norm, self.self_qkv),
+            (self.cross_attn_norm, self.cross_q),
+            (self.mlp_norm, self.mlp.fc1),
+        )
+
     def forward(
         self,
         x: torch.Tensor,
@@ -188,23 +196,20 @@ class DecoderLayer(nn.Module):
 
         layer_cache: this layer's K/V, [num_blocks, 2 (k|v), block_size, H, D] (a strided view)."""
         tokens, d_model = x.shape
+        heads = (tokens, self.num_heads, self.head_dim)
         scale = self.head_dim**-0.5
-        add_norm, product = sublayers.add_norm, sublayers.product
-        x, h = add_norm(x, pending, *norm_params(self.self_attn_norm))
+        add_norm_product, product = sublayers.add_norm_product, sublayers.product
         slots = KVSlots(layer_cache, meta.slot_block_ids, meta.slot_offsets)
-        q = sublayers.queries_writing_kv(h, self.self_qkv, slots, self.num_heads)
+        x, q = add_norm_product(x, pending, self.self_attn_norm, self.self_qkv, slots=slots)
         key_cache, value_cache = layer_cache[:, 0], layer_cache[:, 1]
-        attended = backend.paged_attention(q, key_cache, value_cache, meta.self_attention, scale)
-        x, h = add_norm(
-            x, product(attended.reshape(tokens, d_model), self.self_out), *norm_params(self.cross_attn_norm)
-        )
+        attended = backend.paged_attention(q.view(heads), key_cache, value_cache, meta.self_attention, scale)
+        attention_out = product(attended.reshape(tokens, d_model), self.self_out)
 
-        q = product(h, self.cross_q).view(tokens, self.num_heads, self.head_dim)
-        attended = backend.paged_attention(q, key_cache, value_cache, meta.cross_attention, scale)
-        x, h = add_norm(
-            x, product(attended.reshape(tokens, d_model), self.cross_out), *norm_params(self.mlp_norm)
-        )
-        return x, product(product(h, self.mlp.fc1, gelu=True), self.mlp.fc2)
+        x, q = add_norm_product(x, attention_out, self.cross_attn_norm, self.cross_q)
+        attended = backend.paged_attention(q.view(heads), key_cache, value_cache, meta.cross_attention, scale)
+        attention_out = product(attended.reshape(tokens, d_model), self.cross_out)
+        x, hidden = add_norm_product(x, attention_out, self.mlp_norm, self.mlp.fc1, gelu=True)
+        return x, product(hidden, self.mlp.fc2)
 
 
 class TextDecoder(nn.Module):
@@ -224,6 +229,7 @@ class TextDecoder(nn.Module):
         self.cross_kv = nn.Linear(dims.d_model, dims.decoder_layers * 2 * dims.d_model)
         self.sublayers = Sublayers()
         self.small_rows_products = 0  # see use_small_rows_products
+        self.folded_norms: dict[nn.Linear, FoldedNorm] = {}
         self.vocabulary = VocabularyProjection(self.embed_tokens)  # the output projection, tied
         self.cross_kv_in_bf16 = False  # see project_cross_kv_in_bf16
 
@@ -236,9 +242,16 @@ class TextDecoder(nn.Module):
     def use_small_rows_products(self, max_rows: int) -> None:
         """Steps of at most ``max_rows`` tokens (a decode step's few sequences) run their products
         through a Triton kernel that loads its weights while the kernel before it runs, the QKV
-        product's storing its keys and values itself (SmallRowsSublayers); with 0, none does. Set
-        before the decode graphs capture the step."""
+        product's storing its keys and values itself, and the products after a layer norm taking the
+        residual add and the norm into their kernel at one row (SmallRowsSublayers); with 0, none
+        does. Set once the weights are final, before the decode graphs capture the step."""
         self.small_rows_products = max_rows
+        self.folded_norms = {
+            linear: FoldedNorm.of(norm, linear)
+            for layer in self.layers
+            for norm, linear in layer.norms_before_products()
+            if max_rows
+        }
 
     def forward(
         self,
@@ -250,7 +263,7 @@ class TextDecoder(nn.Module):
         """Packed token ids [T] -> final hidden states [T, d_model]; writes their K/V to the cache."""
         sublayers = self.sublayers
         if token_ids.shape[0] <= self.small_rows_products:
-            sublayers = SmallRowsSublayers(otherwise=self.sublayers)
+            sublayers = SmallRowsSublayers(otherwise=self.sublayers, folded=self.folded_norms)
         x, pending = self.embed_tokens(token_ids), self.positions[meta.positions]
         for index, layer in enumerate(self.layers):
             x, pending = layer(x, pending, storage.layer_cache(index), meta, backend, sublayers)

@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import triton_add_layer_norm
-from engine.kernels.small_products import KVSlots, supports, triton_small_rows_linear
+from engine.kernels.small_products import FoldedNorm, KVSlots, folds_norm, supports, triton_small_rows_linear
 from engine.model.sublayers import SmallRowsSublayers, Sublayers, dense_product
 from tests.support.hf_reference import jfk_tokens_beside_transformers
 
@@ -56,6 +56,74 @@ def test_the_small_rows_kernel_computes_the_dense_product(rows, k, n, bias, gelu
     assert torch.equal(again, got)
 
 
+def layer_norm(width: int, seed: int, device=DEVICE, dtype=torch.float32) -> nn.LayerNorm:
+    torch.manual_seed(seed)
+    norm = nn.LayerNorm(width).to(device, dtype)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.normal_()
+    return norm
+
+
+@pytest.mark.parametrize(
+    "k,n,bias,gelu,with_kv",
+    [(96, 40, True, False, False), (384, 24, False, True, False), (64, 3 * 64, True, False, True)],
+)
+def test_a_residual_add_and_norm_fold_into_a_one_row_product(k, n, bias, gelu, with_kv):
+    """At one row the kernel takes ``layer_norm(x + delta)`` whole: it returns the sum, as the add
+    leaves it, and the product of the normed sum, as the add, the norm and the product one after the
+    other give them, for input widths of one and of two powers of two, with and without a bias, with
+    the GELU, and for a QKV product storing its keys and values. The row sits far from zero, as a
+    residual stream may, against a one-pass variance's cancellation."""
+    linear = linear_layer(k, n, bias, seed=k)
+    norm = layer_norm(k, seed=n)
+    x = torch.randn(1, k, device=DEVICE) * 3 + 20
+    delta = torch.randn(1, k, device=DEVICE)
+    small = SmallRowsSublayers(otherwise=Sublayers(), folded={linear: FoldedNorm.of(norm, linear)})
+    heads, head_dim = 4, 16
+    if with_kv:
+        whole, layer = kv_layout(heads=heads, head_dim=head_dim)
+        expected_whole, expected_layer = kv_layout(heads=heads, head_dim=head_dim)
+    block_ids, offsets = torch.tensor([5], device=DEVICE), torch.tensor([2], device=DEVICE)
+    slots, expected_slots = (
+        (KVSlots(layer, block_ids, offsets), KVSlots(expected_layer, block_ids, offsets))
+        if with_kv
+        else (None, None)
+    )
+    assert folds_norm(x, delta, linear.weight)
+    with torch.no_grad():
+        total, got = small.add_norm_product(x, delta, norm, linear, gelu, slots)
+        expected_total, expected = Sublayers().add_norm_product(x, delta, norm, linear, gelu, expected_slots)
+    assert torch.equal(total, expected_total)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    if with_kv:
+        written = ~torch.isnan(whole)
+        assert torch.equal(written, ~torch.isnan(expected_whole)) and written.sum() == 2 * heads * head_dim
+        torch.testing.assert_close(whole[written], expected_whole[written], rtol=1e-4, atol=1e-4)
+
+
+def test_past_one_row_the_add_and_norm_stay_a_kernel_of_their_own():
+    """Two rows: the add and norm go ``otherwise``'s way, and the product then through the tile."""
+    norms = []
+
+    def add_norm(x, delta, weight, bias, eps):
+        norms.append(x.shape[0])
+        return Sublayers().add_norm(x, delta, weight, bias, eps)
+
+    linear, norm = linear_layer(64, 32, True, seed=0), layer_norm(64, seed=1)
+    small = SmallRowsSublayers(
+        otherwise=Sublayers(add_norm=add_norm), folded={linear: FoldedNorm.of(norm, linear)}
+    )
+    x, delta = torch.randn(2, 2, 64, device=DEVICE)
+    assert not folds_norm(x, delta, linear.weight)
+    with torch.no_grad():
+        total, got = small.add_norm_product(x, delta, norm, linear)
+        expected_total, expected = Sublayers().add_norm_product(x, delta, norm, linear)
+    assert norms == [2]
+    assert torch.equal(total, expected_total)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 def kv_layout(blocks=6, layers=3, block_size=4, heads=2, head_dim=16, device=DEVICE, dtype=torch.float32):
     """A whole cache [blocks, layers, 2, block_size, H, D] of NaNs, and its layer 1 as the decoder sees it."""
     cache = torch.full(
@@ -78,10 +146,8 @@ def test_a_qkv_product_stores_its_keys_and_values_in_their_cache_slots(rows):
     expected_whole, expected_layer = kv_layout(heads=heads, head_dim=head_dim)
     with torch.no_grad():
         queries = triton_small_rows_linear(x, qkv.weight, qkv.bias, slots=KVSlots(layer, block_ids, offsets))
-        expected_queries = Sublayers().queries_writing_kv(
-            x, qkv, KVSlots(expected_layer, block_ids, offsets), heads
-        )
-    torch.testing.assert_close(queries.view(rows, heads, head_dim), expected_queries, rtol=1e-5, atol=1e-5)
+        expected_queries = Sublayers().queries_writing_kv(x, qkv, KVSlots(expected_layer, block_ids, offsets))
+    torch.testing.assert_close(queries, expected_queries, rtol=1e-5, atol=1e-5)
     written = ~torch.isnan(whole)
     assert torch.equal(written, ~torch.isnan(expected_whole))
     assert written.sum() == rows * 2 * d_model
@@ -113,9 +179,9 @@ def test_what_the_kernel_does_not_take_goes_the_dense_way():
         out = small.product(torch.randn(1, 100, device=DEVICE), odd)
         _, layer = kv_layout(heads=4, head_dim=16, dtype=torch.float16)
         slots = KVSlots(layer, torch.tensor([0], device=DEVICE), torch.tensor([1], device=DEVICE))
-        queries = small.queries_writing_kv(torch.randn(1, 64, device=DEVICE), qkv, slots, 4)
+        queries = small.queries_writing_kv(torch.randn(1, 64, device=DEVICE), qkv, slots)
     assert calls == [(17, 64), (2, 4608), (1, 100)]
-    assert out.shape == (1, 32) and queries.shape == (1, 4, 16)
+    assert out.shape == (1, 32) and queries.shape == (1, 64)
     assert not torch.isnan(layer[0, :, 1]).any()  # the dense path's write
 
 
@@ -144,30 +210,33 @@ def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_to
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("rows", [1, 2, 4, 16])
 def test_on_the_gpu_a_layers_products_in_a_cuda_graph_match_the_dense_ones(rows):
-    """large-v3's widths, fp16: residual norm -> QKV product writing its K/V -> fc1 with GELU -> fc2
-    (in five parts past one row), the kernels launched to overlap the kernel before them, replayed from
+    """large-v3's widths, fp16: residual add and norm -> QKV product writing its K/V, add and norm ->
+    fc1 with GELU (at one row, each add and norm folded into the product's kernel) -> fc2 (in five
+    parts past one row), the kernels launched to overlap the kernel before them, replayed from
     a CUDA graph after the input changed, against the same chain the dense way."""
     device, dtype = torch.device("cuda"), torch.float16
     qkv, fc1, fc2 = (
         linear_layer(k, n, True, s, device, dtype)
         for s, (k, n) in enumerate([(1280, 3840), (1280, 5120), (5120, 1280)])
     )
-    norm_weight, norm_bias = torch.randn(2, 1280, device=device, dtype=dtype)
+    norm = layer_norm(1280, seed=rows, device=device, dtype=dtype)
     x, delta = torch.randn(2, rows, 1280, device=device, dtype=dtype)
     block_ids = torch.arange(rows, device=device) // 4
     offsets = torch.arange(rows, device=device) % 4
 
     def chain(sublayers, layer):
-        _, h = sublayers.add_norm(x, delta, norm_weight, norm_bias, 1e-5)
-        q = sublayers.queries_writing_kv(h, qkv, KVSlots(layer, block_ids, offsets), 20)
-        return q, sublayers.product(sublayers.product(h, fc1, True), fc2)
+        total, q = sublayers.add_norm_product(x, delta, norm, qkv, slots=KVSlots(layer, block_ids, offsets))
+        _, hidden = sublayers.add_norm_product(total, delta, norm, fc1, gelu=True)
+        return total, q, sublayers.product(hidden, fc2)
 
     whole, layer = kv_layout(blocks=4, block_size=4, heads=20, head_dim=64, device=device, dtype=dtype)
     expected_whole, expected_layer = kv_layout(
         blocks=4, block_size=4, heads=20, head_dim=64, device=device, dtype=dtype
     )
     fused_norm = Sublayers(add_norm=triton_add_layer_norm)
-    small = SmallRowsSublayers(otherwise=fused_norm)
+    small = SmallRowsSublayers(
+        otherwise=fused_norm, folded={linear: FoldedNorm.of(norm, linear) for linear in (qkv, fc1)}
+    )
     with torch.inference_mode():
         chain(small, layer)  # compiled before capture
         graph = torch.cuda.CUDAGraph()
