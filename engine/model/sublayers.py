@@ -59,6 +59,22 @@ def _queries_after_writing_kv(projected: torch.Tensor, slots: KVSlots) -> torch.
     return projected[:, 0].flatten(1)
 
 
+def _add_norm_then_product(
+    sublayers: Sublayers | SmallRowsSublayers,
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    norm: nn.LayerNorm,
+    linear: nn.Linear,
+    gelu: bool,
+    slots: KVSlots | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``add_norm_product`` as two steps: ``sublayers``' add and norm, then its product."""
+    x, h = sublayers.add_norm(x, delta, *norm_params(norm))
+    if slots is None:
+        return x, sublayers.product(h, linear, gelu)
+    return x, sublayers.queries_writing_kv(h, linear, slots)
+
+
 @dataclass(frozen=True)
 class Sublayers:
     """The dense way: ``product`` for each product (``dense_product``, or a test's stand-in), and
@@ -83,10 +99,7 @@ class Sublayers:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual stream ``x + delta``, and ``linear``'s product of its layer norm (``norm``'s),
         then the GELU where asked; with ``slots`` (a QKV product) the queries, as ``queries_writing_kv``."""
-        x, h = self.add_norm(x, delta, *norm_params(norm))
-        return x, self.product(h, linear, gelu) if slots is None else self.queries_writing_kv(
-            h, linear, slots
-        )
+        return _add_norm_then_product(self, x, delta, norm, linear, gelu, slots)
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,4 @@ class SmallRowsSublayers:
             and (slots is None or stores_kv(x, slots))
         ):
             return triton_add_norm_linear(x, delta, folded, linear.weight, gelu, slots)
-        x, h = self.add_norm(x, delta, *norm_params(norm))
-        return x, self.product(h, linear, gelu) if slots is None else self.queries_writing_kv(
-            h, linear, slots
-        )
+        return _add_norm_then_product(self, x, delta, norm, linear, gelu, slots)
