@@ -246,12 +246,8 @@ class TextDecoder(nn.Module):
         residual add and the norm into their kernel at one row (SmallRowsSublayers); with 0, none
         does. Set once the weights are final, before the decode graphs capture the step."""
         self.small_rows_products = max_rows
-        self.folded_norms = {
-            linear: FoldedNorm.of(norm, linear)
-            for layer in self.layers
-            for norm, linear in layer.norms_before_products()
-            if max_rows
-        }
+        pairs = [pair for layer in self.layers for pair in layer.norms_before_products()] if max_rows else []
+        self.folded_norms = {linear: FoldedNorm.of(norm, linear) for norm, linear in pairs}
 
     def forward(
         self,
