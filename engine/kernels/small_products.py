@@ -25,11 +25,9 @@ One kernel, two ways by the rows (at most ``engine.gpu.small_rows_products``):
   atomic add), so the product is still one kernel.
 fc1's GELU (the exact form, as the decoder's unfused path) is applied before the store.
 
-At one row, a product after a layer norm (QKV, cross-attention's query, fc1) also takes in the
-residual add and the norm before it (``triton_add_norm_linear``): the norm folded into its weights'
-sums (``FoldedNorm``), each program adds the row, sums it and its squares beside its products and
-scales the result, and one program stores the sum, the residual stream. That is one kernel a
-sublayer fewer in a step's chain; past one row the tile program had no registers to spare for it.
+At one row, a product after a layer norm (QKV, cross-attention's query, fc1) also does the residual
+add and the norm before it (``triton_add_norm_linear``, ``FoldedNorm``): one kernel a sublayer fewer
+in a step's chain; past one row the tile program had no registers to spare for it.
 JIT-decorated on first use, so Triton's CPU interpreter can run them in tests (without the launch
 control, which the interpreter lacks).
 """
