@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from dataclasses import dataclass
 
@@ -23,12 +24,12 @@ import torch
 from ray.serve.handle import DeploymentHandle
 
 from deployments.autoscaling import PENDING_WINDOWS
-from deployments.config import AppConfig
+from deployments.config import AppConfig, ConfigError
 from deployments.window_batcher import WindowBatcher, WindowJob
 from engine.encode.runner import EncoderRunner
-from engine.model.loading import load_model
+from engine.model.loading import LoadedModel, load_model
 from kv_transfer import make_sender
-from kv_transfer.base import TransferHandle
+from kv_transfer.base import BlockLayout, KVSender, TransferHandle, TransferPayload
 
 logger = logging.getLogger("ray.serve")
 
@@ -81,6 +82,34 @@ class EncoderStats:
         )
 
 
+def _check_a_batch_fits_staging(
+    config: AppConfig, loaded: LoadedModel, kind: TransferPayload, sender: KVSender
+) -> None:
+    """A batch's windows are staged one after another and handed on together, so none of them can be
+    pulled (and its staging freed) before the last is staged: a batch larger than the staging memory
+    would wait on itself until ``transfer.stage_wait_s`` ran out, for every window past what fits."""
+    dims = loaded.weights.dims
+    if kind == "cross_kv":
+        shape = (dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim)
+        dtype = loaded.config.kv_cache_torch_dtype
+    else:
+        shape, dtype = (dims.n_audio_ctx, dims.d_model), loaded.config.torch_dtype
+    window = BlockLayout.of(torch.empty(shape, dtype=dtype, device="meta"), kind, config.engine.block_size)
+    held = sender.holds_at_once(window)
+    batch = config.encoder.max_batch_size
+    # Each window's staging also rounds up to an alignment and may carry a header: under 1 KB.
+    needed_mb = math.ceil((batch * window.nbytes + batch * 1024) / 2**20)
+    if held < batch:
+        raise ConfigError(
+            f"encoder.max_batch_size is {batch} windows, but transfer.staging_memory_mb "
+            f"({config.transfer.staging_memory_mb:g}) holds {held} of this model's windows "
+            f"({kind}, {window.nbytes / 2**20:.1f} MB each): a batch is staged whole before any of its "
+            "windows can be pulled, so it would wait on itself. Raise transfer.staging_memory_mb to at "
+            f"least {needed_mb} or lower encoder.max_batch_size "
+            f"to {max(held, 1)}."
+        )
+
+
 class EncoderDeployment:
     def __init__(self, config: AppConfig, decoder: DeploymentHandle | None = None):
         if config.encoder.torch_threads:
@@ -94,6 +123,15 @@ class EncoderDeployment:
         self.loaded.model.decoder.keep_only_cross_kv()
         if config.engine.torch_device.type == "cuda":
             torch.cuda.empty_cache()
+        self.payload = config.transfer.resolved_mode()
+        self.sender = make_sender(
+            config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device
+        )
+        try:
+            _check_a_batch_fits_staging(config, self.loaded, self.payload, self.sender)
+        except ConfigError:
+            self.sender.close()
+            raise
         # Compiles and warms the encoder where it is compiled, and captures its graphs.
         self.runner = EncoderRunner(self.loaded, graph_batch_size=config.encoder.max_batch_size)
         logger.info(
@@ -105,10 +143,6 @@ class EncoderDeployment:
             config.engine.encoder_precision,
             config.engine.gpu_switches().compile_encoder,
             time.perf_counter() - started - loaded_s,
-        )
-        self.payload = config.transfer.resolved_mode()
-        self.sender = make_sender(
-            config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device
         )
         logger.info("encoder: %s transfer, shipping %s", config.transfer.resolved_connector(), self.payload)
         self.batcher = WindowBatcher(

@@ -152,6 +152,10 @@ class KVSender(abc.ABC):
     def num_staged(self) -> int:
         """Requests whose staging is still held."""
 
+    @abc.abstractmethod
+    def holds_at_once(self, layout: BlockLayout) -> int:
+        """How many payloads of ``layout`` the staging memory holds together, none pulled meanwhile."""
+
     def close(self) -> None:
         """Free everything; the sender is unusable afterwards."""
 

@@ -166,6 +166,9 @@ class StagingSender(KVSender):
         with self._lock:
             return len(self._entries)
 
+    def holds_at_once(self, layout: BlockLayout) -> int:
+        return self.arena.capacity_bytes // _aligned(self.header_bytes + layout.nbytes)
+
     def close(self) -> None:
         if self._closed.is_set():
             return

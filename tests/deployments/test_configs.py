@@ -155,3 +155,47 @@ def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_ra
     assert all("runtime_env" not in value for name, value in options.items() if name != "WhisperIngress")
     assert "runtime_env" not in actor_options({"inline_window_kb": 0})["WhisperIngress"]
     assert "runtime_env" not in actor_options({})["WhisperIngress"], "the default keeps Ray's limit"
+
+
+def test_an_encoder_whose_batch_outgrows_its_staging_refuses_to_start_and_says_what_fits():
+    """An encoder stages a batch's windows one after another and hands them on together, so none can be
+    pulled before the last is staged: a batch larger than the staging memory waited on itself for
+    ``stage_wait_s`` a window (75 s for 15 windows of large-v3 on a GPU), then failed. The replica
+    refuses such a config at start-up, and the two ways out it names both start and stage a batch."""
+    import re
+
+    import numpy as np
+
+    from deployments.encoder import EncoderDeployment
+    from deployments.window_batcher import WindowJob
+    from kv_transfer.base import StagingFullError, TransferHandle
+
+    args = {
+        "engine": {"model": "tiny.en", "device": "cpu"},
+        "transfer": {"connector": "local", "staging_memory_mb": 64, "stage_wait_s": 0},
+        "encoder": {"max_batch_size": 8},
+    }
+    with pytest.raises(ConfigError, match=r"encoder\.max_batch_size is 8 windows") as refused:
+        EncoderDeployment(parse_app_config(args))
+    message = str(refused.value)
+    held = int(re.search(r"staging_memory_mb \(64\) holds (\d+)", message).group(1))
+    needed_mb = int(re.search(r"Raise transfer\.staging_memory_mb to at least (\d+)", message).group(1))
+    assert 1 <= held < 8 and f"lower encoder.max_batch_size to {held}." in message
+
+    for transfer, encoder in (({}, {"max_batch_size": held}), ({"staging_memory_mb": needed_mb}, {})):
+        config = parse_app_config(
+            {**args, "transfer": {**args["transfer"], **transfer}, "encoder": {**args["encoder"], **encoder}}
+        )
+        deployment = EncoderDeployment(config)
+        try:
+            batch = config.encoder.max_batch_size
+            jobs = [WindowJob(f"w{index}", np.zeros(16000, dtype=np.float32)) for index in range(batch + 1)]
+            # The whole batch stages at once (stage_wait_s 0: no waiting for room), and nothing more.
+            assert all(
+                isinstance(handle, TransferHandle) for handle in deployment._encode_and_stage(jobs[:batch])
+            )
+            if config.transfer.staging_memory_mb == 64:
+                (extra,) = deployment._encode_and_stage(jobs[batch:])
+                assert isinstance(extra, StagingFullError)
+        finally:
+            deployment.sender.close()
