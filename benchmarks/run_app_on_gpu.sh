@@ -7,7 +7,7 @@
 # replicas, a GPU each, the traffic split between them).
 #
 #   TOKENIZER=<multilingual tokenizer.json> [MODEL=large-v3|large-v3-turbo] [CLIENTS="64 128"] \
-#     [GPUS=1|2] [CONFIG=one-gpu|two-gpus] \
+#     [GPUS=1|2] [CONFIG=one-gpu|one-gpu-mps|two-gpus] \
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
 #     [CLIENT_PROCESSES="1 4"] [FRONT=serve-proxy|haproxy] \
 #     [PLACEMENT=colocated|disaggregated] [MPS=1] [OVERRIDES='{"decoder": {"num_replicas": 1}}'] \
@@ -24,10 +24,10 @@
 # concurrencies (benchmarks/engine_alone.py). With REALTIME_STREAMS set, instead: live streams at
 # real-time pace on /v1/realtime (benchmarks/bench_realtime.py), every pass decoding REALTIME_TOKENS
 # tokens (random weights never stop on their own; realtime.fixed_output_tokens).
-# PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1
-# runs the app under CUDA MPS (started here, stopped at the end), so the two processes of a
-# disaggregated app share the GPU instead of taking turns on it. OVERRIDES (JSON) is merged into the
-# app's args, section by section.
+# PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1 (the
+# default for a CONFIG ending in -mps) runs the app under CUDA MPS (started here, stopped at the end),
+# so the two processes of a disaggregated app share the GPU instead of taking turns on it. OVERRIDES
+# (JSON) is merged into the app's args, section by section.
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
@@ -36,6 +36,7 @@ cd "$(dirname "$0")/.."
 MODEL=${MODEL:-large-v3}
 GPUS=${GPUS:-1}
 CONFIG=${CONFIG:-one-gpu}
+[[ "$CONFIG" == *-mps ]] && MPS=${MPS:-1}
 CLIENTS=${CLIENTS:-64 128}
 INTERACTIVE_CLIENTS=${INTERACTIVE_CLIENTS-64}
 ENGINE_ALONE=${ENGINE_ALONE:-1}
