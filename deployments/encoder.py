@@ -100,13 +100,13 @@ def _check_a_batch_fits_staging(
     # Each window's staging also rounds up to an alignment and may carry a header: under 1 KB.
     needed_mb = math.ceil((batch * window.nbytes + batch * 1024) / 2**20)
     if held < batch:
+        smaller_batch = f" or lower encoder.max_batch_size to {held}" if held else ""
         raise ConfigError(
             f"encoder.max_batch_size is {batch} windows, but transfer.staging_memory_mb "
             f"({config.transfer.staging_memory_mb:g}) holds {held} of this model's windows "
             f"({kind}, {window.nbytes / 2**20:.1f} MB each): a batch is staged whole before any of its "
             "windows can be pulled, so it would wait on itself. Raise transfer.staging_memory_mb to at "
-            f"least {needed_mb} or lower encoder.max_batch_size "
-            f"to {max(held, 1)}."
+            f"least {needed_mb}{smaller_batch}."
         )
 
 

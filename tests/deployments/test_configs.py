@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -159,13 +162,10 @@ def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_ra
 
 def test_an_encoder_whose_batch_outgrows_its_staging_refuses_to_start_and_says_what_fits():
     """An encoder stages a batch's windows one after another and hands them on together, so none can be
-    pulled before the last is staged: a batch larger than the staging memory waited on itself for
-    ``stage_wait_s`` a window (75 s for 15 windows of large-v3 on a GPU), then failed. The replica
-    refuses such a config at start-up, and the two ways out it names both start and stage a batch."""
-    import re
-
-    import numpy as np
-
+    pulled before the last is staged: a batch larger than the staging memory waited on itself,
+    ``stage_wait_s`` for each window past what fit, then failed (benchmarks/RESULTS.md, "One GPU under
+    MPS"). The replica refuses such a config at start-up, and the two ways out it names both start and
+    stage a whole batch."""
     from deployments.encoder import EncoderDeployment
     from deployments.window_batcher import WindowJob
     from kv_transfer.base import StagingFullError, TransferHandle
@@ -181,6 +181,10 @@ def test_an_encoder_whose_batch_outgrows_its_staging_refuses_to_start_and_says_w
     held = int(re.search(r"staging_memory_mb \(64\) holds (\d+)", message).group(1))
     needed_mb = int(re.search(r"Raise transfer\.staging_memory_mb to at least (\d+)", message).group(1))
     assert 1 <= held < 8 and f"lower encoder.max_batch_size to {held}." in message
+    tiny_staging = {**args, "transfer": {**args["transfer"], "staging_memory_mb": 8}}
+    with pytest.raises(ConfigError) as none_fit:  # not one window fits: a smaller batch is no way out
+        EncoderDeployment(parse_app_config(tiny_staging))
+    assert "holds 0 of" in str(none_fit.value) and "lower encoder.max_batch_size" not in str(none_fit.value)
 
     for transfer, encoder in (({}, {"max_batch_size": held}), ({"staging_memory_mb": needed_mb}, {})):
         config = parse_app_config(
