@@ -26,8 +26,10 @@ from ray.serve.handle import DeploymentHandle
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig, ConfigError
 from deployments.window_batcher import WindowBatcher, WindowJob
+from engine.config import EngineConfig
 from engine.encode.runner import EncoderRunner
-from engine.model.loading import LoadedModel, load_model
+from engine.model.loading import load_model
+from engine.model.weights import ModelDims
 from kv_transfer import make_sender
 from kv_transfer.base import BlockLayout, KVSender, TransferHandle, TransferPayload
 
@@ -82,19 +84,24 @@ class EncoderStats:
         )
 
 
+def window_layout(dims: ModelDims, engine: EngineConfig, kind: TransferPayload) -> BlockLayout:
+    """How one window's payload of ``kind`` is staged: each decoder layer's cross-attention K/V in the
+    cache's dtype, or the encoder's states in the model's."""
+    if kind == "cross_kv":
+        shape = (dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim)
+        dtype = engine.kv_cache_torch_dtype
+    else:
+        shape, dtype = (dims.n_audio_ctx, dims.d_model), engine.torch_dtype
+    return BlockLayout.of(torch.empty(shape, dtype=dtype, device="meta"), kind, engine.block_size)
+
+
 def _check_a_batch_fits_staging(
-    config: AppConfig, loaded: LoadedModel, kind: TransferPayload, sender: KVSender
+    config: AppConfig, dims: ModelDims, kind: TransferPayload, sender: KVSender
 ) -> None:
     """A batch's windows are staged one after another and handed on together, so none of them can be
     pulled (and its staging freed) before the last is staged: a batch larger than the staging memory
     would wait on itself until ``transfer.stage_wait_s`` ran out, for every window past what fits."""
-    dims = loaded.weights.dims
-    if kind == "cross_kv":
-        shape = (dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim)
-        dtype = loaded.config.kv_cache_torch_dtype
-    else:
-        shape, dtype = (dims.n_audio_ctx, dims.d_model), loaded.config.torch_dtype
-    window = BlockLayout.of(torch.empty(shape, dtype=dtype, device="meta"), kind, config.engine.block_size)
+    window = window_layout(dims, config.engine, kind)
     held = sender.holds_at_once(window)
     batch = config.encoder.max_batch_size
     # Each window's staging also rounds up to an alignment and may carry a header: under 1 KB.
@@ -128,7 +135,7 @@ class EncoderDeployment:
             config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device
         )
         try:
-            _check_a_batch_fits_staging(config, self.loaded, self.payload, self.sender)
+            _check_a_batch_fits_staging(config, self.loaded.weights.dims, self.payload, self.sender)
         except ConfigError:
             self.sender.close()
             raise

@@ -192,19 +192,9 @@ def _load_hugging_face(name: str, folder: Path) -> LoadedWeights:
     return hugging_face_weights(name, folder, config, state_dict, _find_tokenizer(folder), hints)
 
 
-def hugging_face_weights(
-    name: str,
-    folder: Path,
-    config: dict,
-    state_dict: dict[str, torch.Tensor],
-    tokenizer_file: Path,
-    hints: dict,
-) -> LoadedWeights:
-    """A transformers Whisper's config dict and state dict (its own names) -> LoadedWeights.
-    Also serves models built in memory (benchmarks build random weights of the real shapes)."""
-    state_dict = {key.removeprefix("model."): tensor for key, tensor in state_dict.items()}
-    state_dict.pop("proj_out.weight", None)  # tied to decoder.embed_tokens in every Whisper
-    dims = ModelDims(
+def hugging_face_dims(config: dict) -> ModelDims:
+    """A transformers WhisperConfig's dict -> the model's dimensions."""
+    return ModelDims(
         n_mels=config["num_mel_bins"],
         n_audio_ctx=config["max_source_positions"],
         d_model=config["d_model"],
@@ -217,6 +207,21 @@ def hugging_face_weights(
         vocab_size=config["vocab_size"],
         n_text_ctx=config["max_target_positions"],
     )
+
+
+def hugging_face_weights(
+    name: str,
+    folder: Path,
+    config: dict,
+    state_dict: dict[str, torch.Tensor],
+    tokenizer_file: Path,
+    hints: dict,
+) -> LoadedWeights:
+    """A transformers Whisper's config dict and state dict (its own names) -> LoadedWeights.
+    Also serves models built in memory (benchmarks build random weights of the real shapes)."""
+    state_dict = {key.removeprefix("model."): tensor for key, tensor in state_dict.items()}
+    state_dict.pop("proj_out.weight", None)  # tied to decoder.embed_tokens in every Whisper
+    dims = hugging_face_dims(config)
     heads = hints.get("alignment_heads")
     return LoadedWeights(
         name=name,

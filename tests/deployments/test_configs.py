@@ -24,6 +24,39 @@ def test_every_shipped_config_is_a_valid_serve_config_with_valid_app_args(path):
     assert config.engine.model and config.encoder.max_batch_size >= 1
 
 
+def _disaggregated(path) -> bool:
+    return parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"]).placement == (
+        "disaggregated"
+    )
+
+
+@pytest.mark.parametrize(
+    "path", [p for p in CONFIGS if _disaggregated(p)], ids=[p.stem for p in CONFIGS if _disaggregated(p)]
+)
+def test_every_shipped_disaggregated_config_stages_a_whole_encoder_batch(path):
+    """An encoder replica refuses to start when its batch would not fit its staging (the test below):
+    no shipped config may be one it refuses. The GPU configs name models this machine cannot load, so
+    their dimensions come from the benchmarks' table of real shapes."""
+    from benchmarks.gpu_models import SHAPES
+    from deployments.encoder import window_layout
+    from engine.model.weights import hugging_face_dims, load_weights
+
+    config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    model = config.engine.model
+    if model.startswith("openai/whisper-"):
+        shape = {**SHAPES[model.removeprefix("openai/whisper-")], "max_source_positions": 1500}
+        dims = hugging_face_dims({**shape, "max_target_positions": 448})
+    else:
+        dims = load_weights(model).dims
+    window = window_layout(dims, config.engine, config.transfer.resolved_mode())
+    # Each window's staging rounds up to an alignment and may carry a header: under 1 KB.
+    batch_bytes = config.encoder.max_batch_size * (window.nbytes + 1024)
+    assert batch_bytes <= config.transfer.staging_memory_mb * 2**20, (
+        f"{path.name}: {config.encoder.max_batch_size} windows of {window.nbytes / 2**20:.1f} MB "
+        f"exceed {config.transfer.staging_memory_mb} MB of staging"
+    )
+
+
 def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000():
     spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
     config = parse_app_config(spec["applications"][0]["args"])
