@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import ray
@@ -50,7 +51,7 @@ class EncoderStats:
     precision: str  # the encoder's precision path, e.g. "bfloat16 on CPU" (EngineConfig.encoder_precision)
     # Sums since start, for where a window's time goes (/metrics; benchmarks/bench_load.py):
     queued_s: float = 0.0  # each window's wait in the queue, from arrival to its forward's start
-    window_forward_s: float = 0.0  # each window's forward (its batch's encode and staging time)
+    window_forward_s: float = 0.0  # each window's forward: its batch's encode, and staging up to its own
     busy_s: float = 0.0  # forwards' time: how much of the replica's time it encodes
     worker_s: float = 0.0  # of busy_s, the forwards' time on their worker thread
     gpu_wait_s: float | None = None  # of worker_s, waiting for the kernels (None: not measured)
@@ -88,32 +89,36 @@ def window_layout(dims: ModelDims, engine: EngineConfig, kind: TransferPayload) 
     """How one window's payload of ``kind`` is staged: each decoder layer's cross-attention K/V in the
     cache's dtype, or the encoder's states in the model's."""
     if kind == "cross_kv":
-        shape = (dims.decoder_layers, 2, dims.n_audio_ctx, dims.decoder_heads, dims.head_dim)
-        dtype = engine.kv_cache_torch_dtype
+        shape, dtype = dims.cross_kv_shape, engine.kv_cache_torch_dtype
     else:
         shape, dtype = (dims.n_audio_ctx, dims.d_model), engine.torch_dtype
     return BlockLayout.of(torch.empty(shape, dtype=dtype, device="meta"), kind, engine.block_size)
 
 
-def _check_a_batch_fits_staging(
+def _check_staging_holds_a_window(
     config: AppConfig, dims: ModelDims, kind: TransferPayload, sender: KVSender
 ) -> None:
-    """A batch's windows are staged one after another and handed on together, so none of them can be
-    pulled (and its staging freed) before the last is staged: a batch larger than the staging memory
-    would wait on itself until ``transfer.stage_wait_s`` ran out, for every window past what fits."""
+    """Every window would fail where staging cannot hold one. A batch may outgrow the staging: its
+    windows are handed on one by one as they are staged (deployments/window_batcher.py), and later
+    ones wait up to ``transfer.stage_wait_s`` for decoders to pull earlier ones; that wait is logged."""
     window = window_layout(dims, config.engine, kind)
     held = sender.holds_at_once(window)
     batch = config.encoder.max_batch_size
-    # Each window's staging also rounds up to an alignment and may carry a header: under 1 KB.
-    needed_mb = math.ceil((batch * window.nbytes + batch * 1024) / 2**20)
-    if held < batch:
-        smaller_batch = f" or lower encoder.max_batch_size to {held}" if held else ""
+    window_mb, batch_mb = (math.ceil(n * sender.staged_bytes(window) / 2**20) for n in (1, batch))
+    if held == 0:
         raise ConfigError(
-            f"encoder.max_batch_size is {batch} windows, but transfer.staging_memory_mb "
-            f"({config.transfer.staging_memory_mb:g}) holds {held} of this model's windows "
-            f"({kind}, {window.nbytes / 2**20:.1f} MB each): a batch is staged whole before any of its "
-            "windows can be pulled, so it would wait on itself. Raise transfer.staging_memory_mb to at "
-            f"least {needed_mb}{smaller_batch}."
+            f"transfer.staging_memory_mb ({config.transfer.staging_memory_mb:g}) cannot hold one of this "
+            f"model's windows ({kind}, {window.nbytes / 2**20:.1f} MB): raise it to at least {window_mb}, "
+            f"or to {batch_mb} to stage a whole encoder batch ({batch} windows) without waiting for pulls."
+        )
+    if held < batch:
+        logger.warning(
+            "transfer.staging_memory_mb (%g) holds %d of an encoder batch's %d windows: a forward's later "
+            "windows wait for decoders to pull earlier ones; %d MB holds a whole batch",
+            config.transfer.staging_memory_mb,
+            held,
+            batch,
+            batch_mb,
         )
 
 
@@ -135,7 +140,7 @@ class EncoderDeployment:
             config.transfer, block_size=config.engine.block_size, device=config.engine.torch_device
         )
         try:
-            _check_a_batch_fits_staging(config, self.loaded.weights.dims, self.payload, self.sender)
+            _check_staging_holds_a_window(config, self.loaded.weights.dims, self.payload, self.sender)
         except ConfigError:
             self.sender.close()
             raise
@@ -187,18 +192,19 @@ class EncoderDeployment:
         """Windows queued or in the forward now."""
         return self.batcher.num_pending
 
-    def _encode_and_stage(self, jobs: list[WindowJob]) -> list[TransferHandle | Exception]:
+    def _encode_and_stage(self, jobs: list[WindowJob]) -> Iterator[TransferHandle | Exception]:
+        """Each window's handle (or what failed it) as soon as that window is staged: on a worker
+        thread, whose staging waits for room while earlier windows are pulled."""
         started = time.perf_counter()
         states = self.runner.encode([job.samples for job in jobs])
         payloads = self.runner.cross_kv(states) if self.payload == "cross_kv" else states
-        handles: list[TransferHandle | Exception] = []
         for job, payload in zip(jobs, payloads):
             try:
-                handles.append(self.sender.stage(job.request_id, payload, self.payload))
+                outcome = self.sender.stage(job.request_id, payload, self.payload)
             except Exception as error:  # back-pressure or a transport error fails this window only
-                handles.append(error)
-        logger.debug("encoded %d windows in %.3f s", len(jobs), time.perf_counter() - started)
-        return handles
+                outcome = error
+            yield outcome
+        logger.debug("encoded and staged %d windows in %.3f s", len(jobs), time.perf_counter() - started)
 
     def stats(self) -> EncoderStats:
         return EncoderStats.of(

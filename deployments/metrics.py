@@ -102,7 +102,7 @@ class ServingMetrics:
         self.encoder_window_seconds = Gauge(
             "whisper_encoder_window_seconds",
             "windows' time in the encoder by stage (queued: arrival to forward; forward: its batch's "
-            "encode and staging), summed since start",
+            "encode and the staging up to its own), summed since start",
             ["replica", "stage"],
             registry=self.registry,
         )

@@ -7,6 +7,10 @@ window that waits for a later forward holds its request back and spends the GPU 
 batch. How long a forward waits to fill is the owner's call (``fill_wait_ms``, read before each
 forward), and so is whether one may start at all (``may_start``: a colocated worker holds windows
 back while its decoder has a queue, so encoded windows never pile up in GPU memory).
+
+A forward hands each window's outcome to its caller as soon as it has it, not when the batch is done:
+an encoder replica stages its windows one by one into staging that only a decoder's pull frees, and
+a window held back until the last was staged could never be pulled to make room for it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -49,15 +53,16 @@ class QueuedWindow:
 class WindowBatcher(Generic[Outcome]):
     def __init__(
         self,
-        forward: Callable[[list[WindowJob]], list[Outcome | Exception]],
+        forward: Callable[[list[WindowJob]], Iterable[Outcome | Exception]],
         max_batch_size: int,
         batch_aging_s: float,
         fill_wait_ms: Callable[[], float],
         may_start: Callable[[], bool] = lambda: True,
         discard: Callable[[Outcome], None] = lambda outcome: None,
     ):
-        """``forward``: encodes a batch in a worker thread, one outcome (or exception) per window;
-        ``discard``: frees an outcome whose caller went away during its forward."""
+        """``forward``: encodes a batch in a worker thread, yielding one outcome (or exception) per
+        window in the batch's order, each handed on as it is yielded; ``discard``: frees an outcome
+        whose caller went away during its forward."""
         self.forward = forward
         self.max_batch_size = max_batch_size
         self.batch_aging_s = batch_aging_s
@@ -68,8 +73,9 @@ class WindowBatcher(Generic[Outcome]):
         self.batches = 0
         self.last_batch_size = 0
         # Sums since start (/metrics): each window's wait from arrival to its forward's start, each
-        # window's forward (its batch's time), the forwards' own time, and of it the time ``forward``
-        # ran on its worker thread (the rest is the hand-over to the thread and back to the loop).
+        # window's forward (from its start until the window's outcome was handed on), the forwards'
+        # own time, and of it the time ``forward`` ran on its worker thread (the rest is the hand-over
+        # to the thread and back to the loop).
         self.queued_s = self.window_forward_s = self.busy_s = self.worker_s = 0.0
         self._queue: list[QueuedWindow] = []  # in arrival order
         self._in_forward = 0
@@ -115,39 +121,58 @@ class WindowBatcher(Generic[Outcome]):
         self._in_forward = len(batch)
         started = time.monotonic()
         self.queued_s += sum(started - window.arrived_s for window in batch)
+        loop = asyncio.get_running_loop()
+        handed_on: set[QueuedWindow] = set()
+
+        def hand_on(window: QueuedWindow, outcome: Outcome | Exception) -> None:  # on the event loop
+            handed_on.add(window)
+            self._in_forward -= 1
+            self.window_forward_s += time.monotonic() - started
+            self._settle(window, outcome)
+
+        failure: Exception | None = None
         try:
-            # In a worker thread, so the replica's event loop keeps answering health checks and
-            # queueing windows while the encoder computes.
-            outcomes = await asyncio.to_thread(self._forward_on_worker, [window.job for window in batch])
-        except Exception as error:  # the forward failed: every window of it fails, loudly
+            # In a worker thread, so the replica's event loop keeps answering health checks, queueing
+            # windows and handing on this forward's outcomes while the encoder computes. The worker's
+            # hand-overs reach the loop before its return does (callbacks run in the order queued).
+            await asyncio.to_thread(
+                self._forward_on_worker, batch, lambda *pair: loop.call_soon_threadsafe(hand_on, *pair)
+            )
+        except Exception as error:  # the forward failed: every window it had not handed on fails, loudly
             logger.exception("encoder forward failed")
-            outcomes = [error] * len(batch)
+            failure = error
         finally:
-            self._in_forward = 0
-            forward_s = time.monotonic() - started
-            self.busy_s += forward_s
-            self.window_forward_s += forward_s * len(batch)
+            self.busy_s += time.monotonic() - started
+        for window in batch:
+            if window not in handed_on:
+                left_out = RuntimeError(f"the encoder's forward gave no outcome for {window.job.request_id}")
+                hand_on(window, failure or left_out)
         self.windows_encoded += len(batch)
         self.batches += 1
         self.last_batch_size = len(batch)
-        for window, outcome in zip(batch, outcomes):
-            if window.done.cancelled() and not isinstance(outcome, Exception):
-                # Its caller went away during the forward (a client that hung up): free what the
-                # forward made now rather than when a timeout would.
-                self.discard(outcome)
-            elif window.done.done():
-                continue
-            elif isinstance(outcome, Exception):
-                window.done.set_exception(outcome)
-            else:
-                window.done.set_result(outcome)
 
-    def _forward_on_worker(self, jobs: list[WindowJob]) -> list[Outcome | Exception]:
+    def _forward_on_worker(
+        self, batch: list[QueuedWindow], hand_on: Callable[[QueuedWindow, Outcome | Exception], None]
+    ) -> None:
+        """Runs the forward, handing each window's outcome on as it comes."""
         began = time.monotonic()
         try:
-            return self.forward(jobs)
+            for window, outcome in zip(batch, self.forward([window.job for window in batch])):
+                hand_on(window, outcome)
         finally:
             self.worker_s += time.monotonic() - began  # one forward at a time: one writer
+
+    def _settle(self, window: QueuedWindow, outcome: Outcome | Exception) -> None:
+        if window.done.cancelled() and not isinstance(outcome, Exception):
+            # Its caller went away during the forward (a client that hung up): free what the forward
+            # made now rather than when a timeout would.
+            self.discard(outcome)
+        elif window.done.done():
+            return
+        elif isinstance(outcome, Exception):
+            window.done.set_exception(outcome)
+        else:
+            window.done.set_result(outcome)
 
     async def _let_batch_fill(self) -> None:
         """Wait until the queue holds a full batch or the fill time passes."""

@@ -11,22 +11,26 @@ from kv_transfer.base import KVReceiver, KVSender
 from kv_transfer.config import TransferConfig
 
 
-def make_sender(config: TransferConfig, *, block_size: int, device: torch.device | str = "cpu") -> KVSender:
-    """The encoder side. ``block_size`` is the decoders' (engine.block_size): staging is cut into
-    exactly their cache blocks, so each block moves as one region."""
+def sender_class(config: TransferConfig) -> type[KVSender]:
+    """The configured connector's sender, not yet made (what a payload takes in its staging)."""
     connector = config.resolved_connector()
-    device = torch.device(device)
     if connector == "nixl":
         from kv_transfer.nixl import NixlSender
 
-        return NixlSender(config, block_size, device)
+        return NixlSender
     if connector == "object_store":
         from kv_transfer.object_store import ObjectStoreSender
 
-        return ObjectStoreSender(config, block_size)
+        return ObjectStoreSender
     from kv_transfer.local import LocalSender
 
-    return LocalSender(config, block_size, device)
+    return LocalSender
+
+
+def make_sender(config: TransferConfig, *, block_size: int, device: torch.device | str = "cpu") -> KVSender:
+    """The encoder side. ``block_size`` is the decoders' (engine.block_size): staging is cut into
+    exactly their cache blocks, so each block moves as one region."""
+    return sender_class(config)(config, block_size, torch.device(device))
 
 
 def make_receiver(

@@ -152,6 +152,11 @@ class KVSender(abc.ABC):
     def num_staged(self) -> int:
         """Requests whose staging is still held."""
 
+    @classmethod
+    @abc.abstractmethod
+    def staged_bytes(cls, layout: BlockLayout) -> int:
+        """The staging memory one payload of ``layout`` takes, with its header and alignment."""
+
     @abc.abstractmethod
     def holds_at_once(self, layout: BlockLayout) -> int:
         """How many payloads of ``layout`` the staging memory holds together, none pulled meanwhile."""

@@ -74,7 +74,8 @@ class ObjectStoreLocation:
 class ObjectStoreSender(StagingSender):
     connector = "object_store"
 
-    def __init__(self, config: TransferConfig, block_size: int):
+    def __init__(self, config: TransferConfig, block_size: int, device: torch.device | None = None):
+        """``device`` is the encoder's, unused: payloads are staged in Ray's object store."""
         if not ray.is_initialized():
             raise RuntimeError(
                 "the object_store connector runs inside Ray: call ray.init() or run under Serve"

@@ -136,7 +136,7 @@ class StagingSender(KVSender):
 
     def stage(self, request_id: str, payload: torch.Tensor, kind: TransferPayload) -> TransferHandle:
         layout = BlockLayout.of(payload, kind, self.block_size)
-        offset = self.arena.allocate(self.header_bytes + layout.nbytes, self.config.stage_wait_s)
+        offset = self.arena.allocate(self.staged_bytes(layout), self.config.stage_wait_s)
         entry = StagedEntry(next(self._tokens), request_id, offset, layout, time.monotonic())
         try:
             location = self._write(entry, layout.to_staged(payload))
@@ -166,8 +166,12 @@ class StagingSender(KVSender):
         with self._lock:
             return len(self._entries)
 
+    @classmethod
+    def staged_bytes(cls, layout: BlockLayout) -> int:
+        return _aligned(cls.header_bytes + layout.nbytes)
+
     def holds_at_once(self, layout: BlockLayout) -> int:
-        return self.arena.capacity_bytes // _aligned(self.header_bytes + layout.nbytes)
+        return self.arena.capacity_bytes // self.staged_bytes(layout)
 
     def close(self) -> None:
         if self._closed.is_set():

@@ -51,6 +51,11 @@ class ModelDims:
     def head_dim(self) -> int:
         return self.d_model // self.decoder_heads
 
+    @property
+    def cross_kv_shape(self) -> tuple[int, int, int, int, int]:
+        """One window's cross-attention K/V: [decoder layers, 2 (keys, values), frames, heads, head_dim]."""
+        return (self.decoder_layers, 2, self.n_audio_ctx, self.decoder_heads, self.head_dim)
+
 
 @dataclass
 class LoadedWeights:

@@ -294,9 +294,9 @@ class TextDecoder(nn.Module):
         self.cross_kv_in_bf16 = True
 
     def project_cross_kv(self, states: torch.Tensor) -> torch.Tensor:
-        """Encoder states [N, frames, d] -> cross-attention K/V [N, layers, 2, frames, H, D] (a
-        strided view of one [N, frames, layers * 2 * d] product), in the projection's dtype (the
-        caller casts to the KV cache's)."""
+        """Encoder states [N, frames, d] -> cross-attention K/V [N, *dims.cross_kv_shape] (a strided
+        view of one [N, frames, layers * 2 * d] product), in the projection's dtype (the caller casts
+        to the KV cache's)."""
         batch, frames, _ = states.shape
         dims = self.dims
         if self.cross_kv_in_bf16:

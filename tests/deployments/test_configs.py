@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 import torch
 import yaml
@@ -34,12 +33,13 @@ def _disaggregated(path) -> bool:
     "path", [p for p in CONFIGS if _disaggregated(p)], ids=[p.stem for p in CONFIGS if _disaggregated(p)]
 )
 def test_every_shipped_disaggregated_config_stages_a_whole_encoder_batch(path):
-    """An encoder replica refuses to start when its batch would not fit its staging (the test below):
-    no shipped config may be one it refuses. The GPU configs name models this machine cannot load, so
-    their dimensions come from the benchmarks' table of real shapes."""
+    """A batch larger than its staging is handed on window by window, but its later windows wait for
+    pulls: no shipped config makes its encoder wait so. The GPU configs name models this machine cannot
+    load, so their dimensions come from the benchmarks' table of real shapes."""
     from benchmarks.gpu_models import SHAPES
     from deployments.encoder import window_layout
     from engine.model.weights import hugging_face_dims, load_weights
+    from kv_transfer import sender_class
 
     config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
     model = config.engine.model
@@ -49,8 +49,7 @@ def test_every_shipped_disaggregated_config_stages_a_whole_encoder_batch(path):
     else:
         dims = load_weights(model).dims
     window = window_layout(dims, config.engine, config.transfer.resolved_mode())
-    # Each window's staging rounds up to an alignment and may carry a header: under 1 KB.
-    batch_bytes = config.encoder.max_batch_size * (window.nbytes + 1024)
+    batch_bytes = config.encoder.max_batch_size * sender_class(config.transfer).staged_bytes(window)
     assert batch_bytes <= config.transfer.staging_memory_mb * 2**20, (
         f"{path.name}: {config.encoder.max_batch_size} windows of {window.nbytes / 2**20:.1f} MB "
         f"exceed {config.transfer.staging_memory_mb} MB of staging"
@@ -193,46 +192,28 @@ def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_ra
     assert "runtime_env" not in actor_options({})["WhisperIngress"], "the default keeps Ray's limit"
 
 
-def test_an_encoder_whose_batch_outgrows_its_staging_refuses_to_start_and_says_what_fits():
-    """An encoder stages a batch's windows one after another and hands them on together, so none can be
-    pulled before the last is staged: a batch larger than the staging memory waited on itself,
-    ``stage_wait_s`` for each window past what fit, then failed (benchmarks/RESULTS.md, "One GPU under
-    MPS"). The replica refuses such a config at start-up, and the two ways out it names both start and
-    stage a whole batch."""
-    from deployments.encoder import EncoderDeployment
-    from deployments.window_batcher import WindowJob
-    from kv_transfer.base import StagingFullError, TransferHandle
+def test_an_encoder_whose_staging_cannot_hold_one_window_refuses_to_start_and_says_what_would():
+    from deployments.encoder import EncoderDeployment, window_layout
+    from engine.model.weights import load_weights
+    from kv_transfer.local import LocalSender
 
     args = {
         "engine": {"model": "tiny.en", "device": "cpu"},
-        "transfer": {"connector": "local", "staging_memory_mb": 64, "stage_wait_s": 0},
-        "encoder": {"max_batch_size": 8},
+        "transfer": {"connector": "local", "staging_memory_mb": 8},
+        "encoder": {"max_batch_size": 4},
     }
-    with pytest.raises(ConfigError, match=r"encoder\.max_batch_size is 8 windows") as refused:
+    with pytest.raises(ConfigError, match=r"staging_memory_mb \(8\) cannot hold one") as refused:
         EncoderDeployment(parse_app_config(args))
-    message = str(refused.value)
-    held = int(re.search(r"staging_memory_mb \(64\) holds (\d+)", message).group(1))
-    needed_mb = int(re.search(r"Raise transfer\.staging_memory_mb to at least (\d+)", message).group(1))
-    assert 1 <= held < 8 and f"lower encoder.max_batch_size to {held}." in message
-    tiny_staging = {**args, "transfer": {**args["transfer"], "staging_memory_mb": 8}}
-    with pytest.raises(ConfigError) as none_fit:  # not one window fits: a smaller batch is no way out
-        EncoderDeployment(parse_app_config(tiny_staging))
-    assert "holds 0 of" in str(none_fit.value) and "lower encoder.max_batch_size" not in str(none_fit.value)
-
-    for transfer, encoder in (({}, {"max_batch_size": held}), ({"staging_memory_mb": needed_mb}, {})):
-        config = parse_app_config(
-            {**args, "transfer": {**args["transfer"], **transfer}, "encoder": {**args["encoder"], **encoder}}
-        )
-        deployment = EncoderDeployment(config)
-        try:
-            batch = config.encoder.max_batch_size
-            jobs = [WindowJob(f"w{index}", np.zeros(16000, dtype=np.float32)) for index in range(batch + 1)]
-            # The whole batch stages at once (stage_wait_s 0: no waiting for room), and nothing more.
-            assert all(
-                isinstance(handle, TransferHandle) for handle in deployment._encode_and_stage(jobs[:batch])
-            )
-            if config.transfer.staging_memory_mb == 64:
-                (extra,) = deployment._encode_and_stage(jobs[batch:])
-                assert isinstance(extra, StagingFullError)
-        finally:
-            deployment.sender.close()
+    one_mb, batch_mb = (
+        int(n)
+        for n in re.search(r"at least (\d+), or to (\d+) to stage a whole", str(refused.value)).groups()
+    )
+    window = window_layout(load_weights("tiny.en").dims, parse_app_config(args).engine, "cross_kv")
+    assert one_mb * 2**20 >= LocalSender.staged_bytes(window) > (one_mb - 1) * 2**20
+    assert batch_mb * 2**20 >= 4 * LocalSender.staged_bytes(window) > (batch_mb - 1) * 2**20
+    config = parse_app_config({**args, "transfer": {**args["transfer"], "staging_memory_mb": one_mb}})
+    deployment = EncoderDeployment(config)  # the size it named starts, and holds one window
+    try:
+        assert deployment.sender.holds_at_once(window) == 1
+    finally:
+        deployment.sender.close()

@@ -261,7 +261,8 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
     # The forward's own time: on its worker thread within it; the disaggregated encoder does not
     # measure its wait for the GPU, which is then unknown rather than zero.
     assert 0 < figures["forward_worker_s"] <= figures["forward_s"]
-    assert figures["forward_s"] == pytest.approx(figures["encoder_forward_s"]), "one forward, one window"
+    # One forward, one window: the window is handed on within its forward, once staged.
+    assert 0 < figures["encoder_forward_s"] <= figures["forward_s"]
     assert math.isnan(figures["forward_gpu_wait_s"])
 
 
