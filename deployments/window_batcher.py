@@ -157,7 +157,8 @@ class WindowBatcher(Generic[Outcome]):
         """Runs the forward, handing each window's outcome on as it comes."""
         began = time.monotonic()
         try:
-            for window, outcome in zip(batch, self.forward([window.job for window in batch])):
+            # The forward first: after the batch's last window, zip asks it once more, and it finishes.
+            for outcome, window in zip(self.forward([window.job for window in batch]), batch):
                 hand_on(window, outcome)
         finally:
             self.worker_s += time.monotonic() - began  # one forward at a time: one writer

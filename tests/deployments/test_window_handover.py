@@ -21,13 +21,14 @@ def _batcher(forward) -> WindowBatcher:
 
 
 def test_a_window_reaches_its_caller_while_the_rest_of_its_batch_is_still_in_the_forward():
-    first_received = threading.Event()
+    first_received, forward_finished = threading.Event(), threading.Event()
 
     def forward(jobs):  # the second outcome is made only once the first window's caller has its own
         yield f"{jobs[0].request_id} done"
         assert first_received.wait(10), "the first outcome was held back until the forward ended"
         for job in jobs[1:]:
             yield f"{job.request_id} done"
+        forward_finished.set()  # what follows the last outcome runs too
 
     async def scenario():
         batcher = _batcher(forward)
@@ -39,6 +40,7 @@ def test_a_window_reaches_its_caller_while_the_rest_of_its_batch_is_still_in_the
     first, rest, batcher = asyncio.run(scenario())
     assert [first, *rest] == [f"w{index} done" for index in range(4)]
     assert (batcher.batches, batcher.windows_encoded, batcher.num_pending) == (1, 4, 0)
+    assert forward_finished.is_set()
 
 
 def test_a_forward_that_fails_midway_keeps_what_it_handed_on_and_fails_only_the_rest():
