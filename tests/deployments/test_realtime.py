@@ -35,6 +35,7 @@ SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, 
 # turn, as it should), a recorded speaker and synthetic voices, that tiny.en transcribes without an
 # error from the file: so live and file texts can be compared word for word.
 CLIP_IDS = ["tts_01", "osr72_04", "tts_11", "tts_28"]
+ONE_NEAR_TIE = 2  # word edits (see _words_apart)
 
 
 @pytest.fixture(scope="module")
@@ -91,9 +92,10 @@ def _file_text(client: openai.OpenAI, pcm16: bytes) -> str:
 
 def _words_apart(live_text: str, file_text: str) -> int:
     """Word edits between a live turn's text and the file endpoint's for the same audio. They may
-    differ by a word where tiny.en is near a tie ("asked" or "ask" in jfk): the turn holds the
-    silence before it too, and its partial passes, over audio cut mid-turn, commit words that the
-    final pass cannot take back (deltas never retract)."""
+    differ where tiny.en is near a tie: the turn holds the silence before it too, and its partial
+    passes, over audio cut mid-turn at points that depend on the machine's speed, commit words that
+    the final pass cannot take back (deltas never retract). One tie costs up to two edits: in jfk
+    "ask" or "asked", and "my" or "am I" (a substitution and an insertion)."""
     import jiwer
 
     reference = normalize_english(file_text)
@@ -166,7 +168,7 @@ def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(clien
     assert len(turns) == 2 and len(record.of_type("input_audio_buffer.committed")) == 2
     for turn, pcm16 in zip(turns, utterances):
         assert "".join(delta for _, delta in turn["deltas"]) == turn["text"]
-        assert _words_apart(turn["text"], _file_text(client, pcm16)) <= 1
+        assert _words_apart(turn["text"], _file_text(client, pcm16)) <= ONE_NEAR_TIE
     first_delta_at = turns[0]["deltas"][0][0]
     assert first_delta_at < record.speech_ends_s[0] - 3, "partial text comes while the speaker is speaking"
     assert len(turns[0]["deltas"]) >= 3, "and grows as they go on"
@@ -335,5 +337,5 @@ def test_a_replica_killed_mid_turn_is_replaced_and_the_turn_still_completes(clie
     assert not record.of_type("conversation.item.input_audio_transcription.failed")
     (turn,) = record.turns()
     # The replacement's final pass gives the file endpoint's text for the same audio.
-    assert _words_apart(turn["text"], _file_text(client, utterance)) <= 1
+    assert _words_apart(turn["text"], _file_text(client, utterance)) <= ONE_NEAR_TIE
     _assert_everything_is_free(server_url, within_s=60)
