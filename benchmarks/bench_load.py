@@ -49,15 +49,13 @@ class LoadReport:
     sent: int = 0
     answered: int = 0
     statuses: Counter = field(default_factory=Counter)
-    latencies_s: list[float] = field(default_factory=list)
-    audio_s: float = 0.0
+    # (seconds of audio, seconds from sending to the answer) of each request answered 200
+    transcribed: list[tuple[float, float]] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # requests with no HTTP answer (timeouts, resets)
     rss_mb: dict[str, list[float]] = field(default_factory=dict)  # process -> samples after warm-up
     kv_blocks_used_at_end: float = float("nan")
     staged_at_end: float = float("nan")
     tokens_decoded: float = float("nan")  # by the decoders while the load ran (their counters)
-    long_latencies_s: list[float] = field(default_factory=list)  # of clips over one 30 s window
-    short_latencies_s: list[float] = field(default_factory=list)  # of the others: one window each
     # The app's own counters over the steady part of the run, from the end of the warm-up to the
     # moment clients stop sending (no ramp-up, no drain): see steady_figures().
     steady: dict[str, float] = field(default_factory=dict)
@@ -66,6 +64,18 @@ class LoadReport:
     # Cores each process kept busy over the steady part (user + system CPU time / wall time): a
     # process near 1.0 is a single Python thread's limit, and its queue is part of the latency.
     cpu_cores: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def audio_s(self) -> float:
+        return sum(audio_s for audio_s, _ in self.transcribed)
+
+    def latencies_s(self, clips: str = "all") -> list[float]:
+        """``clips``: "all", "long" (over one 30 s window) or "short" (one window each)."""
+        return [
+            latency_s
+            for audio_s, latency_s in self.transcribed
+            if clips == "all" or (audio_s > 30) == (clips == "long")
+        ]
 
     @property
     def tokens_per_s(self) -> float:
@@ -86,15 +96,12 @@ class LoadReport:
         self.sent += part.sent
         self.answered += part.answered
         self.statuses.update(part.statuses)
-        self.latencies_s += part.latencies_s
-        self.long_latencies_s += part.long_latencies_s
-        self.short_latencies_s += part.short_latencies_s
-        self.audio_s += part.audio_s
+        self.transcribed += part.transcribed
         self.lost += part.lost
         self.server_phases_ms.update(part.server_phases_ms)
 
-    def percentile_s(self, q: float, latencies_s: list[float] | None = None) -> float:
-        values = sorted(self.latencies_s if latencies_s is None else latencies_s)
+    def percentile_s(self, q: float, clips: str = "all") -> float:
+        values = sorted(self.latencies_s(clips))
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
@@ -247,11 +254,8 @@ def run_clients(work: ClientWork, seeds: list[int]) -> LoadReport:
                     report.answered += 1
                     report.statuses[response.status_code] += 1
                     if response.status_code == 200:
-                        report.latencies_s.append(time.perf_counter() - started)
+                        report.transcribed.append((audio_s, time.perf_counter() - started))
                         report.server_phases_ms.update(server_timing_ms(response.headers))
-                        report.audio_s += audio_s
-                        by_length = report.long_latencies_s if audio_s > 30 else report.short_latencies_s
-                        by_length.append(report.latencies_s[-1])
                 if response.status_code in (429, 503):
                     time.sleep(float(response.headers.get("retry-after", "1")))
 
@@ -379,11 +383,11 @@ def steady_rows(steady: dict[str, float]) -> list[list]:
 def server_phase_rows(report: LoadReport) -> list[list]:
     """Mean ms of each ingress phase, and of the rest of a request's latency as its client saw it
     (the HTTP proxy, the network, the client itself)."""
-    answered = len(report.latencies_s)
+    answered = len(report.transcribed)
     if not answered or not report.server_phases_ms:
         return []
     means = {phase: total / answered for phase, total in report.server_phases_ms.items()}
-    outside = 1000 * sum(report.latencies_s) / answered - sum(means.values())
+    outside = 1000 * sum(report.latencies_s()) / answered - sum(means.values())
     return [
         [
             "a request's mean ms in the ingress: " + ", ".join(means),
@@ -466,13 +470,13 @@ def main() -> None:
         ["audio s transcribed", round(report.audio_s, 1)],
         ["wall s (to the last answer)", round(report.wall_s, 1)],
         ["throughput (audio s / wall s)", round(report.audio_s / report.wall_s, 2)],
-        ["latency mean s", round(sum(report.latencies_s) / max(1, len(report.latencies_s)), 3)],
+        ["latency mean s", round(sum(report.latencies_s()) / max(1, len(report.transcribed)), 3)],
         ["latency p50 s", round(report.percentile_s(0.5), 2)],
         ["latency p95 s", round(report.percentile_s(0.95), 2)],
-        ["latency p50 s, clips over 30 s", round(report.percentile_s(0.5, report.long_latencies_s), 2)],
+        ["latency p50 s, clips over 30 s", round(report.percentile_s(0.5, "long"), 2)],
         [
             "latency p50 / p95 s, clips up to 30 s",
-            " / ".join(str(round(report.percentile_s(q, report.short_latencies_s), 2)) for q in (0.5, 0.95)),
+            " / ".join(str(round(report.percentile_s(q, "short"), 2)) for q in (0.5, 0.95)),
         ],
         ["tokens decoded / wall s (decoder counters)", round(report.tokens_per_s, 1)],
         *steady_rows(report.steady),
@@ -511,7 +515,7 @@ def main() -> None:
             "max_rss_growth": report.max_rss_growth,
             "latency_p50_s": report.percentile_s(0.5),
             "latency_p95_s": report.percentile_s(0.95),
-            "latency_p95_s_clips_up_to_30_s": report.percentile_s(0.95, report.short_latencies_s),
+            "latency_p95_s_clips_up_to_30_s": report.percentile_s(0.95, "short"),
             "kv_blocks_used_at_end": report.kv_blocks_used_at_end,
             "staged_at_end": report.staged_at_end,
             "tokens_per_s": report.tokens_per_s,

@@ -122,10 +122,11 @@ class WindowBatcher(Generic[Outcome]):
         started = time.monotonic()
         self.queued_s += sum(started - window.arrived_s for window in batch)
         loop = asyncio.get_running_loop()
-        handed_on: set[QueuedWindow] = set()
+        handed_on = 0  # outcomes come in the batch's order: the first ``handed_on`` windows have theirs
 
         def hand_on(window: QueuedWindow, outcome: Outcome | Exception) -> None:  # on the event loop
-            handed_on.add(window)
+            nonlocal handed_on
+            handed_on += 1
             self._in_forward -= 1
             self.window_forward_s += time.monotonic() - started
             self._settle(window, outcome)
@@ -143,10 +144,9 @@ class WindowBatcher(Generic[Outcome]):
             failure = error
         finally:
             self.busy_s += time.monotonic() - started
-        for window in batch:
-            if window not in handed_on:
-                left_out = RuntimeError(f"the encoder's forward gave no outcome for {window.job.request_id}")
-                hand_on(window, failure or left_out)
+        for window in batch[handed_on:]:
+            left_out = RuntimeError(f"the encoder's forward gave no outcome for {window.job.request_id}")
+            hand_on(window, failure or left_out)
         self.windows_encoded += len(batch)
         self.batches += 1
         self.last_batch_size = len(batch)
