@@ -274,6 +274,13 @@ class RealtimeOptions(BaseModel):
         description="how often an open turn's audio so far is transcribed again for partial text; a "
         "stream whose previous pass has not come back skips the pass instead of queueing it",
     )
+    partial_agreement_s: float = Field(
+        2.0,
+        ge=0,
+        description="a word of partial text is sent once every partial pass over at least this much "
+        "of the turn's audio (and at least three passes) agrees on it: longer sends text later and "
+        "takes fewer early mishearings into the turn's text, which deltas never retract",
+    )
     max_partial_passes_in_flight: int = Field(
         8,
         ge=1,

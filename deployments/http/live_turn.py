@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from deployments.config import RealtimeOptions
 from deployments.http.pipeline import WindowPipeline
 from deployments.http.realtime_events import SessionSettings, server_event
 from deployments.metrics import ServingMetrics
@@ -65,21 +66,18 @@ class LiveTurn:
         emit: Emit,
         metrics: ServingMetrics,
         slots: PartialPassSlots,
-        fixed_output_tokens: int | None = None,
-        final_beam_size: int = 1,
+        options: RealtimeOptions,
     ):
-        """``fixed_output_tokens``: realtime.fixed_output_tokens (benchmarks only);
-        ``final_beam_size``: realtime.final_beam_size."""
         self.item_id = item_id
-        self.final_beam_size = final_beam_size
-        self.fixed_output_tokens = fixed_output_tokens
+        self.final_beam_size = options.final_beam_size
+        self.fixed_output_tokens = options.fixed_output_tokens  # benchmarks only
         self.slots = slots
         self.settings = settings
         self.sample_rate_hz = settings.sample_rate_hz  # the client's rate; resampled per pass
         self.pipeline = pipeline
         self.emit = emit
         self.metrics = metrics
-        self.agreement = LocalAgreement()
+        self.agreement = LocalAgreement(span_s=options.partial_agreement_s)
         self._chunks: list[np.ndarray] = []
         self.num_samples = 0  # at the client's rate
         self._window_start = 0  # the open window's first sample, at the client's rate
@@ -149,6 +147,7 @@ class LiveTurn:
 
     async def _partial_pass(self) -> None:
         started = time.perf_counter()
+        heard_s = self.duration_s
         try:
             result = await self._decode("p", self._window_samples_16k(), final=False)
         except Exception:  # a partial pass is an extra: the final pass reports failures
@@ -156,7 +155,7 @@ class LiveTurn:
             return
         self.metrics.observe_partial_pass(time.perf_counter() - started)
         if not self._closed:
-            await self._send_delta(self.agreement.update(result.text))
+            await self._send_delta(self.agreement.update(result.text, heard_s))
 
     async def _carry_over(self) -> None:
         """Close the open window's first 30 s (cut at a quiet point) with a final pass."""

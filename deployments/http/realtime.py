@@ -281,8 +281,7 @@ class RealtimeSession:
             self.emit,
             self.metrics,
             self.slots,
-            self.options.fixed_output_tokens,
-            self.options.final_beam_size,
+            self.options,
         )
 
     async def _commit(self, speech_ended_s: float) -> None:

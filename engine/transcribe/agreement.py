@@ -1,9 +1,9 @@
 """Partial text that never retracts: the LocalAgreement policy of whisper_streaming (Macháček et
 al., 2023), on words.
 
-A live turn is transcribed again and again as its audio grows. Words that two consecutive passes
-agree on (the longest common prefix of their hypotheses) are committed and sent; a committed word
-is never taken back, so the deltas a client receives only ever extend its text. The final pass of
+A live turn is transcribed again and again as its audio grows. Words that consecutive passes agree
+on (the longest common prefix of their hypotheses) are committed and sent; a committed word is never
+taken back, so the deltas a client receives only ever extend its text. The final pass of
 a window commits the rest of that window's text, aligned after what was committed before.
 
 A turn longer than one 30 s window carries on in a new window: ``start_window`` marks where the new
@@ -30,34 +30,58 @@ class LocalAgreement:
     second or two of a turn agree on wrong words often enough ("Very very" for "The river") that
     the text sent would differ from the file endpoint's (measured on the speech set, see
     tests/engine/transcribe/test_agreement.py); a third pass costs about one partial interval.
+
+    ``span_s``: the agreeing passes must also reach back over this much audio: the newest pass and
+    every pass back to one that heard ``span_s`` less. Passes come as often as the server keeps up,
+    and a model hears a word wrongly for a second or more of audio cut just after it ("am I" for
+    "my" in jfk from 2.6 to 3.9 s): counted in audio, not in passes, what is sent does not depend
+    on how often passes run.
+
     Words are compared as written, case and punctuation included: a pass that changes a word's
     form is not yet sure of it ("Hiker" before "hikers")."""
 
-    def __init__(self, passes: int = 3):
+    def __init__(self, passes: int = 3, span_s: float = 0.0):
         self.passes = passes
+        self.span_s = span_s
         self.committed: list[str] = []  # the turn's committed words, every window's
         self._window_start = 0  # index in ``committed`` where the open window's words begin
-        self._recent: list[list[str]] = []  # the open window's last hypotheses, committed words first
+        # The open window's recent hypotheses (committed words first), each with the seconds of
+        # audio its pass heard: the newest and those back to the oldest that may still be needed.
+        self._recent: list[tuple[float, list[str]]] = []
 
     @property
     def text(self) -> str:
         """Everything committed: the deltas sent so far, joined."""
         return " ".join(self.committed)
 
-    def update(self, window_text: str) -> str:
-        """Take a partial pass's text of the open window; returns the delta to send ("" if none)."""
+    def update(self, window_text: str, heard_s: float = 0.0) -> str:
+        """Take a partial pass's text of the open window and the seconds of the turn's audio it
+        heard (rising from pass to pass); returns the delta to send ("" if none)."""
         hypothesis = self.committed[: self._window_start] + window_text.split()
-        self._recent = [*self._recent, hypothesis][-self.passes :]
-        if len(self._recent) < self.passes:
+        self._recent.append((heard_s, hypothesis))
+        confirming = self._confirming_passes()
+        if confirming is None:
             return ""
         if hypothesis[: len(self.committed)] != self.committed:
             return ""  # this pass heard the committed words differently: it confirms nothing after them
-        agreed = min(_common_prefix_length(self._recent[0], other) for other in self._recent[1:])
+        agreed = min(_common_prefix_length(confirming[0], other) for other in confirming[1:])
         # A word at the end of a pass may be cut off by the audio's end ("year." before "year,
         # and ..."): commit it only once a later word in every pass confirms it.
-        if any(agreed == len(words) for words in self._recent):
+        if any(agreed == len(words) for words in confirming):
             agreed -= 1
         return self._commit(hypothesis[len(self.committed) : max(agreed, len(self.committed))])
+
+    def _confirming_passes(self) -> list[list[str]] | None:
+        """The hypotheses that must agree: the newest ``passes``, and further back until one heard
+        ``span_s`` less audio than the newest; None while there are not enough of them."""
+        newest_s = self._recent[-1][0]
+        first = len(self._recent) - self.passes
+        while first >= 0 and newest_s - self._recent[first][0] < self.span_s:
+            first -= 1
+        if first < 0:
+            return None
+        del self._recent[:first]  # later passes heard more: what is older is never needed again
+        return [words for _, words in self._recent]
 
     def finish_window(self, window_text: str) -> str:
         """Take a window's final text: commit all of it, after the words of it already committed;

@@ -1,4 +1,4 @@
-"""LocalAgreement: partial text is what two consecutive passes agree on, and it is never retracted."""
+"""LocalAgreement: partial text is what consecutive passes agree on, and it is never retracted."""
 
 from __future__ import annotations
 
@@ -82,6 +82,41 @@ def test_three_passes_must_agree_before_a_word_is_sent():
         agreement.update("The river runs fast after the spring rains in the hills.")
         == "The river runs fast after the"
     )
+
+
+# tiny.en's partial passes over the start of the jfk turn, every 0.4 s of audio (seconds heard, text):
+# from 2.6 to 3.9 s, audio cut after "my fellow Americans" is heard as "am I fellow Americans".
+JFK_START = [
+    (1.6, "And so much!"),
+    (2.0, "And so my fellow"),
+    (2.4, "And so my fellow Mary"),
+    (2.8, "And so am I fellow Americans."),
+    (3.2, "And so am I fellow Americans."),
+    (3.6, "And so am I fellow Americans."),
+    (4.0, "And so my fellow Americans."),
+    (4.4, "And so my fellow Americans asked"),
+    (4.8, "And so my fellow Americans ask not"),
+    (5.2, "And so my fellow Americans asked not"),
+    (5.6, "And so my fellow Americans asked not"),
+    (6.0, "And so my fellow Americans asked not why"),
+]
+
+
+def test_passes_must_agree_over_span_s_of_audio_so_a_brief_mishearing_is_not_sent():
+    by_count = LocalAgreement(passes=3)
+    by_audio = LocalAgreement(passes=3, span_s=2.0)
+    for heard_s, text in JFK_START:
+        by_count.update(text, heard_s)
+        by_audio.update(text, heard_s)
+    assert by_count.text.startswith("And so am I"), "three passes 0.4 s apart agree on the mishearing"
+    assert by_audio.text == "And so my fellow", "passes over 2 s of audio do not, and agree on what lasts"
+
+
+def test_with_passes_further_apart_than_span_s_three_passes_still_must_agree():
+    agreement = LocalAgreement(passes=3, span_s=1.0)
+    assert agreement.update("A gold ring", 2.0) == ""
+    assert agreement.update("A gold ring will please", 4.0) == "", "two passes, however far apart"
+    assert agreement.update("A gold ring will please most", 6.0) == "A gold", "'ring' ends a pass: held back"
 
 
 def test_on_live_speech_the_words_sent_early_are_the_final_passes_words(tiny_en):
