@@ -27,6 +27,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import psutil
@@ -39,6 +40,8 @@ from engine.transcribe.evaluation import load_manifest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEECH_DIR = ROOT / "tests" / "data" / "speech"
+# Which answered requests a latency figure covers: all, clips over one 30 s window, or the others.
+Clips = Literal["all", "long", "short"]
 
 
 @dataclass
@@ -69,7 +72,7 @@ class LoadReport:
     def audio_s(self) -> float:
         return sum(audio_s for audio_s, _ in self.transcribed)
 
-    def latencies_s(self, clips: str = "all") -> list[float]:
+    def latencies_s(self, clips: Clips = "all") -> list[float]:
         """``clips``: "all", "long" (over one 30 s window) or "short" (one window each)."""
         return [
             latency_s
@@ -100,7 +103,7 @@ class LoadReport:
         self.lost += part.lost
         self.server_phases_ms.update(part.server_phases_ms)
 
-    def percentile_s(self, q: float, clips: str = "all") -> float:
+    def percentile_s(self, q: float, clips: Clips = "all") -> float:
         values = sorted(self.latencies_s(clips))
         return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 

@@ -69,8 +69,7 @@ class LiveTurn:
         options: RealtimeOptions,
     ):
         self.item_id = item_id
-        self.final_beam_size = options.final_beam_size
-        self.fixed_output_tokens = options.fixed_output_tokens  # benchmarks only
+        self.options = options
         self.slots = slots
         self.settings = settings
         self.sample_rate_hz = settings.sample_rate_hz  # the client's rate; resampled per pass
@@ -172,7 +171,7 @@ class LiveTurn:
     async def _decode(self, kind: str, samples: np.ndarray, final: bool):
         self._passes += 1
         duration_s = len(samples) / SAMPLE_RATE
-        fixed = self.fixed_output_tokens
+        fixed = self.options.fixed_output_tokens  # benchmarks only
         options = DecodeOptions(
             language=self.settings.language,
             prompt=self._window_prompt or None,
@@ -184,7 +183,7 @@ class LiveTurn:
             max_tokens=fixed
             or (None if final else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s))),
             ignore_eot=fixed is not None,
-            beam_size=self.final_beam_size if final else 1,
+            beam_size=self.options.final_beam_size if final else 1,
         )
         window_id = f"{self.item_id}-{kind}{self._passes}"
         # A final pass is what the speaker waits for: interactive, ahead of every partial pass
