@@ -1,9 +1,9 @@
 """What a live turn's partial-text policy sends, replayed offline: how close the turn's text (the
 deltas joined) stays to its final pass and to the reference, and how late words are sent.
 
-A turn as the server sees it (0.5 s of silence, the speech, 0.5 s of silence) is transcribed by the
-bundled tiny.en as a partial pass would be, cut every 0.1 s of audio from 1.5 s on, and as the final
-pass would be. Those texts are then replayed through ``LocalAgreement`` for passes every N seconds
+A turn as the server sees it (0.5 s of silence, the speech, 0.5 s of silence) is transcribed by a
+model (the bundled tiny.en unless ``--model``) as a partial pass would be, cut every 0.1 s of audio
+from 1.5 s on, and as the final pass would be. Those texts are then replayed through ``LocalAgreement`` for passes every N seconds
 of audio (each start offset on the 0.1 s grid) and each policy:
 - turns differing: the turn's text is not its final pass's (a word sent early was wrong);
 - WER of the turns' texts and of their final passes against the reference transcripts;
@@ -11,8 +11,11 @@ of audio (each start offset on the 0.1 s grid) and each policy:
   after the time from which every later cut's text held it.
 
     python benchmarks/live_agreement.py --record
+    python benchmarks/live_agreement.py --model /path/to/whisper-base --device cuda --language en
 Long turns are jfk and runs of three speech-set clips with 0.25 s between them; ``--short`` adds the
-single clips. The transcripts are cached (``--cache``): the policies replay in seconds.
+single clips. The transcripts are cached (``--cache``), with what made them (the model, its device,
+the cut grid and the partial passes' token caps): a run that differs in any of them transcribes
+again, and the policies replay in seconds.
 """
 
 from __future__ import annotations
@@ -60,12 +63,22 @@ def _turns(short: bool) -> dict[str, list[str]]:
     return turns
 
 
-def _transcribe_turns(turns: dict[str, list[str]], cache: Path) -> dict[str, dict]:
-    texts = json.loads(cache.read_text()) if cache.exists() else {}
+def _transcribe_turns(
+    turns: dict[str, list[str]], cache: Path, config: EngineConfig, language: str | None
+) -> dict[str, dict]:
+    made_by = {
+        "model": config.model,
+        "device": config.device,
+        "language": language,
+        "cut_s": CUT_S,
+        "partial_passes": [PARTIAL_MIN_AUDIO_S, PARTIAL_TOKENS_BASE, PARTIAL_TOKENS_PER_S],
+    }
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
+    texts = cached.get("texts", {}) if cached.get("made_by") == made_by else {}
     missing = [name for name in turns if name not in texts]
     if not missing:
         return texts
-    transcriber = Transcriber(loaded=load_model(EngineConfig(model="tiny.en")))
+    transcriber = Transcriber(loaded=load_model(config))
     paths = {clip.id: clip.path for clip in load_manifest(SPEECH_DIR)}
     silence, gap = np.zeros(int(PADDING_S * SAMPLE_RATE)), np.zeros(int(GAP_S * SAMPLE_RATE))
     for name in missing:
@@ -74,14 +87,16 @@ def _transcribe_turns(turns: dict[str, list[str]], cache: Path) -> dict[str, dic
             pieces += [gap] if index else []
             pieces.append(load_audio_file(paths[clip_id]))
         audio = np.concatenate([*pieces, silence]).astype(np.float32)
-        final = transcriber.transcribe([audio], DecodeOptions(fallback=FallbackOptions()))[0].text
+        final_options = DecodeOptions(language=language, fallback=FallbackOptions())
+        final = transcriber.transcribe([audio], final_options)[0].text
         partials = {}
         for cut in range(round(PARTIAL_MIN_AUDIO_S / CUT_S), int(len(audio) / SAMPLE_RATE / CUT_S) + 1):
             heard_s = cut * CUT_S
-            options = DecodeOptions(max_tokens=int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * heard_s))
+            max_tokens = int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * heard_s)
+            options = DecodeOptions(language=language, max_tokens=max_tokens)
             partials[cut] = transcriber.transcribe([audio[: int(heard_s * SAMPLE_RATE)]], options)[0].text
         texts[name] = {"final": final, "partials": partials, "duration_s": len(audio) / SAMPLE_RATE}
-        cache.write_text(json.dumps(texts))
+        cache.write_text(json.dumps({"made_by": made_by, "texts": texts}))
         print(f"{name}: {len(partials)} cuts", flush=True)
     return texts
 
@@ -111,11 +126,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="also the single clips as turns")
     parser.add_argument("--every-s", type=float, nargs="+", default=[0.2, 0.5, 0.8])
+    parser.add_argument("--model", default="tiny.en", help="a bundled name or a model folder")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--language", help="the passes' language (default: detected, as a session without one)")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/live_agreement_texts.json"))
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
     turns = _turns(args.short)
-    texts = _transcribe_turns(turns, args.cache)
+    config = EngineConfig(model=args.model, device=args.device)
+    texts = _transcribe_turns(turns, args.cache, config, args.language)
     references = {clip.id: clip.text for clip in load_manifest(SPEECH_DIR)}
     rows = []
     for every_s in args.every_s:
@@ -154,7 +173,7 @@ def main() -> None:
         record(
             "Live partial text: passes that agree over seconds of audio, not a count of passes",
             table,
-            f"{len(turns)} turns (tiny.en, float32 on this CPU), each replayed from every start offset.",
+            f"{len(turns)} turns ({Path(args.model).name}, {args.device}), each replayed from every start offset.",
         )
 
 

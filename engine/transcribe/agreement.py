@@ -13,6 +13,7 @@ window's words begin, and its hypotheses are read as extending everything commit
 from __future__ import annotations
 
 import difflib
+import math
 
 
 def _common_prefix_length(first: list[str], second: list[str]) -> int:
@@ -22,6 +23,10 @@ def _common_prefix_length(first: list[str], second: list[str]) -> int:
             break
         length += 1
     return length
+
+
+# How far (in words) a window's committed words may sit from the final words they stand for.
+ALIGNMENT_BAND_WORDS = 10
 
 
 class LocalAgreement:
@@ -102,18 +107,43 @@ class LocalAgreement:
 
 
 def _aligned_end(committed: list[str], final: list[str]) -> int:
-    """Where, in a window's final words, the words already committed from it end.
+    """Where, in a window's final words, the words already committed from it end: after the prefix
+    of the final words closest to them (words inserted, dropped or changed, a change costing less
+    the more alike the two words are), the shortest of equally close ones.
 
-    Usually the final text starts with them. When the final pass heard the start differently, the
-    last run of words both share anchors the alignment, and the committed words after that run
-    are taken to stand for as many final words."""
-    if final[: len(committed)] == committed:
-        return len(committed)
-    blocks = [
-        block for block in difflib.SequenceMatcher(a=committed, b=final).get_matching_blocks() if block.size
-    ]
-    if not blocks:
-        return min(len(committed), len(final))
-    last = blocks[-1]
-    unmatched_tail = len(committed) - (last.a + last.size)
-    return min(len(final), last.b + last.size + unmatched_tail)
+    Usually the final text starts with them. When the final pass heard them differently, anchoring
+    on a shared word instead would let one common word far ahead ("on" in "...the tires on my car")
+    swallow every final word before it; the closest prefix keeps those words. Of two equally close
+    prefixes the shorter repeats a word rather than dropping one."""
+    shared = _common_prefix_length(committed, final)
+    if shared == len(committed):
+        return shared
+    tail, rest = committed[shared:], final[shared:]
+    # Word edit distance, one row per committed word after the shared ones: row i, column j is the
+    # distance between tail[:i] and rest[:j]. The committed words were heard in the same audio as the
+    # final's, so they stay within ALIGNMENT_BAND_WORDS of it: only that band is computed, which
+    # bounds the work on the event loop for a window heard differently from its first word.
+    matchers = [difflib.SequenceMatcher(b=_bare(word), autojunk=False) for word in rest]
+    distances = [float(j) if j <= ALIGNMENT_BAND_WORDS else math.inf for j in range(len(rest) + 1)]
+    for i, word in enumerate(tail, 1):
+        previous, distances = distances, [float(i)] + [math.inf] * len(rest)
+        bare = _bare(word)
+        for j in range(max(1, i - ALIGNMENT_BAND_WORDS), min(len(rest), i + ALIGNMENT_BAND_WORDS) + 1):
+            changed = previous[j - 1] + _change_cost(word, bare, rest[j - 1], matchers[j - 1])
+            distances[j] = min(previous[j] + 1, distances[j - 1] + 1, changed)
+    closest = min(distances)
+    return shared + next(j for j, distance in enumerate(distances) if distance <= closest + 1e-9)
+
+
+def _change_cost(word: str, bare: str, final_word: str, final_matcher: difflib.SequenceMatcher) -> float:
+    """0 for the same word, up to 1 (less than dropping one and inserting the other) the less alike
+    two words are, case and punctuation aside: another form of one word ("vegetables" for
+    "vegetable") or a near-homophone ("am" for "my") costs less than another word."""
+    if word == final_word:
+        return 0.0
+    final_matcher.set_seq1(bare)
+    return 1.0 - final_matcher.ratio()
+
+
+def _bare(word: str) -> str:
+    return "".join(character for character in word.lower() if character.isalnum())

@@ -57,6 +57,26 @@ def test_a_final_pass_that_disagrees_keeps_what_was_sent_and_aligns_the_rest_aft
     assert "".join(deltas) == text
 
 
+def test_a_final_pass_that_heard_the_sent_words_differently_loses_none_of_its_later_words():
+    # "on" was sent for what the final pass heard as "sauté."; "on" comes again near the end, and
+    # aligning on it would drop "sauté. The mechanic ... tires".
+    deltas, text = _run(
+        ["The market sold fresh fish, she and vegetables on Saturday."] * 2,
+        "The market sold fresh fish, cheap and vegetable sauté. The mechanic checked the tires on my car.",
+    )
+    assert deltas[0] == "The market sold fresh fish, she and vegetables on"
+    assert text == (
+        "The market sold fresh fish, she and vegetables on sauté. The mechanic checked the tires on my car."
+    )
+    assert "".join(deltas) == text
+
+
+def test_a_word_sent_as_two_is_followed_by_the_final_passes_next_word_not_one_past_it():
+    deltas, text = _run(["And so am I fellow"] * 2, "And so my fellow Americans, ask not")
+    assert deltas[0] == "And so am I"
+    assert text == "And so am I fellow Americans, ask not", "'fellow' is kept: a word repeated, none lost"
+
+
 def test_a_turn_carried_into_a_second_window_extends_the_first_windows_text():
     agreement = LocalAgreement(passes=2)
     first = agreement.finish_window("When you hear the bell,")
