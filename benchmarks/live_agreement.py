@@ -3,8 +3,9 @@ deltas joined) stays to its final pass and to the reference, and how late words 
 
 A turn as the server sees it (0.5 s of silence, the speech, 0.5 s of silence) is transcribed by a
 model (the bundled tiny.en unless ``--model``) as a partial pass would be, cut every 0.1 s of audio
-from 1.5 s on, and as the final pass would be. Those texts are then replayed through ``LocalAgreement`` for passes every N seconds
-of audio (each start offset on the 0.1 s grid) and each policy:
+from 1.5 s on, and as the final pass would be. Those texts are then replayed through
+``LocalAgreement`` for passes every N seconds of audio (each start offset on the 0.1 s grid) and
+each policy:
 - turns differing: the turn's text is not its final pass's (a word sent early was wrong);
 - WER of the turns' texts and of their final passes against the reference transcripts;
 - lag: for each word, when it was sent (its pass's audio, or the turn's end for the final pass's)
@@ -128,7 +129,9 @@ def main() -> None:
     parser.add_argument("--every-s", type=float, nargs="+", default=[0.2, 0.5, 0.8])
     parser.add_argument("--model", default="tiny.en", help="a bundled name or a model folder")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--language", help="the passes' language (default: detected, as a session without one)")
+    parser.add_argument(
+        "--language", help="the passes' language (default: detected, as a session without one)"
+    )
     parser.add_argument("--cache", type=Path, default=Path("/tmp/live_agreement_texts.json"))
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
@@ -173,7 +176,8 @@ def main() -> None:
         record(
             "Live partial text: passes that agree over seconds of audio, not a count of passes",
             table,
-            f"{len(turns)} turns ({Path(args.model).name}, {args.device}), each replayed from every start offset.",
+            f"{len(turns)} turns ({Path(args.model).name}, {args.device}), each replayed from every start "
+            "offset.",
         )
 
 
