@@ -129,17 +129,18 @@ def _aligned_end(committed: list[str], final: list[str]) -> int:
         previous, distances = distances, [float(i)] + [math.inf] * len(rest)
         bare = _bare(word)
         for j in range(max(1, i - ALIGNMENT_BAND_WORDS), min(len(rest), i + ALIGNMENT_BAND_WORDS) + 1):
-            changed = previous[j - 1] + _change_cost(word, bare, rest[j - 1], matchers[j - 1])
+            changed = previous[j - 1] + _change_cost(bare, matchers[j - 1])
             distances[j] = min(previous[j] + 1, distances[j - 1] + 1, changed)
     closest = min(distances)
     return shared + next(j for j, distance in enumerate(distances) if distance <= closest + 1e-9)
 
 
-def _change_cost(word: str, bare: str, final_word: str, final_matcher: difflib.SequenceMatcher) -> float:
+def _change_cost(bare: str, final_matcher: difflib.SequenceMatcher) -> float:
     """0 for the same word, up to 1 (less than dropping one and inserting the other) the less alike
-    two words are, case and punctuation aside: another form of one word ("vegetables" for
-    "vegetable") or a near-homophone ("am" for "my") costs less than another word."""
-    if word == final_word:
+    two words are, case and punctuation aside (``bare``, and the final word's matcher holds its bare
+    form): another form of one word ("vegetables" for "vegetable") or a near-homophone ("am" for
+    "my") costs less than another word."""
+    if bare == final_matcher.b:
         return 0.0
     final_matcher.set_seq1(bare)
     return 1.0 - final_matcher.ratio()
