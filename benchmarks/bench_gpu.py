@@ -48,6 +48,9 @@ from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
 
 OUTPUT_TOKENS = 100
+# The most windows an engine run's encoder forward takes, and the largest batch its CUDA graphs (where
+# engine.gpu.encoder_cuda_graphs resolves on) are captured for.
+ENGINE_ENCODER_BATCH = 64
 HF_STATIC_LABEL = (
     "transformers (static batches of up to 64, 0.5 s batch wait)"  # its rows in the engine tables
 )
@@ -106,7 +109,7 @@ def fixed_options(timestamps: bool = False) -> DecodeOptions:
 
 # ----------------------------------------------------------------------------------- (a)
 def bench_encoder(hf, loaded, device: str, batch_sizes: list[int], seconds: float) -> list[dict]:
-    runner = EncoderRunner(loaded)
+    runner = EncoderRunner(loaded, graph_batch_size=max(batch_sizes))  # graphs where the app has them
     n_mels = loaded.weights.dims.n_mels
     windows = (torch.randn(max(batch_sizes), N_SAMPLES, device=device) * 0.1).float()
     rows = []
@@ -418,7 +421,7 @@ def bench_light_load(hf, loaded, device: str, args, prefix: str, metrics: dict) 
     """(c, light) Latency under a light load, well under our engine's capacity, where a step rarely
     admits more than a few requests: ours as configured, ours feeding each prompt in one (eager)
     step, and transformers' static batching (which at this rate runs small batches)."""
-    encoder_runner = EncoderRunner(loaded)
+    encoder_runner = EncoderRunner(loaded, graph_batch_size=ENGINE_ENCODER_BATCH)
     runs = {
         "ours": {},
         "ours, prompts in one eager step (stepped_prompt_tokens 0)": dict(stepped_prompt_tokens=0),
@@ -431,7 +434,7 @@ def bench_light_load(hf, loaded, device: str, args, prefix: str, metrics: dict) 
             device,
             args.light_requests,
             args.light_rate,
-            64,
+            ENGINE_ENCODER_BATCH,
             args.max_num_seqs,
             **overrides,
         )
@@ -647,11 +650,11 @@ def main() -> None:
                 runs[fp8_labels[0]] = fp8
                 runs[fp8_labels[1]] = fp8 | dict(overlap=False)
             results = {}
-            encoder_runner = EncoderRunner(loaded)
+            encoder_runner = EncoderRunner(loaded, graph_batch_size=ENGINE_ENCODER_BATCH)
             for label, options in runs.items():
                 options = dict(max_num_seqs=args.max_num_seqs) | options
                 results[label] = bench_engine_ours(
-                    loaded, encoder_runner, device, args.requests, args.rate, 64, **options
+                    loaded, encoder_runner, device, args.requests, args.rate, ENGINE_ENCODER_BATCH, **options
                 )
                 print(f"engine {label}: {results[label]}", flush=True)
             theirs = bench_engine_hf(hf, device, args.requests, args.rate, 64, loaded.weights.dims.n_mels)

@@ -72,13 +72,15 @@ class GPUSwitches(BaseModel):
         description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
         "between the matrix products); start-up takes ~1 min longer",
     )
-    encoder_cuda_graphs: bool = Field(
-        False,
+    encoder_cuda_graphs: bool | None = Field(
+        None,
         description="replay the encoder's forward from CUDA graphs captured at power-of-two batch sizes "
         "up to the replica's encoder.max_batch_size (engine/encode/graphs.py): one launch a batch "
-        "instead of hundreds, which a decode loop in the same process would otherwise hold up. Off by "
-        "default: beside a colocated decode loop it served no more tokens a second on an H200 "
-        "(benchmarks/RESULTS.md)",
+        "instead of hundreds, which a decode loop in the same process would otherwise hold up. None: on "
+        "with fp8_encoder, whose quantizing kernels and FP8 products take the host longer to launch than "
+        "a small batch takes the GPU to run (a single window 5x slower without graphs), off otherwise: "
+        "beside a colocated decode loop the 16-bit encoder's graphs served no more tokens a second on an "
+        "H200 (benchmarks/RESULTS.md)",
     )
     fused_encoder_gelu: bool = Field(
         True,
@@ -139,7 +141,8 @@ class GPUSwitches(BaseModel):
             async_steps=self.async_steps if self.async_steps is not None else graphs,
             stepped_prompt_tokens=stepped,
             compile_encoder=on_cuda and self.compile_encoder,
-            encoder_cuda_graphs=on_cuda and self.encoder_cuda_graphs,
+            encoder_cuda_graphs=on_cuda
+            and (self.encoder_cuda_graphs if self.encoder_cuda_graphs is not None else self.fp8_encoder),
             fused_encoder_gelu=on_cuda
             and self.fused_encoder_gelu
             and dtype in (torch.bfloat16, torch.float16),

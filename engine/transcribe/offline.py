@@ -47,7 +47,9 @@ class Transcriber:
         self.loaded = loaded or load_model(config or EngineConfig())
         self.config = self.loaded.config
         self.encoder_batch_size = encoder_batch_size
-        self.encoder = OverlappedEncoder(EncoderRunner(self.loaded), project_cross_kv=True)
+        self.encoder = OverlappedEncoder(
+            EncoderRunner(self.loaded, graph_batch_size=encoder_batch_size), project_cross_kv=True
+        )
         self.decoder = DecoderEngine(self.loaded)
 
     def close(self) -> None:

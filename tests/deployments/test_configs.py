@@ -150,13 +150,37 @@ def test_the_kuberay_example_serves_valid_args_and_its_worker_groups_offer_the_r
 def test_every_gpu_speed_switch_asked_for_is_on_for_cuda_and_off_on_a_cpu():
     from engine.config import EngineConfig, GPUSwitches
 
-    asked = {name: True for name, field in GPUSwitches.model_fields.items() if field.annotation is bool}
+    # Every on/off switch; async_steps is left out: asked for, a CPU runs it too (tests do).
+    asked = {
+        name: True
+        for name, field in GPUSwitches.model_fields.items()
+        if field.annotation in (bool, bool | None) and name != "async_steps"
+    }
     on_cuda = EngineConfig(device="cuda", dtype="float16", gpu=asked).gpu_switches()
     on_cpu = EngineConfig(device="cpu", gpu=asked).gpu_switches()
     assert {"encoder_cuda_graphs", "fp8_encoder", "encoder_stream_first"} <= set(asked)
     for name in asked:
         assert getattr(on_cuda, name), f"{name} is off for CUDA in float16 when asked for"
         assert not getattr(on_cpu, name), f"{name} is on for a CPU"
+
+
+@pytest.mark.parametrize(
+    ("device", "fp8_encoder", "asked", "resolved"),
+    [
+        ("cuda", True, None, True),
+        ("cuda", False, None, False),
+        ("cuda", True, False, False),
+        ("cuda", False, True, True),
+        ("cpu", True, None, False),
+    ],
+)
+def test_the_encoders_cuda_graphs_are_on_with_the_fp8_encoder_unless_turned_off(
+    device, fp8_encoder, asked, resolved
+):
+    from engine.config import EngineConfig
+
+    gpu = {"fp8_encoder": fp8_encoder} | ({} if asked is None else {"encoder_cuda_graphs": asked})
+    assert EngineConfig(device=device, gpu=gpu).gpu_switches().encoder_cuda_graphs is resolved
 
 
 @pytest.mark.parametrize(

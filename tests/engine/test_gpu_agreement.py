@@ -21,6 +21,7 @@ from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
 from engine.model.audio import N_SAMPLES, log_mel_spectrogram
+from engine.model.fp8 import fp8_supported
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion_by_id
 from tests.support.hf_reference import hf_greedy_as_engine
@@ -114,19 +115,22 @@ def test_fp32_greedy_tokens_equal_transformers_across_the_short_text_graphs(monk
     assert text_lengths == {8, 448}, replays
 
 
-def turbo_with_encoder_graphs(**config):
-    """Random fp16 weights of the large-v3-turbo shape, with engine.gpu.encoder_cuda_graphs on."""
+def turbo_with_encoder_graphs(fp8_encoder: bool = False, **config):
+    """Random fp16 weights of the large-v3-turbo shape, with engine.gpu.encoder_cuda_graphs on (with
+    the FP8 encoder, as it resolves by default)."""
     hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
-    settings = EngineConfig(
-        model="large-v3-turbo", device="cuda", dtype="float16", gpu={"encoder_cuda_graphs": True}, **config
-    )
+    gpu = {"fp8_encoder": True} if fp8_encoder else {"encoder_cuda_graphs": True}
+    settings = EngineConfig(model="large-v3-turbo", device="cuda", dtype="float16", gpu=gpu, **config)
     return engine_model(hf, bundled_tokenizer("base"), settings)
 
 
-def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states():
+@pytest.mark.parametrize("fp8_encoder", [False, True], ids=["fp16", "fp8"])
+def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states(fp8_encoder):
     """Batches replayed from a bucket's graph (3 windows in the bucket of 4, 8 in 8's) and one
     larger than any bucket (run without) give the states the compiled encoder gives on its own."""
-    loaded = turbo_with_encoder_graphs(kv_cache_memory_mb=256)
+    if fp8_encoder and not fp8_supported(torch.device("cuda")):
+        pytest.skip("FP8 tensor cores needed")
+    loaded = turbo_with_encoder_graphs(fp8_encoder, kv_cache_memory_mb=256)
     plain, graphed = EncoderRunner(loaded), EncoderRunner(loaded, graph_batch_size=8)
     assert plain.graphs is None and graphed.graphs is not None and graphed.graphs.sizes == [1, 2, 4, 8]
     audio = windows_of([clip.path for clip in short_english_clips()[:9]]).cuda()
