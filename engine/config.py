@@ -78,9 +78,8 @@ class GPUSwitches(BaseModel):
         "up to the replica's encoder.max_batch_size (engine/encode/graphs.py): one launch a batch "
         "instead of hundreds, which a decode loop in the same process would otherwise hold up. None: on "
         "with fp8_encoder, whose quantizing kernels and FP8 products take the host longer to launch than "
-        "a small batch takes the GPU to run (a single window 5x slower without graphs), off otherwise: "
-        "beside a colocated decode loop the 16-bit encoder's graphs served no more tokens a second on an "
-        "H200 (benchmarks/RESULTS.md)",
+        "a small batch takes the GPU to run; off otherwise: beside a colocated decode loop the 16-bit "
+        "encoder's graphs served no more tokens a second (benchmarks/RESULTS.md)",
     )
     fused_encoder_gelu: bool = Field(
         True,
