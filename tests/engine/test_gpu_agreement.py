@@ -143,12 +143,16 @@ def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states(fp8_encoder)
     torch.testing.assert_close(first, plain.encode(audio[:2]), atol=2e-2, rtol=2e-2)
 
 
-def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_finish():
+@pytest.mark.parametrize("fp8_encoder", [False, True], ids=["fp16", "fp8"])
+def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_finish(fp8_encoder):
     """The colocated layout: encoder batches replayed from their graphs on the encoder's stream while
     decode steps replay theirs on the decode loop's. Captured on torch's one default capture stream,
     both sets of graphs shared a cuBLAS workspace, and replaying them at once hung the GPU
-    (engine/encode/graphs.py); the two threads here must both finish."""
-    loaded = turbo_with_encoder_graphs(max_num_seqs=64, kv_cache_memory_mb=64 * 50)
+    (engine/encode/graphs.py); the two threads here must both finish, with the FP8 encoder's
+    products (cuBLASLt) too."""
+    if fp8_encoder and not fp8_supported(torch.device("cuda")):
+        pytest.skip("FP8 tensor cores needed")
+    loaded = turbo_with_encoder_graphs(fp8_encoder, max_num_seqs=64, kv_cache_memory_mb=64 * 50)
     engine = DecoderEngine(loaded)
     encoder = OverlappedEncoder(EncoderRunner(loaded, graph_batch_size=32), project_cross_kv=True)
     assert engine.runner.graphs is not None and encoder.runner.graphs is not None
