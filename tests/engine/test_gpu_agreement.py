@@ -117,7 +117,9 @@ def test_fp32_greedy_tokens_equal_transformers_across_the_short_text_graphs(monk
 
 def turbo_with_encoder_graphs(fp8_encoder: bool = False, **config):
     """Random fp16 weights of the large-v3-turbo shape, with engine.gpu.encoder_cuda_graphs on (with
-    the FP8 encoder, as it resolves by default)."""
+    the FP8 encoder, as it resolves by default); skips the test where the GPU has no FP8 tensor cores."""
+    if fp8_encoder and not fp8_supported(torch.device("cuda")):
+        pytest.skip("FP8 tensor cores needed")
     hf = random_hf_whisper("large-v3-turbo", "cuda", torch.float16)
     gpu = {"fp8_encoder": True} if fp8_encoder else {"encoder_cuda_graphs": True}
     settings = EngineConfig(model="large-v3-turbo", device="cuda", dtype="float16", gpu=gpu, **config)
@@ -128,8 +130,6 @@ def turbo_with_encoder_graphs(fp8_encoder: bool = False, **config):
 def test_the_encoders_cuda_graphs_give_its_compiled_forwards_states(fp8_encoder):
     """Batches replayed from a bucket's graph (3 windows in the bucket of 4, 8 in 8's) and one
     larger than any bucket (run without) give the states the compiled encoder gives on its own."""
-    if fp8_encoder and not fp8_supported(torch.device("cuda")):
-        pytest.skip("FP8 tensor cores needed")
     loaded = turbo_with_encoder_graphs(fp8_encoder, kv_cache_memory_mb=256)
     plain, graphed = EncoderRunner(loaded), EncoderRunner(loaded, graph_batch_size=8)
     assert plain.graphs is None and graphed.graphs is not None and graphed.graphs.sizes == [1, 2, 4, 8]
@@ -150,8 +150,6 @@ def test_the_encoders_graphs_replay_beside_the_decode_steps_graphs_and_both_fini
     both sets of graphs shared a cuBLAS workspace, and replaying them at once hung the GPU
     (engine/encode/graphs.py); the two threads here must both finish, with the FP8 encoder's
     products (cuBLASLt) too."""
-    if fp8_encoder and not fp8_supported(torch.device("cuda")):
-        pytest.skip("FP8 tensor cores needed")
     loaded = turbo_with_encoder_graphs(fp8_encoder, max_num_seqs=64, kv_cache_memory_mb=64 * 50)
     engine = DecoderEngine(loaded)
     encoder = OverlappedEncoder(EncoderRunner(loaded, graph_batch_size=32), project_cross_kv=True)
