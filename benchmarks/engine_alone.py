@@ -119,9 +119,15 @@ def main() -> None:
         help="most windows an encoder forward takes in the closed loop, one run each (the app's are small)",
     )
     parser.add_argument("--device", default="cuda", help="cpu: a quick check of the script itself")
+    parser.add_argument(
+        "--fp8-encoder", action="store_true", help="engine.gpu.fp8_encoder, for an app that serves with it"
+    )
     args = parser.parse_args()
     bench_gpu.OUTPUT_TOKENS = args.tokens  # what bench_gpu's requests decode (its default is shorter)
-    loaded = load_model(EngineConfig(model=args.model, device=args.device, dtype="bfloat16"))
+    config = EngineConfig(
+        model=args.model, device=args.device, dtype="auto", gpu={"fp8_encoder": args.fp8_encoder}
+    )
+    loaded = load_model(config)
     largest_batch = max(args.encoder_batch, *map(int, args.closed_loop_encoder_batches.split(",")))
     runner = EncoderRunner(loaded, graph_batch_size=largest_batch)  # as the app's replicas run it
     print(

@@ -11,7 +11,8 @@
 #     [INTERACTIVE_CLIENTS=64] [DURATION=60 WARMUP=10 STARTUP_S=300] [ENGINE_ALONE=1] \
 #     [CLIENT_PROCESSES="1 4"] [FRONT=serve-proxy|haproxy] \
 #     [PLACEMENT=colocated|disaggregated] [MPS=1] [OVERRIDES='{"decoder": {"num_replicas": 1}}'] \
-#     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] bash benchmarks/run_app_on_gpu.sh
+#     [BENCH_ARGS="--fixed-output-tokens 224 --no-fallback"] [ENGINE_ARGS=--fp8-encoder] \
+#     bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
 #     bash benchmarks/run_app_on_gpu.sh
 #
@@ -27,7 +28,8 @@
 # PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1 (the
 # default for a CONFIG ending in -mps) runs the app under CUDA MPS (started here, stopped at the end),
 # so the two processes of a disaggregated app share the GPU instead of taking turns on it. OVERRIDES
-# (JSON) is merged into the app's args, section by section.
+# (JSON) is merged into the app's args, section by section; ENGINE_ARGS go to engine_alone.py (its
+# --fp8-encoder for an app whose OVERRIDES switch engine.gpu.fp8_encoder on).
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
@@ -150,5 +152,5 @@ if [[ "$ENGINE_ALONE" == 1 ]]; then
   # Encoder batches of up to 64 (all clients at once) and up to 8 (small forwards beside decoding, as
   # the app's colocated encoder runs them).
   python3 benchmarks/engine_alone.py --model "$WORK/$MODEL" --max-num-seqs "${CLIENTS// /,}" \
-    --closed-loop-encoder-batches 64,8
+    --closed-loop-encoder-batches 64,8 ${ENGINE_ARGS:-}
 fi
