@@ -124,6 +124,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     bench_gpu.OUTPUT_TOKENS = args.tokens  # what bench_gpu's requests decode (its default is shorter)
+    # The app's configs serve in dtype auto (fp16 on a GPU): the engine alone runs as they do.
     config = EngineConfig(
         model=args.model, device=args.device, dtype="auto", gpu={"fp8_encoder": args.fp8_encoder}
     )
