@@ -525,6 +525,12 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8_e4m3"])
     parser.add_argument("--no-cuda-graphs", action="store_true")
     parser.add_argument("--fp8-encoder", action="store_true", help="engine.gpu.fp8_encoder (ours only)")
+    parser.add_argument(
+        "--encoder-attention",
+        default="auto",
+        choices=["auto", "sdpa", "flash_attn_3"],
+        help="engine.gpu.encoder_attention (ours only)",
+    )
     add_dtype_argument(parser)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
@@ -538,6 +544,7 @@ def main() -> None:
         prefix = "" if shape == "large-v3" else shape.replace("large-v3-", "") + "_"
         prefix += "fp8kv_" if args.kv_cache_dtype == "fp8_e4m3" else ""
         prefix += "fp8enc_" if args.fp8_encoder else ""
+        prefix += "fa3_" if args.encoder_attention == "flash_attn_3" else ""
         dtype = resolved_dtype(device, args.dtype)
         hf = random_hf_whisper(shape, device, dtype)
         config = EngineConfig(
@@ -546,7 +553,11 @@ def main() -> None:
             dtype=str(dtype).removeprefix("torch."),
             attention_backend=args.attention_backend,
             kv_cache_dtype=args.kv_cache_dtype,
-            gpu={"cuda_graphs": not args.no_cuda_graphs, "fp8_encoder": args.fp8_encoder},
+            gpu={
+                "cuda_graphs": not args.no_cuda_graphs,
+                "fp8_encoder": args.fp8_encoder,
+                "encoder_attention": args.encoder_attention,
+            },
         )
         loaded = engine_model(hf, tokenizer_file, config)
         _TOKENIZER = loaded.tokenizer

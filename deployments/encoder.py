@@ -147,12 +147,13 @@ class EncoderDeployment:
         # Compiles and warms the encoder where it is compiled, and captures its graphs.
         self.runner = EncoderRunner(self.loaded, graph_batch_size=config.encoder.max_batch_size)
         logger.info(
-            "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder (%s, compiled: %s) "
-            "ready in %.1f s",
+            "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder (%s, attention: %s, "
+            "compiled: %s) ready in %.1f s",
             time.perf_counter() - started,
             config.engine.model,
             loaded_s,
             config.engine.encoder_precision,
+            self.runner.attention,
             config.engine.gpu_switches().compile_encoder,
             time.perf_counter() - started - loaded_s,
         )

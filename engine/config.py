@@ -20,6 +20,9 @@ def cpu_has_bf16_instructions() -> bool:
 # kv_cache_dtype names -> the cache's torch dtype ("auto" is the model's dtype).
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
 
+# The encoder's self-attention: torch's SDPA, FlashAttention-3, or the second where it can run.
+EncoderAttention = Literal["auto", "sdpa", "flash_attn_3"]
+
 # Whisper's own prompt is 2 to 4 tokens (<|startoftranscript|>, language, task, <|notimestamps|>);
 # fed one a step they cost a new request 3 steps more, against an eager step for everyone.
 STEPPED_PROMPT_TOKENS_WITH_GRAPHS = 8
@@ -40,6 +43,7 @@ class ResolvedGPUSwitches:
     fp8_encoder: bool
     encoder_stream_first: bool
     encoder_sm_share: float | None
+    encoder_attention: EncoderAttention
 
 
 class GPUSwitches(BaseModel):
@@ -123,6 +127,13 @@ class GPUSwitches(BaseModel):
         "behind it; on a partition of its own it leaves the rest to the decode steps, which use every "
         "SM while the encoder is idle. None: no partition (benchmarks/RESULTS.md)",
     )
+    encoder_attention: EncoderAttention = Field(
+        "auto",
+        description="the encoder's self-attention: 'sdpa' (torch's scaled_dot_product_attention, cuDNN's "
+        "fused kernel on a GPU), 'flash_attn_3' (FlashAttention-3, Hopper GPUs only, from an installed "
+        "build: engine/attention/flash_attention_3.py; start-up fails on a GPU where it cannot run), "
+        "'auto': FlashAttention-3 where it can run, else sdpa (benchmarks/RESULTS.md)",
+    )
 
     def resolve(
         self, device_type: str, dtype: torch.dtype, graphs_capturable: bool = True
@@ -150,6 +161,7 @@ class GPUSwitches(BaseModel):
             fp8_encoder=on_cuda and self.fp8_encoder,
             encoder_stream_first=on_cuda and self.encoder_stream_first,
             encoder_sm_share=self.encoder_sm_share if on_cuda and self.encoder_sm_share != 1 else None,
+            encoder_attention=self.encoder_attention if on_cuda else "sdpa",
         )
 
 

@@ -8,6 +8,13 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from engine.attention.flash_attention_3 import (
+    MIN_WINDOWS,
+    attention_dtype,
+    flash_attention_3_problem,
+    installed_flash_attention_3,
+)
+from engine.config import EncoderAttention
 from engine.encode.graphs import EncoderGraphs
 from engine.encode.staging import WindowStaging
 from engine.kv.storage import to_cache_dtype
@@ -37,6 +44,39 @@ def quantize_encoder_fp8(loaded: LoadedModel) -> None:
     model.encoder.fp8 = True
 
 
+def choose_encoder_attention(loaded: LoadedModel, choice: EncoderAttention) -> str:
+    """Route the encoder's self-attention through FlashAttention-3 where ``choice`` asks for it and
+    it can run (engine.gpu.encoder_attention); returns what the encoder now runs, for the start-up
+    log. Once per model, after any FP8 quantization (the QKV product's dtype follows) and before
+    compiling."""
+    encoder = loaded.model.encoder
+    build = encoder.layers[0].flash_attention
+    if build is not None:
+        return f"FlashAttention-3 ({build.module})"
+    if choice == "sdpa":
+        return "sdpa"
+    device, dims = loaded.config.torch_device, loaded.weights.dims
+    fp8_products = getattr(encoder, "fp8", False)
+    problem = flash_attention_3_problem(device, dims.d_model // dims.encoder_heads)
+    dtype = None
+    if problem is None:
+        build = installed_flash_attention_3()
+        dtype = attention_dtype(build, loaded.config.torch_dtype, fp8_products)
+        if dtype is None:
+            problem = (
+                f"the installed FlashAttention-3 build ({build.module}) has no kernels for the "
+                f"encoder's {str(loaded.config.torch_dtype).removeprefix('torch.')}"
+            )
+    if problem is not None:
+        if choice == "flash_attn_3":
+            raise ValueError(
+                f"engine.gpu.encoder_attention is flash_attn_3, but {problem}; set it to auto or sdpa"
+            )
+        return "sdpa"
+    encoder.use_flash_attention(build, dtype)
+    return f"FlashAttention-3 ({build.module}, {str(dtype).removeprefix('torch.')})"
+
+
 class EncoderRunner:
     """Batches of 30 s windows -> encoder states -> each window's cross-attention K/V."""
 
@@ -59,12 +99,15 @@ class EncoderRunner:
             quantize_encoder_fp8(loaded)
         elif switches.fused_encoder_gelu:
             self.model.encoder.fuse_gelu()  # before compiling: the compiled graph takes the fused product
+        self.attention = choose_encoder_attention(loaded, switches.encoder_attention)
         if switches.compile_encoder:
             # The whole encoder, not each layer alone: fusions across layers count (RESULTS.md).
             if not getattr(self.model.encoder, "_compiled_call_impl", None):
                 self.model.encoder.compile()
-            # Compile now, not in a request: a second batch size makes the graph batch-dynamic.
-            for batch in (1, 2):
+            # Compile now, not in a request: a second batch size makes the graph batch-dynamic, and
+            # batches that take FlashAttention-3 where smaller ones do not are a graph of their own.
+            flash = self.model.encoder.layers[0].flash_attention is not None
+            for batch in (1, 2, MIN_WINDOWS) if flash else (1, 2):
                 self.encode(torch.zeros(batch, N_SAMPLES))
         if switches.encoder_cuda_graphs and graph_batch_size > 0:
             self.graphs = EncoderGraphs(

@@ -66,7 +66,7 @@ def _product_dtype(device: torch.device, dtype: torch.dtype) -> torch.dtype:
 
 class Fp8Linear(nn.Module):
     """An ``nn.Linear`` whose product runs in e4m3 with per-channel weight and per-token activation
-    scales; input and output in the model's 16-bit dtype."""
+    scales; input and output in the model's 16-bit dtype (output: see ``leave_in``)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -81,13 +81,20 @@ class Fp8Linear(nn.Module):
         bias = linear.bias.detach() if linear.bias is not None else torch.zeros(self.out_features)
         self.register_buffer("bias", bias.to(weight.device, self.product_dtype))
 
+    def leave_in(self, dtype: torch.dtype) -> None:
+        """Give the product in ``dtype`` (16-bit) from now on, straight from ``_scaled_mm``: for a
+        consumer that wants another 16-bit dtype than the model's, without a cast after."""
+        self.dtype = dtype
+        self.product_dtype = _product_dtype(self.bias.device, dtype)
+        self.bias = self.bias.to(self.product_dtype)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         values, scale = quantize_rows(x.reshape(-1, x.shape[-1]))
         return self.product(values, scale).view(*x.shape[:-1], self.out_features)
 
     def product(self, values: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
         """The product of rows already quantized (e4m3 values [rows, in], fp32 scales [rows, 1])
-        -> [rows, out] in the model's dtype."""
+        -> [rows, out] in the output's dtype."""
         out = torch._scaled_mm(
             values,
             self.weight_values.t(),

@@ -14,13 +14,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
+from engine.attention.flash_attention_3 import MIN_WINDOWS, FlashAttention3
 from engine.kernels import triton_available
 from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_norm_quantize_rows_op
 from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
 from engine.kernels.small_products import FoldedNorm, KVSlots
 from engine.kv.storage import PagedKVStorage
 from engine.model.cpu_attention import attention_by_products
-from engine.model.fp8 import quantize_linears
+from engine.model.fp8 import Fp8Linear, quantize_linears
 from engine.model.sublayers import SmallRowsSublayers, Sublayers, norm_params
 from engine.model.vocabulary import VocabularyProjection
 from engine.model.weights import ModelDims
@@ -67,6 +68,7 @@ class EncoderLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
         self.attention_by_products = False  # see AudioEncoder.attend_by_products
+        self.flash_attention: FlashAttention3 | None = None  # see AudioEncoder.use_flash_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn_out(self._attend(self.qkv(self.attn_norm(x))))
@@ -98,6 +100,9 @@ class EncoderLayer(nn.Module):
     def _attend(self, qkv: torch.Tensor) -> torch.Tensor:
         """Self-attention of the QKV projection [N, frames, 3 * d_model] -> [N, frames, d_model]."""
         batch, frames, _ = qkv.shape
+        if self.flash_attention is not None and batch >= MIN_WINDOWS:
+            q, k, v = qkv.view(batch, frames, 3, self.num_heads, -1).unbind(2)  # [N, frames, H, D]
+            return self.flash_attention(q, k, v).view(batch, frames, -1)
         q, k, v = qkv.view(batch, frames, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [N, H, frames, D]
         if self.attention_by_products:
             return attention_by_products(q, k, v).view(batch, frames, -1)
@@ -132,6 +137,14 @@ class AudioEncoder(nn.Module):
         (engine/model/cpu_attention.py), faster there than torch's SDPA."""
         for layer in self.layers:
             layer.attention_by_products = True
+
+    def use_flash_attention(self, build: FlashAttention3, dtype: torch.dtype) -> None:
+        """Each layer's self-attention through FlashAttention-3 (engine/attention/flash_attention_3.py)
+        in ``dtype``: the model's, or with FP8 products the dtype the QKV product then leaves in."""
+        for layer in self.layers:
+            layer.flash_attention = build
+            if isinstance(layer.qkv, Fp8Linear):
+                layer.qkv.leave_in(dtype)
 
     def quantize_fp8(self) -> None:
         """Every layer's four products (QKV, attention output, the MLP's two) in FP8
