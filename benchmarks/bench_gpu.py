@@ -27,6 +27,7 @@ import argparse
 import gc
 import sys
 import time
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.gpu_models import add_dtype_argument, engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
 from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
-from engine.config import EngineConfig, GPUSwitches  # noqa: E402
+from engine.config import EncoderAttention, EngineConfig, GPUSwitches  # noqa: E402
 from engine.decode.engine import DecoderEngine  # noqa: E402
 from engine.encode.overlap import OverlappedEncoder  # noqa: E402
 from engine.encode.runner import EncoderRunner  # noqa: E402
@@ -528,7 +529,7 @@ def main() -> None:
     parser.add_argument(
         "--encoder-attention",
         default="auto",
-        choices=["auto", "sdpa", "flash_attn_3"],
+        choices=typing.get_args(EncoderAttention),
         help="engine.gpu.encoder_attention (ours only)",
     )
     add_dtype_argument(parser)

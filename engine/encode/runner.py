@@ -10,6 +10,7 @@ import torch
 
 from engine.attention.flash_attention_3 import (
     MIN_WINDOWS,
+    FlashAttention3,
     attention_dtype,
     flash_attention_3_problem,
     installed_flash_attention_3,
@@ -49,24 +50,23 @@ def choose_encoder_attention(loaded: LoadedModel, choice: EncoderAttention) -> s
     it can run (engine.gpu.encoder_attention); returns what the encoder now runs, for the start-up
     log. Once per model, after any FP8 quantization (the QKV product's dtype follows) and before
     compiling."""
-    encoder = loaded.model.encoder
-    build = encoder.layers[0].flash_attention
-    if build is not None:
-        return f"FlashAttention-3 ({build.module})"
+    encoder, config = loaded.model.encoder, loaded.config
+    fp8_products = getattr(encoder, "fp8", False)
+    routed = encoder.layers[0].flash_attention
+    if routed is not None:  # a runner before this one on the same model routed it
+        qkv = encoder.layers[0].qkv
+        return _flash_attention_named(routed, qkv.dtype if fp8_products else config.torch_dtype)
     if choice == "sdpa":
         return "sdpa"
-    device, dims = loaded.config.torch_device, loaded.weights.dims
-    fp8_products = getattr(encoder, "fp8", False)
-    problem = flash_attention_3_problem(device, dims.d_model // dims.encoder_heads)
-    dtype = None
-    if problem is None:
-        build = installed_flash_attention_3()
-        dtype = attention_dtype(build, loaded.config.torch_dtype, fp8_products)
-        if dtype is None:
-            problem = (
-                f"the installed FlashAttention-3 build ({build.module}) has no kernels for the "
-                f"encoder's {str(loaded.config.torch_dtype).removeprefix('torch.')}"
-            )
+    dims = loaded.weights.dims
+    problem = flash_attention_3_problem(config.torch_device, dims.d_model // dims.encoder_heads)
+    build = installed_flash_attention_3() if problem is None else None
+    dtype = attention_dtype(build, config.torch_dtype, fp8_products) if build is not None else None
+    if build is not None and dtype is None:
+        problem = (
+            f"the installed FlashAttention-3 build ({build.module}) has no kernels for the "
+            f"encoder's {str(config.torch_dtype).removeprefix('torch.')}"
+        )
     if problem is not None:
         if choice == "flash_attn_3":
             raise ValueError(
@@ -74,6 +74,10 @@ def choose_encoder_attention(loaded: LoadedModel, choice: EncoderAttention) -> s
             )
         return "sdpa"
     encoder.use_flash_attention(build, dtype)
+    return _flash_attention_named(build, dtype)
+
+
+def _flash_attention_named(build: FlashAttention3, dtype: torch.dtype) -> str:
     return f"FlashAttention-3 ({build.module}, {str(dtype).removeprefix('torch.')})"
 
 
