@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: install install-test lint test test-fast serve bench
+.PHONY: install install-test lint test test-fast serve bench docs
 
 install: $(VENV)/.installed
 
@@ -40,3 +40,9 @@ serve: install
 
 bench: install-test
 	$(PY) benchmarks/bench_offline.py
+
+# The generated pages: the configuration reference from the pydantic models, the performance page's
+# plots and tables from benchmarks/results/*.json (tests/test_docs.py checks both are current).
+docs: install-test
+	$(PY) -m deployments.config_reference > docs/configuration.md
+	$(PY) benchmarks/plot_performance.py

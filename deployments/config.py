@@ -24,7 +24,7 @@ class AutoscalingOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     min_replicas: int = Field(1, ge=0, description="0 only with scale_to_zero: true")
-    max_replicas: int = Field(4, ge=1)
+    max_replicas: int = Field(4, ge=1, description="the most replicas the autoscaler starts")
     initial_replicas: int | None = Field(
         None, ge=0, description="None: min_replicas (1 when scaling to zero)"
     )
@@ -73,7 +73,7 @@ class ReplicaOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_replicas: int = Field(1, ge=1, description="the fixed replica count when `autoscaling` is absent")
-    num_cpus: float = Field(1.0, ge=0)
+    num_cpus: float = Field(1.0, ge=0, description="logical CPUs Ray reserves for each replica")
     num_gpus: float = Field(
         0.0, ge=0, description="a fraction (e.g. 0.5) lets encoder and decoder share a GPU"
     )
@@ -83,7 +83,7 @@ class ReplicaOptions(BaseModel):
         "the nodes that declare the resource (`ray start --resources`) are the only ones the replicas are "
         "placed on",
     )
-    autoscaling: AutoscalingOptions | None = None
+    autoscaling: AutoscalingOptions | None = Field(None, description="absent: num_replicas, fixed")
     drain_timeout_s: float = Field(
         300.0,
         gt=0,
@@ -176,7 +176,7 @@ class HTTPLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     max_upload_mb: float = Field(25.0, gt=0, description="OpenAI's limit is 25 MB")
-    max_audio_duration_s: float = Field(3600.0, gt=0)
+    max_audio_duration_s: float = Field(3600.0, gt=0, description="longest audio a request may send (413)")
     max_in_flight_requests: int = Field(
         256,
         ge=1,
@@ -324,17 +324,20 @@ class AppConfig(BaseModel):
         "windows, in one process on two CUDA streams (on one GPU two processes' kernels take turns: "
         "README, 'One GPU'); `encoder` then sets only its batching, `decoder` the replicas",
     )
-    engine: EngineConfig = Field(default_factory=EngineConfig)
-    transfer: TransferConfig = Field(default_factory=TransferConfig)
-    encoder: EncoderOptions = Field(default_factory=EncoderOptions)
-    decoder: DecoderOptions = Field(default_factory=DecoderOptions)
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
+    transfer: TransferConfig = Field(
+        default_factory=TransferConfig, description="how K/V moves between sides"
+    )
+    encoder: EncoderOptions = Field(default_factory=EncoderOptions, description="the encoder deployment")
+    decoder: DecoderOptions = Field(default_factory=DecoderOptions, description="the decoder deployment")
     # The ingress is async and mostly waits: let it hold many requests, and shed load itself
     # (http.max_in_flight_requests) so overload answers in OpenAI's error format.
     ingress: ReplicaOptions = Field(
-        default_factory=lambda: ReplicaOptions(num_cpus=0.5, max_ongoing_requests=1024)
+        default_factory=lambda: ReplicaOptions(num_cpus=0.5, max_ongoing_requests=1024),
+        description="the deployment that serves HTTP and WebSocket clients",
     )
-    http: HTTPLimits = Field(default_factory=HTTPLimits)
-    realtime: RealtimeOptions = Field(default_factory=RealtimeOptions)
+    http: HTTPLimits = Field(default_factory=HTTPLimits, description="the HTTP API's limits and keys")
+    realtime: RealtimeOptions = Field(default_factory=RealtimeOptions, description="live transcription")
 
     @field_validator("served_model_names")
     @classmethod

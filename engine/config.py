@@ -225,7 +225,13 @@ class EngineConfig(BaseModel):
         "the decode loop; a pull is mostly waiting on its link, so a few keep it busy, and one slow "
         "sender holds back only the windows queued behind its worker",
     )
-    attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = "auto"
+    attention_backend: Literal["auto", "torch", "triton", "flash_attn"] = Field(
+        "auto",
+        description="the decoder's paged attention: 'torch' (the reference; on a CPU it reads "
+        "cross-attention in place from the blocks), 'triton' (paged kernels on CUDA), 'flash_attn' "
+        "(flash-attn's paged kernel, where that package is importable; not with an fp8 KV cache); "
+        "'auto': flash_attn, else triton, where each can run on the device, else torch",
+    )
     gpu: GPUSwitches = Field(default_factory=GPUSwitches, description="switches that matter on CUDA only")
 
     @field_validator("block_size")
