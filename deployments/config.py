@@ -325,9 +325,7 @@ class AppConfig(BaseModel):
         "README, 'One GPU'); `encoder` then sets only its batching, `decoder` the replicas",
     )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
-    transfer: TransferConfig = Field(
-        default_factory=TransferConfig, description="how K/V moves between sides"
-    )
+    transfer: TransferConfig = Field(default_factory=TransferConfig, description="how the K/V travels")
     encoder: EncoderOptions = Field(default_factory=EncoderOptions, description="the encoder deployment")
     decoder: DecoderOptions = Field(default_factory=DecoderOptions, description="the decoder deployment")
     # The ingress is async and mostly waits: let it hold many requests, and shed load itself
