@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from deployments.config_reference import REGENERATE, render
 from tests.support.paths import REPO_ROOT
 
@@ -17,3 +20,20 @@ def test_configuration_page_names_every_field_of_every_section():
         assert f"## `{section}`" in page
         assert f"| `{field}` |" in page
     assert "| `num_cpus` | float (>= 0) | `0.5` |" in page, "the ingress's own defaults, not ReplicaOptions'"
+
+
+def test_performance_page_and_its_plots_are_written_from_the_recorded_results(tmp_path):
+    script = REPO_ROOT / "benchmarks" / "plot_performance.py"
+    subprocess.run([sys.executable, str(script), "--out", str(tmp_path)], check=True, cwd=REPO_ROOT)
+    page = (tmp_path / "performance.md").read_text()
+    images = sorted(path.name for path in (tmp_path / "images").glob("*.png"))
+    assert images, "no plot was written"
+    for name in images:
+        assert (tmp_path / "images" / name).stat().st_size > 10_000, f"{name} is too small to be a plot"
+        assert f"](images/{name})" in page, f"the page does not show {name}"
+    committed = (REPO_ROOT / "docs" / "performance.md").read_text()
+    assert committed == page, (
+        "docs/performance.md is out of date; regenerate it: python benchmarks/plot_performance.py"
+    )
+    for name in images:
+        assert (REPO_ROOT / "docs" / "images" / name).exists(), f"docs/images/{name} is not committed"
