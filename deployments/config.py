@@ -322,7 +322,7 @@ class AppConfig(BaseModel):
         description="disaggregated: encoder and decoder replicas are deployments of their own, scaled "
         "apart, the K/V moving between them (`transfer`); colocated: each decoder replica encodes its own "
         "windows, in one process on two CUDA streams (on one GPU two processes' kernels take turns: "
-        "README, 'One GPU'); `encoder` then sets only its batching, `decoder` the replicas",
+        "docs/gpu.md, 'One GPU'); `encoder` then sets only its batching, `decoder` the replicas",
     )
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
     transfer: TransferConfig = Field(default_factory=TransferConfig, description="how the K/V travels")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -37,3 +38,28 @@ def test_performance_page_and_its_plots_are_written_from_the_recorded_results(tm
     )
     for name in images:
         assert (REPO_ROOT / "docs" / "images" / name).exists(), f"docs/images/{name} is not committed"
+
+
+def _markdown_pages():
+    return [
+        REPO_ROOT / "README.md",
+        REPO_ROOT / "benchmarks" / "RESULTS.md",
+        *sorted((REPO_ROOT / "docs").glob("*.md")),
+    ]
+
+
+def test_every_relative_link_in_the_user_docs_points_at_a_file_that_exists():
+    broken = []
+    for page in _markdown_pages():
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if target.startswith(("http://", "https://", "#")):
+                continue
+            path = target.split("#", 1)[0]
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(REPO_ROOT)} -> {target}")
+    assert not broken, f"links to files that do not exist: {broken}"
+
+
+def test_readme_stays_short():
+    lines = len((REPO_ROOT / "README.md").read_text().splitlines())
+    assert lines <= 200, f"README.md has {lines} lines; move detail into docs/"
