@@ -421,9 +421,9 @@ page and its plots are written from those files by `{REGENERATE}`. How results a
 
 Read the GPU figures with two things in mind. They use random weights of Whisper large-v3's and
 large-v3-turbo's shapes with a fixed number of decoded tokens, so they measure speed, not accuracy
-(the accuracy tests use real tiny.en and base weights). And runs of one app on one lent machine
-differ by up to ~20% from one lease to the next, with the host CPU's speed: compare figures within a
-table, where they come from one run or one lease.
+(the accuracy tests use real tiny.en and base weights). And runs of one app on the same kind of
+machine differ by up to ~20% from one machine to the next, with the host CPU's speed: compare
+figures within a table, where they come from one run or one machine.
 """
 
 
