@@ -354,6 +354,40 @@ def multi_gpu(results_dir: Path, images_dir: Path) -> list[str]:
     return lines + [save(figure, images_dir, "multi_gpu.png"), ""]
 
 
+def beams(results_dir: Path) -> list[str]:
+    record = load(results_dir, "beams")
+    lines = ["## Beam search on one GPU", ""]
+    lines += [
+        "Beam 5 against greedy decoding, and against transformers' `generate(num_beams=5)`. Each "
+        "window's beams decode together with other windows' in one batch and share its one copy of the "
+        "cross-attention K/V. Two whole runs.",
+        "",
+    ]
+    lines += provenance(record)
+    runs = record["runs"]
+    columns = list(runs[0]["beam5_cost"])
+    rows = [
+        [
+            "beam 5's cost in greedy's requests/s",
+            *[_spread(runs, "beam5_cost", c, "{:.2f}x") for c in columns],
+        ],
+        [
+            "ours / transformers at beam 5",
+            *[_spread(runs, "beam5_ours_over_transformers", c, "{:.1f}x") for c in columns],
+        ],
+    ]
+    header = ["", *[c.replace("/", ", ") + " windows" for c in columns]]
+    return lines + table(header, rows)
+
+
+def _spread(runs: list[dict], field: str, column: str, fmt: str) -> str:
+    values = sorted(run[field][column] for run in runs if column in run[field])
+    if not values:
+        return "-"
+    low, high = fmt.format(values[0]), fmt.format(values[-1])
+    return low if low == high else f"{low[:-1]}-{high}"
+
+
 def cpu_app_and_autoscaling(results_dir: Path) -> list[str]:
     load_test = load(results_dir, "load")
     m = load_test["metrics"]
@@ -433,6 +467,7 @@ def render(results_dir: Path, images_dir: Path) -> str:
     lines += gpu_engine(results_dir, images_dir)
     lines += app_vs_engine(results_dir, images_dir)
     lines += multi_gpu(results_dir, images_dir)
+    lines += beams(results_dir)
     lines += realtime(results_dir, images_dir)
     lines += offline_cpu(results_dir, images_dir)
     lines += cpu_app_and_autoscaling(results_dir)
