@@ -29,8 +29,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_gpu import config_for, hf_prompt_ids, release_memory, sync  # noqa: E402
-from benchmarks.gpu_models import add_dtype_argument, engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
+from benchmarks.bench_gpu import (  # noqa: E402
+    add_dtype_argument,
+    config_for,
+    hf_prompt_ids,
+    release_memory,
+    resolved_dtype,
+    sync,
+)
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.decode.engine import DecoderEngine  # noqa: E402
@@ -38,6 +44,7 @@ from engine.decode.heap import freeze_start_up_objects  # noqa: E402
 from engine.kv.sources import CrossKVTensor  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
+from tests.support.gpu_models import engine_model, random_hf_whisper  # noqa: E402
 
 
 def beam_engine(
@@ -113,7 +120,9 @@ def hf_req_per_s(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", default="large-v3,large-v3-turbo")
     parser.add_argument("--windows", default="16,64", help="windows decoded at once, one row each")
     parser.add_argument("--hf-windows", type=int, default=16, help="the batch transformers runs at")

@@ -112,7 +112,9 @@ def noise_words(transcriber: Transcriber) -> list[list]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="for the end-to-end part")
     parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")

@@ -36,7 +36,9 @@ SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7, help="runs of each mode, interleaved")
     parser.add_argument("--device", default="cpu")

@@ -126,7 +126,9 @@ def run_transformers(clips, in_flight: int, beam_size: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--no-transformers", action="store_true", help="leave transformers' generate out")

@@ -103,7 +103,9 @@ def closed_loop(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True, help="the Hugging Face folder the app serves")
     parser.add_argument("--max-num-seqs", default="64,128")
     parser.add_argument("--batches", type=int, default=4, help="requests sent: this many times max_num_seqs")

@@ -57,7 +57,7 @@ import torch
 import yaml
 
 sys.path.insert(0, ".")
-from benchmarks.gpu_models import random_hf_whisper
+from tests.support.gpu_models import random_hf_whisper
 
 work, tokenizer, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 random_hf_whisper(model, "cpu", torch.bfloat16).save_pretrained(work / model)
