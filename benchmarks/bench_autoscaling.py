@@ -3,7 +3,8 @@ Runs the scenario of tests/support/autoscaling.py (an encoder burst of near-sile
 decoder load of long dense speech, idle) with longer phases, and prints the most replicas of each
 side in each phase, the requests sent and lost, whether both sides went back to one replica, and
 where the replicas ran. Writes the replica counts over time to benchmarks/autoscaling.png; with
---record, appends the table to RESULTS.md and writes benchmarks/results/autoscaling.json.
+--record, appends the table to the results log (benchmarks/recording.py) and writes
+benchmarks/results/autoscaling.json.
 
     .venv/bin/python benchmarks/bench_autoscaling.py [--burst-s 60] [--load-s 90] [--record]
 """

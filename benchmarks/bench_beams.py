@@ -10,8 +10,12 @@ hand: the encoder is the same for greedy and beams). Ours runs them with continu
     python benchmarks/bench_beams.py [--shapes large-v3,large-v3-turbo] [--windows 16,64]
         [--beam-size 5] [--tokens 100] [--hf-windows 16] [--device cuda] [--pin-cpu 2] [--record]
 
-A beam step's wall time depends on the host's work, and on a lent GPU machine it jumps between
-runs by up to 25% unless the process stays on one core (``--pin-cpu``).
+A beam step's wall time depends on the host's work, and on a shared GPU machine it varies between
+runs unless the process stays on one core (``--pin-cpu``).
+
+Prints a row per shape and window count (greedy and beam requests/s, their ratio, and
+transformers' beam requests/s where it ran); --record appends the table to the results log
+(benchmarks/recording.py).
 
 On a CPU, ``--shapes tiny --device cpu --windows 4 --hf-windows 4 --tokens 16`` tries it out.
 """
@@ -162,8 +166,8 @@ def main() -> None:
             print(rows[-1], flush=True)
         del loaded
         release_memory(args.device)
-    # transformers after all of ours: run before ours in the same process, its generate() left our
-    # beam runs slower (benchmarks/RESULTS.md, issue 21), which no server of ours meets.
+    # transformers after all of ours: run before ours in the same process, its generate() leaves our
+    # beam runs slower, which no server of ours meets.
     for shape in shapes if args.hf_windows in window_counts else []:
         hf = random_hf_whisper(shape, args.device, dtype)
         theirs = hf_req_per_s(

@@ -12,13 +12,14 @@
     stream (also: encoder inline, and an fp8 K/V cache holding twice the requests in the same
     memory, and async steps off); transformers takes arrived requests in static batches of up to 64
     (encoder + generate);
-(light) latency under a light Poisson load (ours also with each prompt fed in one eager step, the
-    way it was before prompts ran a token a step through the graphs).
+(light) latency under a light Poisson load (ours also with each prompt fed in one eager step:
+    engine.gpu.stepped_prompt_tokens 0).
 
     python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo]
         [--sections encoder,decode,engine,light] [--record]
 
---record appends the tables to RESULTS.md and writes benchmarks/results/gpu.json.
+Prints each section's table as it ends; --record appends them to the results log
+(benchmarks/recording.py) and writes their figures to --json (benchmarks/results/gpu.json).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Load test of the serving app: many concurrent clients for minutes; every request must get a
 final answer, no 5xx but the designed 429/503, every process's memory flat after warm-up, and
-the KV pool all free at the end.
+the KV pool all free at the end. Prints the figures (requests, statuses, throughput, latency
+percentiles, tokens/s, where a window's time went), each process's memory and busy cores; --record
+appends them to the results log (benchmarks/recording.py) and writes benchmarks/results/load.json.
 
     .venv/bin/python benchmarks/bench_load.py [--clients 64] [--processes 1] [--duration-s 300] [--record]
         [--fixed-output-tokens N] [--no-fallback] [--priority interactive|batch]

@@ -14,6 +14,9 @@ millisecond on both sides). Reported per N concurrent streams:
 
     python benchmarks/bench_realtime.py --streams 1 2 4 8 --baseline-streams 1 2 4
 (starts the default app on a local Ray; --url uses a running one instead).
+
+Prints a JSON row per system and stream count as it ends, and writes them all to --out
+(benchmarks/results/realtime.json by default).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The engine alone on the weights the app serves, at the app benchmark's concurrency: the
-denominators of issue 20's app/engine ratio (benchmarks/run_app_on_gpu.sh runs it after the app).
+denominators of the app/engine ratio (benchmarks/run_app_on_gpu.sh runs it after the app).
 
     python benchmarks/engine_alone.py --model /tmp/whisper-app/large-v3 --max-num-seqs 64,128
 
