@@ -33,6 +33,10 @@
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,/^set /s/^# \{0,1\}//p' "$0"  # the comment above: what it runs, measures and prints
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 : "${TOKENIZER:?set TOKENIZER to a multilingual Whisper tokenizer.json}"
 MODEL=${MODEL:-large-v3}

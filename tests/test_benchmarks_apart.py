@@ -1,6 +1,7 @@
 """Benchmarks stand apart from the tests: no test module imports ``benchmarks`` (what both need lives
 in tests/support/), and every script left in benchmarks/ says on ``--help`` what it measures and
-what it prints or records.
+what it prints or records: a Python script's argparse description (its docstring), the shell
+script's header comment.
 
 The imports are read from the source (AST), at module level and inside functions alike. The scripts'
 ``--help`` runs in one subprocess for all of them, so torch and the engine are imported once.
@@ -75,3 +76,14 @@ def test_every_benchmark_script_describes_itself_on_help():
         first_line = description.splitlines()[0]
         assert printed[str(path)].startswith("usage:"), (path.name, printed[str(path)][:300])
         assert first_line in printed[str(path)], (path.name, printed[str(path)][:300])
+        assert "prints" in description.lower(), f"{path.name}'s description does not say what it prints"
+
+
+def test_the_app_on_a_gpu_script_prints_its_header_on_help():
+    script = BENCHMARKS / "run_app_on_gpu.sh"
+    done = subprocess.run(
+        ["bash", str(script), "--help"], capture_output=True, text=True, timeout=30, check=True
+    )
+    header = script.read_text().splitlines()[1].removeprefix("# ")
+    assert done.stdout.startswith(header), done.stdout[:300]
+    assert "bench_load.py" in done.stdout and "engine_alone.py" in done.stdout
