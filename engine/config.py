@@ -73,7 +73,7 @@ class GPUSwitches(BaseModel):
     compile_encoder: bool = Field(
         True,
         description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
-        "between the matrix products); start-up takes longer, by the compilation",
+        "between the matrix products); start-up takes longer while it compiles",
     )
     encoder_cuda_graphs: bool | None = Field(
         None,

@@ -14,7 +14,7 @@ They are captured on a stream of their own, not torch's default capture stream. 
 stream its own cuBLAS workspace, and a captured product keeps the workspace of the stream it was
 captured on. On the default capture stream, the encoder's products would share a workspace with
 the decode step's graphs (engine/decode/cuda_graphs.py), and two replays running at once on two
-streams would write over each other's split-K scratch, and hang the GPU with both streams waiting.
+streams would write over each other's split-K scratch, which can hang the GPU with both streams waiting.
 """
 
 from __future__ import annotations
