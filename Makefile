@@ -30,8 +30,7 @@ lint: install-test
 test: lint
 	$(PY) -m pytest -q --durations=30 tests
 
-# The quick loop while editing: no Ray, no GPU, none of the long CPU tests (under 3 minutes on a
-# 2-core machine).
+# The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint
 	$(PY) -m pytest -q -m "not slow and not ray and not gpu" tests
 

@@ -10,8 +10,12 @@ hand: the encoder is the same for greedy and beams). Ours runs them with continu
     python benchmarks/bench_beams.py [--shapes large-v3,large-v3-turbo] [--windows 16,64]
         [--beam-size 5] [--tokens 100] [--hf-windows 16] [--device cuda] [--pin-cpu 2] [--record]
 
-A beam step's wall time depends on the host's work, and on a lent GPU machine it jumps between
-runs by up to 25% unless the process stays on one core (``--pin-cpu``).
+A beam step's wall time depends on the host's work, and on a shared GPU machine it varies between
+runs unless the process stays on one core (``--pin-cpu``).
+
+Prints a row per shape and window count (greedy and beam requests/s, their ratio, and
+transformers' beam requests/s where it ran); --record appends the table to the results log
+(benchmarks/recording.py).
 
 On a CPU, ``--shapes tiny --device cpu --windows 4 --hf-windows 4 --tokens 16`` tries it out.
 """
@@ -29,8 +33,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_gpu import config_for, hf_prompt_ids, release_memory, sync  # noqa: E402
-from benchmarks.gpu_models import add_dtype_argument, engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
+from benchmarks.bench_gpu import (  # noqa: E402
+    add_dtype_argument,
+    config_for,
+    hf_prompt_ids,
+    release_memory,
+    resolved_dtype,
+    sync,
+)
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.decode.engine import DecoderEngine  # noqa: E402
@@ -38,6 +48,7 @@ from engine.decode.heap import freeze_start_up_objects  # noqa: E402
 from engine.kv.sources import CrossKVTensor  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
+from tests.support.gpu_models import engine_model, random_hf_whisper  # noqa: E402
 
 
 def beam_engine(
@@ -113,7 +124,9 @@ def hf_req_per_s(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", default="large-v3,large-v3-turbo")
     parser.add_argument("--windows", default="16,64", help="windows decoded at once, one row each")
     parser.add_argument("--hf-windows", type=int, default=16, help="the batch transformers runs at")
@@ -153,8 +166,8 @@ def main() -> None:
             print(rows[-1], flush=True)
         del loaded
         release_memory(args.device)
-    # transformers after all of ours: run before ours in the same process, its generate() left our
-    # beam runs slower (benchmarks/RESULTS.md, issue 21), which no server of ours meets.
+    # transformers after all of ours: run before ours in the same process, its generate() leaves our
+    # beam runs slower, which no server of ours meets.
     for shape in shapes if args.hf_windows in window_counts else []:
         hf = random_hf_whisper(shape, args.device, dtype)
         theirs = hf_req_per_s(

@@ -12,13 +12,14 @@
     stream (also: encoder inline, and an fp8 K/V cache holding twice the requests in the same
     memory, and async steps off); transformers takes arrived requests in static batches of up to 64
     (encoder + generate);
-(light) latency under a light Poisson load (ours also with each prompt fed in one eager step, the
-    way it was before prompts ran a token a step through the graphs).
+(light) latency under a light Poisson load (ours also with each prompt fed in one eager step:
+    engine.gpu.stepped_prompt_tokens 0).
 
     python benchmarks/bench_gpu.py [--shapes large-v3,large-v3-turbo]
         [--sections encoder,decode,engine,light] [--record]
 
---record appends the tables to RESULTS.md and writes benchmarks/results/gpu.json.
+Prints each section's table as it ends; --record appends them to the results log
+(benchmarks/recording.py) and writes their figures to --json (benchmarks/results/gpu.json).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.gpu_models import add_dtype_argument, engine_model, random_hf_whisper, resolved_dtype  # noqa: E402
 from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
 from engine.config import EncoderAttention, EngineConfig, GPUSwitches  # noqa: E402
 from engine.decode.engine import DecoderEngine  # noqa: E402
@@ -47,6 +47,7 @@ from engine.kv.storage import PagedKVStorage  # noqa: E402
 from engine.model.audio import N_SAMPLES, log_mel_spectrogram  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 from engine.types import DecodeOptions  # noqa: E402
+from tests.support.gpu_models import engine_model, random_hf_whisper  # noqa: E402
 
 OUTPUT_TOKENS = 100
 # The most windows an engine run's encoder forward takes, and the largest batch its CUDA graphs (where
@@ -57,6 +58,20 @@ HF_STATIC_LABEL = (
 )
 # Peak HBM bandwidth by device name (vendor figures), for the decode bound.
 PEAK_BANDWIDTH = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H100 NVL": 3.9e12, "H200": 4.8e12}
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "float16", "bfloat16"],
+        help="the engine's dtype ('auto': the engine's default on the device)",
+    )
+
+
+def resolved_dtype(device: str, dtype: str = "auto") -> torch.dtype:
+    """The dtype the engine runs ``dtype`` in on ``device`` ("auto" resolved as EngineConfig does)."""
+    return EngineConfig(device=device, dtype=dtype).torch_dtype
 
 
 def release_memory(device: str) -> None:
@@ -492,7 +507,9 @@ def roofline_req_per_s(
 # ----------------------------------------------------------------------------------- main
 def main() -> None:
     global _TOKENIZER
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--shapes", default="large-v3,large-v3-turbo")
     parser.add_argument("--sections", default="encoder,decode,engine,light")
     parser.add_argument("--device", default="cuda")

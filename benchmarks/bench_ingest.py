@@ -7,6 +7,7 @@ words each gives on the no-speech noise set of tests/support/noise.py.
     .venv/bin/python benchmarks/bench_ingest.py [--repeats 3] [--threads 2] [--record]
 
 On a shared machine other jobs only ever add time: each cost is the fastest of ``--repeats`` runs.
+Prints the three tables; --record appends them to the results log (benchmarks/recording.py).
 """
 
 from __future__ import annotations
@@ -112,10 +113,12 @@ def noise_words(transcriber: Transcriber) -> list[list]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2, help="for the end-to-end part")
-    parser.add_argument("--record", action="store_true", help="append the tables to benchmarks/RESULTS.md")
+    parser.add_argument("--record", action="store_true", help="append the tables to the results log")
     args = parser.parse_args()
     paused = paused_speech_file(SPEECH_DIR)
 

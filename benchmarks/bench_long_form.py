@@ -11,6 +11,9 @@ several interleaved runs is its least disturbed one: the headline ratio is of th
     .venv/bin/python benchmarks/bench_long_form.py [--threads 2] [--repeats 7] [--record]
     # on a GPU machine:
     python benchmarks/bench_long_form.py --device cuda --model path/to/tiny.en-hf-folder --no-wer
+
+Prints each run's wall time, then a table per mode (windows, fastest and median wall s, RTFx, WER)
+and the ratio; --record appends them to the results log (benchmarks/recording.py).
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=7, help="runs of each mode, interleaved")
     parser.add_argument("--device", default="cpu")
@@ -44,7 +49,7 @@ def main() -> None:
     parser.add_argument(
         "--no-wer", action="store_true", help="where the test extra (jiwer, the normalizer) is missing"
     )
-    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--record", action="store_true", help="append the table to the results log")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     long_file = long_form_file(SPEECH_DIR)

@@ -6,6 +6,9 @@ RTFx = audio seconds / wall seconds. All engines get the same CPU threads and th
 without timestamps.
 
     .venv/bin/python benchmarks/bench_offline.py [--threads 2] [--beam-size 5] [--no-transformers] [--record]
+
+Prints a table of RTFx and WER per system and requests in flight; --record appends it to the
+results log (benchmarks/recording.py). `make bench` runs it with the defaults.
 """
 
 from __future__ import annotations
@@ -126,11 +129,13 @@ def run_transformers(clips, in_flight: int, beam_size: int):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--no-transformers", action="store_true", help="leave transformers' generate out")
-    parser.add_argument("--record", action="store_true", help="append the table to benchmarks/RESULTS.md")
+    parser.add_argument("--record", action="store_true", help="append the table to the results log")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     clips = [c for c in load_manifest(SPEECH_DIR) if c.text and c.duration_s <= 30]

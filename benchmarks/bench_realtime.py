@@ -14,6 +14,9 @@ millisecond on both sides). Reported per N concurrent streams:
 
     python benchmarks/bench_realtime.py --streams 1 2 4 8 --baseline-streams 1 2 4
 (starts the default app on a local Ray; --url uses a running one instead).
+
+Prints a JSON row per system and stream count as it ends, and writes them all to --out
+(benchmarks/results/realtime.json by default).
 """
 
 from __future__ import annotations
@@ -32,11 +35,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_load import metric_sum  # noqa: E402
-from benchmarks.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session  # noqa: E402
 from engine.model.audio import SAMPLE_RATE, load_audio_file, resample  # noqa: E402
 from engine.transcribe.agreement import LocalAgreement  # noqa: E402
 from engine.transcribe.evaluation import load_manifest, word_error_rate  # noqa: E402
+from tests.support.app_metrics import metric_sum  # noqa: E402
+from tests.support.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 # Utterances tiny.en transcribes well from the file (so WER gaps measure the live path), 2-4.6 s.
@@ -206,8 +209,8 @@ def _start_app(api_key: str):
     import yaml
     from ray import serve
 
-    from benchmarks.local_ports import free_port
     from deployments.app import build_app
+    from tests.support.ports import free_port
 
     spec = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["applications"][0]
     port = free_port()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the lent GPU machine lacks beyond ../shared/gpu's bundles (.gpu) into parts that fit
 # one call each (a call carries at most 64 MiB with the working tree): the real tiny.en and base
-# weights (for tests/engine/test_gpu_real_weights.py and benchmarks/gpu_accuracy.py) and the
+# weights (for tests/engine/test_gpu_real_weights.py) and the
 # wheels the app's ingress and the realtime benchmark need there (PyAV below 19, onnxruntime,
 # silero-vad, the openai client and its httpx2 stack).
 #

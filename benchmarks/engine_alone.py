@@ -1,5 +1,5 @@
 """The engine alone on the weights the app serves, at the app benchmark's concurrency: the
-denominators of issue 20's app/engine ratio (benchmarks/run_app_on_gpu.sh runs it after the app).
+denominators of the app/engine ratio (benchmarks/run_app_on_gpu.sh runs it after the app).
 
     python benchmarks/engine_alone.py --model /tmp/whisper-app/large-v3 --max-num-seqs 64,128
 
@@ -103,7 +103,9 @@ def closed_loop(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", required=True, help="the Hugging Face folder the app serves")
     parser.add_argument("--max-num-seqs", default="64,128")
     parser.add_argument("--batches", type=int, default=4, help="requests sent: this many times max_num_seqs")

@@ -34,7 +34,7 @@ def markdown_table(headers: list[str], rows: list[list]) -> str:
     def cell(value) -> str:
         if not isinstance(value, float):
             return str(value)
-        # Three significant figures, but a large figure whole (18,600 tokens/s, not 1.86e+04).
+        # Three significant figures, but a large figure whole (18600, not 1.86e+04).
         return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]

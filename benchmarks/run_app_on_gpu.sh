@@ -33,6 +33,10 @@
 #
 # On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
 set -euo pipefail
+if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
+  sed -n '2,/^set /s/^# \{0,1\}//p' "$0"  # the comment above: what it runs, measures and prints
+  exit 0
+fi
 cd "$(dirname "$0")/.."
 : "${TOKENIZER:?set TOKENIZER to a multilingual Whisper tokenizer.json}"
 MODEL=${MODEL:-large-v3}
@@ -57,7 +61,7 @@ import torch
 import yaml
 
 sys.path.insert(0, ".")
-from benchmarks.gpu_models import random_hf_whisper
+from tests.support.gpu_models import random_hf_whisper
 
 work, tokenizer, model = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 random_hf_whisper(model, "cpu", torch.bfloat16).save_pretrained(work / model)

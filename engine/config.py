@@ -47,8 +47,7 @@ class ResolvedGPUSwitches:
 
 
 class GPUSwitches(BaseModel):
-    """Speed switches that matter only on a CUDA device; on a CPU every one of them is off. The
-    measured effect of each is in benchmarks/RESULTS.md."""
+    """Speed switches that matter only on a CUDA device; on a CPU every one of them is off."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -74,7 +73,7 @@ class GPUSwitches(BaseModel):
     compile_encoder: bool = Field(
         True,
         description="compile the encoder with torch.compile (fuses the norms, GELUs and layout copies "
-        "between the matrix products); start-up takes ~1 min longer",
+        "between the matrix products); start-up takes longer while it compiles",
     )
     encoder_cuda_graphs: bool | None = Field(
         None,
@@ -83,7 +82,7 @@ class GPUSwitches(BaseModel):
         "instead of hundreds, which a decode loop in the same process would otherwise hold up. None: on "
         "with fp8_encoder, whose quantizing kernels and FP8 products take the host longer to launch than "
         "a small batch takes the GPU to run; off otherwise: beside a colocated decode loop the 16-bit "
-        "encoder's graphs served no more tokens a second (benchmarks/RESULTS.md)",
+        "encoder's graphs served no more tokens a second",
     )
     fused_encoder_gelu: bool = Field(
         True,
@@ -108,14 +107,14 @@ class GPUSwitches(BaseModel):
         False,
         description="run the encoder's matrix products (and the cross-K/V projection) in FP8 e4m3 with "
         "per-channel weight and per-token activation scales (engine/model/fp8.py); needs FP8 tensor "
-        "cores (compute capability 8.9+: Ada, Hopper). Accuracy and speed: benchmarks/RESULTS.md",
+        "cores (compute capability 8.9+: Ada, Hopper)",
     )
     encoder_stream_first: bool = Field(
         True,
         description="where the encoder runs beside the decode loop in one process (placement colocated, "
         "the offline API), give its CUDA stream a higher priority than the decode steps': the GPU then "
         "starts an encoder batch's blocks ahead of queued decode kernels, so windows reach the decoder "
-        "sooner and more of them decode in each step (benchmarks/RESULTS.md)",
+        "sooner and more of them decode in each step",
     )
     encoder_sm_share: float | None = Field(
         None,
@@ -125,14 +124,14 @@ class GPUSwitches(BaseModel):
         "SMs its stream may use (a CUDA green context; needs a torch built with green contexts, CUDA "
         "12.4+). A full-GPU encoder product holds every SM, and a decode step's small kernels queue "
         "behind it; on a partition of its own it leaves the rest to the decode steps, which use every "
-        "SM while the encoder is idle. None: no partition (benchmarks/RESULTS.md)",
+        "SM while the encoder is idle. None: no partition",
     )
     encoder_attention: EncoderAttention = Field(
         "auto",
         description="the encoder's self-attention: 'sdpa' (torch's scaled_dot_product_attention, cuDNN's "
         "fused kernel on a GPU), 'flash_attn_3' (FlashAttention-3, Hopper GPUs only, from an installed "
         "build: engine/attention/flash_attention_3.py; start-up fails on a GPU where it cannot run), "
-        "'auto': FlashAttention-3 where it can run, else sdpa (benchmarks/RESULTS.md)",
+        "'auto': FlashAttention-3 where it can run, else sdpa",
     )
 
     def resolve(
@@ -176,16 +175,16 @@ class EngineConfig(BaseModel):
         "auto",
         description="'auto': float32 on CPU (no fast half matmuls there; engine.cpu_dtype may run the "
         "heaviest products in bf16), float16 on CUDA (Whisper was "
-        "trained in fp16; bf16's 8-bit mantissa costs about a WER point on real weights, see "
-        "benchmarks/RESULTS.md). A window whose activations overflow fp16 fails with a clear error",
+        "trained in fp16; bf16's 8-bit mantissa costs accuracy on real weights). A window whose "
+        "activations overflow fp16 fails with a clear error",
     )
     cpu_dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "auto",
         description="precision of the heavy products on a CPU when engine.dtype is float32: 'bfloat16' "
         "runs the encoder, and the decoder's first pass over the vocabulary, on the CPU's bf16 "
         "instructions (AVX-512 BF16 or AMX); the decoder's layers stay float32 and the likeliest "
-        "tokens' logits are recomputed in float32. Faster at a small WER cost (measured: README, "
-        "benchmarks/RESULTS.md). 'auto' takes bfloat16 where the CPU has the instructions and float32 "
+        "tokens' logits are recomputed in float32. Faster at a small WER cost. 'auto' takes bfloat16 "
+        "where the CPU has the instructions and float32 "
         "elsewhere, or where engine.dtype is float32 by name. Ignored on CUDA, where engine.dtype rules",
     )
     block_size: int = Field(
@@ -193,7 +192,7 @@ class EngineConfig(BaseModel):
         description="tokens per KV block, a power of two. The cache is block-major (a block holds all "
         "layers), so a layer's K/V of one block is one contiguous piece of block_size tokens: small "
         "blocks make a layer's reads jump across the pool, and cross-attention reads them markedly "
-        "slower (measured: benchmarks/RESULTS.md). 1500 frames fill 12 blocks of 128, 36 slots of "
+        "slower. 1500 frames fill 12 blocks of 128, 36 slots of "
         "padding",
     )
     kv_cache_memory_mb: float = Field(512, gt=0, description="memory for the paged KV cache")

@@ -8,9 +8,9 @@ its cross blocks as one run where it can: engine/kv/block_pool.py), and a few ma
 over that view attend a group of G heads at once: the queries are laid out block-diagonally,
 [G x n_q, G * D] with query (h, i) nonzero only in head h's columns, so one product gives each
 head's scores against every key. The off-diagonal products are wasted work (G times the useful
-multiply-adds), cheaper than a product per head up to about six heads a product (measured:
-benchmarks/RESULTS.md). A table of several runs is attended run by run, the scores of all its runs
-softmaxed together. Requests that share a table (a window's beams) are attended together.
+multiply-adds), cheaper than a product per head up to about six heads a product. A table of several
+runs is attended run by run, the scores of all its runs softmaxed together. Requests that share a
+table (a window's beams) are attended together.
 
 Self-attention (causal, a few blocks) and an fp8 cache keep the reference's gather.
 """

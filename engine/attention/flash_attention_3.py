@@ -3,7 +3,7 @@
 Why: at the encoder's shape (heads of 64, 1500 frames, no mask) torch's SDPA runs cuDNN's fused
 kernel, bound by its exponentials and by how well it overlaps them with its products.
 FlashAttention-3 overlaps the softmax of one warp group with the tensor cores of another, and on
-an H200 runs the same attention faster at an encoder's batches (benchmarks/RESULTS.md).
+Hopper runs the same attention faster at an encoder's batches.
 
 It is no dependency of the project: any build exposing FlashAttention-3's interface serves. Two
 module names are looked for, in order: ``flash_attn_interface`` (flash-attention's own hopper/
@@ -33,8 +33,7 @@ _DTYPE_FLAGS = {torch.float16: "FLASHATTENTION_DISABLE_FP16", torch.bfloat16: No
 _HEAD_DIMS = (64, 96, 128, 192, 256)
 
 # Fewer windows than this take SDPA even where FlashAttention-3 serves: at one or two windows of
-# 20 heads its kernel ran 4-9% slower than cuDNN's on an H200, from three on 4-6% faster
-# (benchmarks/RESULTS.md).
+# 20 heads its kernel is slower than cuDNN's, from three on faster.
 MIN_WINDOWS = 3
 
 INSTALL_HINT = (
@@ -103,9 +102,9 @@ def attention_dtype(
     """The dtype the encoder's attention runs in through ``build``, or None where it cannot.
 
     With FP8 products the QKV product can leave in either 16-bit dtype at no cost, and bf16 is
-    preferred where the build has it: its kernel was the faster of the two (benchmarks/RESULTS.md),
-    and its coarser rounding of Q, K and V is ten times finer than the e4m3 rounding of
-    attention's output that follows. Otherwise attention runs in the model's dtype or not at all:
+    preferred where the build has it: its kernel is the faster of the two, and its coarser
+    rounding of Q, K and V is ten times finer than the e4m3 rounding of attention's output that
+    follows. Otherwise attention runs in the model's dtype or not at all:
     a cast would add a pass over the QKV product."""
     if fp8_products:
         for dtype in (torch.bfloat16, torch.float16):

@@ -28,8 +28,7 @@ class TorchReferenceBackend(AttentionBackend):
 
         Each block's slice is contiguous inside the block-major cache, so the view is a matrix with
         one row per block and ``index_select`` copies whole rows; advanced indexing
-        (``cache[ids]``) walks the strided view element by element instead, many times slower
-        (measured: benchmarks/RESULTS.md)."""
+        (``cache[ids]``) walks the strided view element by element instead, many times slower."""
         if not cache[0].is_contiguous():  # another layout: the generic gather
             return cache[block_ids]
         rows = cache.flatten(1)  # a view, [num_blocks, bs * H * D]

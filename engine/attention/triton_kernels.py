@@ -17,12 +17,12 @@ Design (flash-decoding style):
   no bandwidth, and the padded MMA streams the K/V close to a plain read's rate, as fast as or
   faster than a one-row multiply-and-reduce or prefetching the next tile into registers by hand.
   Decode tiles are small (32 keys) with a deep load pipeline (4 stages), the fastest of the sizes
-  tried (measured: benchmarks/RESULTS.md).
+  tried.
 * An fp8 (e4m3) cache is upcast to fp16, not bf16, as it is loaded: e4m3 -> fp16 is one hardware
   conversion per pair of values, and fp16 holds every e4m3 value exactly. The bf16 query is
   saturated to fp16's range. Decode tiles are 128 keys over 3 stages (the same bytes per tile as 64
   bf16 keys). Read this way an fp8 layer is faster than upcasting it to bf16, and faster than a
-  bf16 cache, which has twice the bytes (measured: benchmarks/RESULTS.md).
+  bf16 cache, which has twice the bytes.
 * A decode step over a cache whose head_dim is a power of two runs a second kernel, grouped
   decode (engine/attention/triton_decode_kernel.py): one program per (request, group of adjacent
   heads, split) reads each key tile as one row of all the group's heads side by side (a contiguous
@@ -31,8 +31,7 @@ Design (flash-decoding style):
   spare rows hold the other beams of a window that share its cross-attention table, so one pass
   over the keys serves them all. Two heads per program (128 keys per tile for
   fp8) read a layer faster than one head per program, clearly for fp8 at large batches and
-  slightly for bf16; four heads per program (256 columns) was slower than one (measured:
-  benchmarks/RESULTS.md).
+  slightly for bf16; four heads per program (256 columns) was slower than one.
 * With more than one split the programs write unnormalised partials (running max ``m``, running
   sum ``l`` and accumulator) to fp32 scratch, and a second kernel merges them per (token, head).
   With one split the first kernel normalises and writes the output directly.
@@ -121,7 +120,7 @@ if triton is not None:
         # Masks only along dimensions that can be ragged. A mask over head_dim when head_dim is
         # already a power of two would still be evaluated per element, and per-element masks stop
         # Triton from vectorising the loads along the contiguous head_dim, which costs the
-        # memory-bound decode step much of its bandwidth (measured: benchmarks/RESULTS.md).
+        # memory-bound decode step much of its bandwidth.
         if HEAD_DIM == HEAD_DIM_PAD:
             q_mask = m_valid[:, None]
         else:

@@ -44,7 +44,7 @@ _MAX_GROUP_WIDTH = 128
 GROUPED_DECODE_TILES = {1: (128, 4, 3), 2: (32, 4, 3)}
 # Decode steps of at most this many requests read each program's first key tile before they wait
 # for the kernel ahead (EARLY_TILE in triton_decode_kernel.py), so the read overlaps that kernel;
-# steps of 8 and 16 measured slower with it (benchmarks/RESULTS.md).
+# larger steps ran slower with it.
 EARLY_TILE_MAX_REQUESTS = 4
 
 
@@ -75,10 +75,9 @@ class TritonPagedBackend(AttentionBackend):
       prefill_block_n: keys per tile for prefill/mixed steps (default 64).
       num_splits:      key-range splits per (request, tile, head); None picks enough programs to
                        fill the GPU (about ``target_waves`` programs per SM), capped by
-                       ``max_splits`` and by ``min_keys_per_split``. The defaults were chosen by
-                       a sweep on an H200: at 1 and 16 windows, a decode step's cross-attention
-                       reads 1500 keys from too few programs to keep the memory busy
-                       (benchmarks/RESULTS.md).
+                       ``max_splits`` and by ``min_keys_per_split``. Without splits a small
+                       decode step's cross-attention reads its 1500 keys from too few programs
+                       to keep the memory busy.
     """
 
     name = "triton"

@@ -2,8 +2,7 @@
 
 Why: launching a compiled 32-layer encoder is hundreds of kernels, each a Python call under the
 GIL. Beside a decode loop in the same process (a colocated replica) the launching thread waits for
-the GIL behind every decode step, and a forward that needs tens of milliseconds of GPU time took
-several times that (benchmarks/RESULTS.md). A replay is one launch.
+the GIL behind every decode step, and a forward takes several times its GPU time. A replay is one launch.
 
 A batch runs in the smallest bucket (a power of two, up to the largest batch the caller will send)
 that holds it; the rows past the batch hold whatever the bucket's input last held, which is
@@ -15,9 +14,7 @@ They are captured on a stream of their own, not torch's default capture stream. 
 stream its own cuBLAS workspace, and a captured product keeps the workspace of the stream it was
 captured on. On the default capture stream, the encoder's products would share a workspace with
 the decode step's graphs (engine/decode/cuda_graphs.py), and two replays running at once on two
-streams would write over each other's split-K scratch. That is the likely cause of a hang seen on
-an H200 (the GPU 100% busy, both streams waiting): it went away with the decode graphs off, and
-with the encoder's graphs on a capture stream of their own (benchmarks/RESULTS.md).
+streams would write over each other's split-K scratch, which can hang the GPU with both streams waiting.
 """
 
 from __future__ import annotations

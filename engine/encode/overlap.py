@@ -9,8 +9,8 @@ kernels side by side.
 
 Overlap is not always a gain: the decoder starts on the first batch and runs smaller batches while
 the encoder, slowed by sharing the GPU, delivers the rest; the larger the decode batch the cache
-allows, the more that costs. On a burst it helped a bf16 cache a little and cost an fp8 cache with
-twice the requests at once (measured: benchmarks/RESULTS.md). Callers choose with ``overlap``.
+allows, the more that costs: on a burst it can help a bf16 cache and cost an fp8 cache, which holds
+twice the requests at once. Callers choose with ``overlap``.
 
 Side by side, the encoder's stream outranks the decode loop's (engine.gpu.encoder_stream_first): as
 SMs come free the GPU starts a forward's blocks before those of decode steps queued behind it. A

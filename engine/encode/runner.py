@@ -105,7 +105,7 @@ class EncoderRunner:
             self.model.encoder.fuse_gelu()  # before compiling: the compiled graph takes the fused product
         self.attention = choose_encoder_attention(loaded, switches.encoder_attention)
         if switches.compile_encoder:
-            # The whole encoder, not each layer alone: fusions across layers count (RESULTS.md).
+            # The whole encoder, not each layer alone: fusions across layers count.
             if not getattr(self.model.encoder, "_compiled_call_impl", None):
                 self.model.encoder.compile()
             # Compile now, not in a request: a second batch size makes the graph batch-dynamic, and

@@ -2,7 +2,7 @@
 candidates, picks the children and moves every child's state to its slot (engine/decode/
 beam_on_device.py says what a choice does; its PyTorch version there is the reference).
 
-As PyTorch operations a choice takes ~30 small kernels, whose launches cost the host more time
+As PyTorch operations a choice takes dozens of small kernels, whose launches cost the host more time
 than the choice saves on a small model's step. A search ranks at most a few dozen candidates
 (k x (k + 1)), so the program ranks them by counting, for each candidate, the candidates before
 it (a larger sum, or the same sum offered earlier: a stable sort, best first) in one square of

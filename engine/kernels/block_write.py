@@ -2,8 +2,8 @@
 
 Admission projects a request's encoder states to cross-attention K/V (one GEMM) and writes the
 product into the request's blocks. As PyTorch copies, one per block with the cast on the way, the
-write into an fp8 cache cost more than the GEMM itself (a clamp, then two casting copies, each a
-full pass over the request's K/V; measured: benchmarks/RESULTS.md). The kernel reads the product
+write into an fp8 cache costs more than the GEMM itself (a clamp, then two casting copies, each a
+full pass over the request's K/V). The kernel reads the product
 once and writes each block once, clamped and cast in registers, the padding slots of the last
 block zeroed.
 

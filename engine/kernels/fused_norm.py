@@ -1,15 +1,15 @@
 """A residual add and the layer norm after it as one Triton kernel, optionally quantizing the
 normed row to e4m3 for an FP8 product.
 
-A large-v3 decode step has 97 (add, layer norm) pairs. As separate PyTorch kernels (an
-elementwise add, then a layer-norm block per row) each pair writes the sum to memory and reads it
-back, and launches two kernels: a noticeable share of a decode step (measured:
-benchmarks/RESULTS.md). Fused, the sum is written once and normalised from registers.
+A large-v3 decode step has 97 (add, layer norm) pairs. As separate PyTorch kernels (an elementwise
+add, then a layer-norm block per row) each pair writes the sum to memory and reads it back, and
+launches two kernels: a noticeable share of a decode step. Fused, the sum is written once and
+normalised from registers.
 
-The FP8 encoder (engine/model/fp8.py) feeds its QKV and fc1 products layer-normed rows quantized
-per row. Compiled, torch.compile made each (add, layer norm, row amax, quantize) a looped
-reduction that read the row several times, at about a third of the memory's rate (profile:
-benchmarks/RESULTS.md); here the row is read once, and leaves as e4m3 values and a scale.
+The FP8 encoder (engine/model/fp8.py) feeds its QKV and fc1 products layer-normed rows quantized per
+row. Compiled, torch.compile made each (add, layer norm, row amax, quantize) a looped reduction that
+read the row several times, well below the memory's rate; here the row is read once, and leaves as
+e4m3 values and a scale.
 
 Numerics follow eager PyTorch: the sum is rounded to the input dtype (as ``x + delta`` is) before
 it is normalised, the statistics are fp32, and a quantized row is the layer norm's 16-bit output

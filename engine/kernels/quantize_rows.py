@@ -4,16 +4,15 @@ projection.
 
 Compiled as separate operations, torch.compile makes each a looped reduction: it read every row
 twice (and for the MLP computed the GELU twice), and the MLP's took about as long as the FP8
-products saved (profile: benchmarks/RESULTS.md). Here one program holds one row in registers:
+products saved. Here one program holds one row in registers:
 read once, GELU once, amax, scale, write the e4m3 row and its scale.
 
 Numerics follow ``engine.model.fp8.quantize_rows`` of ``F.gelu(approximate="tanh")`` in fp32 (the
 16-bit encoder's fused epilogue takes the tanh form too: engine/model/whisper.py): the same scale,
 and the same round-to-nearest-even cast to e4m3 (of the GELU times the scale's reciprocal, which
-may differ from the quotient by an ulp before the cast). With erf's exact form the kernel took
-twice as long, bound by its arithmetic; in the tanh form it moves its bytes at the memory's rate
-(measured: benchmarks/RESULTS.md). JIT-decorated on first use, so
-Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it in tests.
+may differ from the quotient by an ulp before the cast). With erf's exact form the kernel is
+bound by its arithmetic; in the tanh form it moves its bytes at the memory's rate.
+JIT-decorated on first use, so Triton's CPU interpreter (``TRITON_INTERPRET=1``) runs it in tests.
 """
 
 from __future__ import annotations

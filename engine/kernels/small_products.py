@@ -1,11 +1,11 @@
 """The decoder's matrix products at a decode step's few rows: one Triton kernel each that loads its
 weights before it waits for the kernel ahead of it.
 
-At batch 1 a large-v3 step's 192 products read ~1.5 GB of weights, ~0.3 ms at an H200's bandwidth,
-but cuBLAS takes ~6 µs on each however few its bytes: the launch, the first reads' latency and the
-tail, one after another (benchmarks/RESULTS.md). Here each program holds ``BLOCK_N`` whole weight
-rows in registers. Launched with programmatic dependent launch (Hopper and later; Triton's
-``launch_pdl``), a kernel may start while the one before it still runs, as soon as that one lets it
+At batch 1 cuBLAS pays a fixed cost on each of a step's many products however few its bytes (the
+launch, the first reads' latency and the tail, one after another): far more than the bytes' time at
+the GPU's bandwidth. Here each program holds ``BLOCK_N`` whole weight rows in registers. Launched
+with programmatic dependent launch (Hopper and later; Triton's ``launch_pdl``), a kernel may start
+while the one before it still runs, as soon as that one lets it
 (``gdc_launch_dependents``, first thing in these kernels, the fused residual norm's and attention's
 decode kernels): it loads its weights and bias, then ``gdc_wait`` holds it until the kernel before
 has finished and its output is visible, and only then reads its input rows. So the weights' reads
@@ -45,7 +45,7 @@ from engine.kernels import early_launch, launch_control, tl, triton, triton_avai
 _ELEMENTS_PER_PROGRAM = 20480
 _MIN_PROGRAMS = 64  # below this a product's programs leave most of a large GPU's SMs idle
 # Up to this many rows, sums on CUDA cores; beyond, the tensor-core tile. At two rows the tile's
-# products made a decode step faster than the CUDA cores' (benchmarks/RESULTS.md).
+# products make a decode step faster than the CUDA cores'.
 CUDA_CORE_ROWS = 1
 TILE_ROWS = 16  # tl.dot's least tile height: the input rows padded to it
 TILE_MAX_IN = 2048  # the widest input whose 32 whole weight rows a tile program holds

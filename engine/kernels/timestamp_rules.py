@@ -2,10 +2,10 @@
 records the sampled tokens into each slot's history (engine.decode.logit_rules.LogitRules uses
 them on a GPU).
 
-As PyTorch operations the rules take ~45 small kernels a step, whose launches cost the host
-time: with async steps that is hidden behind a large model's step, but not behind a small
-model's such as large-v3-turbo, whose step then grows markedly with timestamps on (measured:
-benchmarks/RESULTS.md). One program per row works out the row's bounds from its slot's history,
+As PyTorch operations the rules take dozens of small kernels a step, whose launches cost the host
+time: with async steps that is hidden behind a large model's step, but not behind a small model's
+such as large-v3-turbo, whose step then grows markedly with timestamps on. One program per row works
+out the row's bounds from its slot's history,
 masks the row in place (no gather of the timestamp rows and no write back), and compares the
 timestamps' log-sum-exp with the best text token on the raw logits (log-softmax's normaliser is
 the same on both sides).

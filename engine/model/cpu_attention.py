@@ -5,8 +5,7 @@ torch's CPU SDPA (flash attention) runs the encoder's shape (1500 frames, heads 
 same rate in bf16 as in fp32, well under what oneDNN's bf16 products reach on AVX-512 BF16; the
 products themselves (scores = Q K^T, then P V) run near that rate. Split into slices of
 QUERY_CHUNK queries, the scores of one window's heads stay a few MB, and the buffers are reused
-from slice to slice (a fresh multi-MB tensor per slice costs page faults). Measured against SDPA
-on tiny.en's shape: benchmarks/RESULTS.md.
+from slice to slice (a fresh multi-MB tensor per slice costs page faults).
 
 The price is precision: a CPU's bf16 product comes out in bf16 (torch has no bf16 x bf16 -> fp32
 product there), so the scores are rounded to bf16 before the softmax, which itself runs in fp32

@@ -12,8 +12,8 @@ Scales, as FP8 inference commonly does it:
 The product leaves in 16 bits with both scales applied (torch's ``_scaled_mm`` with row-wise
 scales), biases added in the same call. It accumulates in the tensor cores' own accumulator
 without promoting partial sums to fp32 along the way (``use_fast_accum``): on Hopper that makes
-the encoder ~9% faster, and the accumulator's rounding is far below that of inputs with 3
-mantissa bits (accuracy on real weights: benchmarks/RESULTS.md).
+the encoder faster, and the accumulator's rounding is far below that of inputs with 3 mantissa
+bits.
 
 Layer norms, softmax, GELU and the attention itself stay in 16 bits; compiled (the encoder's
 ``torch.compile``), each activation's quantization fuses into the pass that produced it.

@@ -127,5 +127,5 @@ def _model_path() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def load_silero_vad() -> SileroVAD:
-    """The process's one Silero VAD model (1.2 MB, loaded in ~20 ms), made on first use."""
+    """The process's one Silero VAD model, made on first use."""
     return SileroVAD()

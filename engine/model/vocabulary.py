@@ -31,8 +31,8 @@ class VocabularyProjection:
         """On a GPU: the weights in a buffer of rows padded to a multiple of ``multiple`` (zeros),
         the embedding a view of its first ``vocab`` rows (one copy of the weights). Whisper's
         vocabularies (51864-51866 tokens) leave the product's float32 output rows misaligned, and
-        cuBLAS then picks kernels that take 1.3-3x as long at 1-320 rows (measured on an H200:
-        benchmarks/RESULTS.md). The padded columns are dropped from the logits."""
+        cuBLAS then picks markedly slower kernels at a decode step's row counts. The padded columns
+        are dropped from the logits."""
         vocab, width = self.embedding.weight.shape
         rows = -(-vocab // multiple) * multiple
         if rows == vocab:

@@ -87,8 +87,8 @@ def speech_regions(probabilities: np.ndarray, num_samples: int, options: SpeechO
 
 
 def detect_speech(samples: np.ndarray, options: SpeechOptions) -> list[SpeechRegion]:
-    """16 kHz float32 audio -> its speech regions, by Silero VAD. About 3 s of one core per hour
-    of audio (benchmarks/bench_ingest.py)."""
+    """16 kHz float32 audio -> its speech regions, by Silero VAD (benchmarks/bench_ingest.py times
+    it)."""
     probabilities = load_silero_vad().speech_probabilities(samples)
     return speech_regions(probabilities, len(samples), options)
 

@@ -2,15 +2,15 @@
 burst scales encoders and not decoders, a decoder-heavy load scales decoders, both return to one
 replica when idle, no request is lost meanwhile, and replicas sit only on their node type.
 
-The scenario is benchmarks/bench_autoscaling.py's, with shorter phases; that script records the
-longer run, its plot and benchmarks/results/autoscaling.json.
+The scenario is tests/support/autoscaling.py's, with short phases; benchmarks/bench_autoscaling.py
+runs it with longer ones and records the run, its plot and benchmarks/results/autoscaling.json.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_autoscaling import (
+from tests.support.autoscaling import (
     DECODER,
     ENCODER,
     NODE_RESOURCE,

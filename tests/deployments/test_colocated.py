@@ -12,11 +12,12 @@ import httpx
 import openai
 import pytest
 
-from benchmarks.bench_load import metric_sum, run_load, scrape
 from engine.config import EngineConfig
 from engine.model.loading import load_model
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
+from tests.support.app_metrics import metric_sum, scrape
+from tests.support.load import run_load
 from tests.support.serving import (
     default_app_args,
     engine_process,

@@ -36,10 +36,10 @@ def test_every_shipped_disaggregated_config_stages_a_whole_encoder_batch(path):
     """A batch larger than its staging is handed on window by window, but its later windows wait for
     pulls: no shipped config makes its encoder wait so. The GPU configs name models this machine cannot
     load, so their dimensions come from the benchmarks' table of real shapes."""
-    from benchmarks.gpu_models import SHAPES
     from deployments.encoder import window_layout
     from engine.model.weights import hugging_face_dims, load_weights
     from kv_transfer import sender_class
+    from tests.support.gpu_models import SHAPES
 
     config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
     model = config.engine.model

@@ -15,10 +15,10 @@ import openai
 import psutil
 import pytest
 
-from benchmarks.live_stream import stream_live, to_pcm16_24k, transcription_session
-from benchmarks.local_ports import free_port
 from engine.model.audio import load_audio_file
 from engine.transcribe.evaluation import normalize_english
+from tests.support.live_stream import stream_live, to_pcm16_24k, transcription_session
+from tests.support.ports import free_port
 from tests.support.serving import default_app_args, running_app
 from tests.support.speech import english_clips
 

@@ -17,9 +17,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from benchmarks.bench_autoscaling import dense_speech_file
 from tests.support.serving import running_app
-from tests.support.speech import short_english_clips
+from tests.support.speech import dense_speech_file, short_english_clips
 
 pytestmark = pytest.mark.ray
 

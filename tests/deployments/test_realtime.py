@@ -19,10 +19,10 @@ import pytest
 import soundfile
 import websockets.sync.client
 
-from benchmarks.bench_load import metric_sum
-from benchmarks.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from engine.model.audio import load_audio_file
 from engine.transcribe.evaluation import normalize_english, word_error_rate
+from tests.support.app_metrics import metric_sum
+from tests.support.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from tests.support.serving import default_app_args, replica_actor, running_app
 from tests.support.speech import english_clips
 

@@ -19,12 +19,13 @@ import soundfile
 import srt
 import webvtt
 
-from benchmarks.bench_load import metric_sum, run_load, scrape, server_timing_ms, steady_figures
 from engine.config import EngineConfig
 from engine.model.audio import load_audio_file
 from engine.model.loading import LoadedModel, load_model
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
+from tests.support.app_metrics import metric_sum, scrape, server_timing_ms, steady_figures
+from tests.support.load import run_load
 from tests.support.serving import (
     default_app_args,
     hang_up_once_decoding,

@@ -13,7 +13,6 @@ import threading
 import pytest
 import torch
 
-from benchmarks.gpu_models import engine_model, random_hf_whisper
 from engine.config import EngineConfig
 from engine.decode import cuda_graphs
 from engine.decode.engine import DecoderEngine
@@ -24,6 +23,7 @@ from engine.model.audio import N_SAMPLES, log_mel_spectrogram
 from engine.model.fp8 import fp8_supported
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion_by_id
+from tests.support.gpu_models import engine_model, random_hf_whisper
 from tests.support.hf_reference import hf_greedy_as_engine
 from tests.support.models import bundled_tokenizer
 from tests.support.speech import short_english_clips, windows_of

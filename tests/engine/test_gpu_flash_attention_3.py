@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from benchmarks.gpu_models import engine_model, random_hf_whisper
 from engine.attention.flash_attention_3 import (
     attention_dtype,
     flash_attention_3_problem,
@@ -17,6 +16,7 @@ from engine.attention.flash_attention_3 import (
 from engine.config import EngineConfig
 from engine.encode.runner import EncoderRunner
 from engine.model.fp8 import fp8_supported
+from tests.support.gpu_models import engine_model, random_hf_whisper
 from tests.support.models import bundled_tokenizer
 from tests.support.speech import short_english_clips, windows_of
 

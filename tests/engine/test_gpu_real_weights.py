@@ -5,8 +5,7 @@ kernels; only real weights show what a precision costs a transcript.
 
 The weights are the bundled ones, or on the GPU machine (which has no bundled models) the folders
 named by WHISPER_DISAGG_GPU_TINY_EN and WHISPER_DISAGG_GPU_BASE (see ../shared/gpu/README.md for
-carrying them there). Without CUDA these skip. The table of every path, with diagnostics switched
-one at a time, is benchmarks/gpu_accuracy.py's.
+carrying them there). Without CUDA these skip. How a path is measured is tests/support/gpu_accuracy.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import os
 import pytest
 import torch
 
-from benchmarks.gpu_accuracy import GPU_PATHS, cpu_reference, gpu_config, measure
+from tests.support.gpu_accuracy import GPU_PATHS, cpu_reference, gpu_config, measure
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

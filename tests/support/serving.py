@@ -15,9 +15,9 @@ import httpx
 import openai
 import yaml
 
-from benchmarks.bench_load import metric_sum
-from benchmarks.local_ports import free_port
+from tests.support.app_metrics import metric_sum
 from tests.support.paths import CONFIGS_DIR
+from tests.support.ports import free_port
 from tests.support.speech import english_clips
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Iterable
 from os import PathLike
 
 import numpy as np
+import soundfile
 import torch
 
-from engine.model.audio import load_audio_file, pad_or_trim
+from engine.model.audio import SAMPLE_RATE, load_audio_file, pad_or_trim
 from engine.transcribe.evaluation import SpeechClip, load_manifest
 from tests.support.paths import REPO_ROOT
 
@@ -29,3 +31,24 @@ def windows_of(audio: Iterable[str | PathLike | np.ndarray]) -> torch.Tensor:
     """Audio files or samples, each padded or trimmed to one 30 s window: [N, 480000] float32."""
     samples = [item if isinstance(item, np.ndarray) else load_audio_file(item) for item in audio]
     return torch.from_numpy(np.stack([pad_or_trim(window) for window in samples]))
+
+
+def wav_bytes(samples: np.ndarray) -> bytes:
+    """16 kHz float samples as the bytes of a 16-bit WAV file, as a client uploads them."""
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def dense_speech_file(duration_s: float = 85.0) -> bytes:
+    """The speech set's clips back to back with 0.3 s pauses: ~duration_s of continuous speech."""
+    pause = np.zeros(int(0.3 * SAMPLE_RATE), dtype=np.float32)
+    pieces, total = [], 0
+    clips = [clip for clip in load_manifest(SPEECH_DIR) if clip.text and clip.duration_s <= 30]
+    while total < duration_s * SAMPLE_RATE:
+        for clip in clips:
+            pieces += [load_audio_file(clip.path), pause]
+            total += len(pieces[-2]) + len(pause)
+            if total >= duration_s * SAMPLE_RATE:
+                break
+    return wav_bytes(np.concatenate(pieces))

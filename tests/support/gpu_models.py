@@ -1,10 +1,9 @@
 """Random-weight Whispers of the real large shapes, as transformers models and as our engine's,
-sharing one set of weights: for GPU benchmarks and GPU agreement tests (the real checkpoints do
-not fit the carried working tree)."""
+sharing one set of weights: for the GPU agreement tests and the GPU benchmarks (the real
+checkpoints do not fit the carried working tree)."""
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import torch
@@ -75,28 +74,3 @@ def engine_model(hf_model, tokenizer_file: Path, config: EngineConfig) -> Loaded
         {},
     )
     return load_model(config, weights)
-
-
-def profile_arguments(description: str) -> argparse.ArgumentParser:
-    """The arguments the profile scripts share: which shape, batch, device and tokenizer."""
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--shape", default="large-v3", choices=list(SHAPES))
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--tokenizer", type=Path, default=None, help="a multilingual Whisper tokenizer.json")
-    add_dtype_argument(parser)
-    return parser
-
-
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "float16", "bfloat16"],
-        help="the engine's dtype ('auto': the engine's default on the device)",
-    )
-
-
-def resolved_dtype(device: str, dtype: str = "auto") -> torch.dtype:
-    """The dtype the engine runs ``dtype`` in on ``device`` ("auto" resolved as EngineConfig does)."""
-    return EngineConfig(device=device, dtype=dtype).torch_dtype

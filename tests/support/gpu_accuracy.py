@@ -1,23 +1,18 @@
-"""Accuracy of each precision path on real weights: greedy tokens against the CPU's fp32 run of the
-same weights (or, with ``--against``, a GPU path's), and WER, over the speech set (tests/data/speech).
+"""Accuracy of each precision path the engine offers on a GPU, on real weights: greedy tokens
+against the CPU's fp32 run of the same weights, and WER, over the speech set (tests/data/speech).
+tests/engine/test_gpu_real_weights.py holds each path to its bounds with these.
 
 Every 30 s window is decoded through ``Transcriber.run_windows`` (continuous batching, the GPU
 switches as configured), greedy, no timestamps, no fallback, so a difference is the arithmetic's
 and nothing else's. English clips decode with language "en"; on a multilingual model the
 multilingual clip's two windows (English, then German) detect their language.
-
-    python -m benchmarks.gpu_accuracy --model tiny.en=/tmp/tiny --model base=/tmp/base [--record]
-
-The test that holds the default precision to its bounds is tests/engine/test_gpu_real_weights.py.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -27,8 +22,8 @@ from engine.model.audio import SAMPLE_RATE
 from engine.transcribe.evaluation import load_manifest, word_error_rate
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions
+from tests.support.speech import SPEECH_DIR
 
-SPEECH_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "speech"
 WINDOW_SAMPLES = 30 * SAMPLE_RATE
 
 # The precision paths the engine offers on a GPU: EngineConfig fields over device="cuda".
@@ -39,14 +34,6 @@ GPU_PATHS: dict[str, dict] = {
     "fp16 + fp8 KV": dict(dtype="float16", kv_cache_dtype="fp8_e4m3"),
     "bf16 + fp8 KV": dict(dtype="bfloat16", kv_cache_dtype="fp8_e4m3"),
     "fp16 + FP8 encoder": dict(dtype="float16", gpu={"fp8_encoder": True}),
-}
-# One switch at a time, to see what a path's error comes from (not held to bounds).
-DIAGNOSTIC_PATHS: dict[str, dict] = {
-    "bf16, encoder not compiled": dict(dtype="bfloat16", gpu={"compile_encoder": False}),
-    "bf16, exact GELU (not fused)": dict(dtype="bfloat16", gpu={"fused_encoder_gelu": False}),
-    "bf16, decoder norms not fused": dict(dtype="bfloat16", gpu={"fused_decoder_norms": False}),
-    "fp16, encoder not compiled": dict(dtype="float16", gpu={"compile_encoder": False}),
-    "fp32, CUDA graphs off": dict(dtype="float32", gpu={"cuda_graphs": False}),
 }
 
 
@@ -145,68 +132,3 @@ def cpu_reference(model: str, beam_size: int = 1) -> tuple[list[list[int]], Path
 
 def gpu_config(model: str, fields: dict) -> EngineConfig:
     return EngineConfig(model=model, device="cuda", max_num_seqs=64, kv_cache_memory_mb=4096, **fields)
-
-
-def main() -> None:
-    from benchmarks.recording import markdown_table, record
-
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--model", action="append", required=True, help="name=folder, e.g. tiny.en=/tmp/tiny")
-    parser.add_argument(
-        "--paths",
-        choices=["all", "offered", "diagnostics"],
-        default="all",
-        help="the paths the engine offers (what the test bounds), the one-switch diagnostics, or both",
-    )
-    parser.add_argument("--path", action="append", help="only this path (by its name; repeatable)")
-    parser.add_argument(
-        "--against",
-        choices=list(GPU_PATHS),
-        help="compare with this GPU path's tokens and WER instead of the CPU's fp32 (e.g. bf16, as "
-        "issue 22 measures the FP8 encoder)",
-    )
-    parser.add_argument("--record", action="store_true")
-    args = parser.parse_args()
-    paths = {"all": GPU_PATHS | DIAGNOSTIC_PATHS, "offered": GPU_PATHS, "diagnostics": DIAGNOSTIC_PATHS}[
-        args.paths
-    ]
-    if args.path:
-        paths = {name: (GPU_PATHS | DIAGNOSTIC_PATHS)[name] for name in args.path}
-    rows = []
-    reference_name = args.against or "CPU fp32"
-    for name, folder in (entry.split("=", 1) for entry in args.model):
-        if args.against:
-            config = gpu_config(folder, GPU_PATHS[args.against])
-            base, reference = measure(f"{args.against} (reference)", config, reference=None)
-        else:
-            reference, base = cpu_reference(folder)
-        for result in [base] + [measure(p, gpu_config(folder, f), reference)[0] for p, f in paths.items()]:
-            rows.append(
-                [
-                    name,
-                    result.path,
-                    f"{result.tokens_equal}/{result.windows}",
-                    f"{100 * result.wer:.2f}%",
-                    f"{100 * (result.wer - base.wer):+.2f}",
-                    ",".join(result.languages) or "-",
-                ]
-            )
-            print(" | ".join(rows[-1]), flush=True)
-    headers = [
-        "model",
-        "path",
-        f"windows with tokens equal to {reference_name}'s",
-        "WER",
-        f"vs {reference_name} (points)",
-        "detected",
-    ]
-    table = markdown_table(headers, rows)
-    print(table)
-    if args.record:
-        record(f"Precision paths on real weights (GPU against {reference_name})", table)
-
-
-if __name__ == "__main__":
-    main()
