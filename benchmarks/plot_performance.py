@@ -3,8 +3,9 @@
     python benchmarks/plot_performance.py    (or: make docs)
 
 Each section of the page names the machine, the date and the command its figures came from, as
-recorded beside them in the JSON. The page is written whole, so a new result means a new JSON file
-(or a changed one) and a rerun of this script; tests/test_docs.py checks the committed page is what
+recorded beside them in the JSON. It prints nothing: what it makes is the page and its plots. The
+page is written whole, so a new result means a new JSON file (or a changed one) and a rerun of this
+script; tests/test_docs.py checks the committed page is what
 this script writes.
 """
 
@@ -475,7 +476,9 @@ def render(results_dir: Path, images_dir: Path) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="the recorded JSON files")
     parser.add_argument("--out", type=Path, default=DOCS_DIR, help="writes performance.md and images/ here")
     args = parser.parse_args()
