@@ -5,8 +5,7 @@
 Each section of the page names the machine, the date and the command its figures came from, as
 recorded beside them in the JSON. It prints nothing: what it makes is the page and its plots. The
 page is written whole, so a new result means a new JSON file (or a changed one) and a rerun of this
-script; tests/test_docs.py checks the committed page is what
-this script writes.
+script; tests/test_docs.py checks the committed page is what this script writes.
 """
 
 from __future__ import annotations
