@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
-from deployments.http.live_turn import PARTIAL_MIN_AUDIO_S, PARTIAL_TOKENS_BASE, PARTIAL_TOKENS_PER_S  # noqa: E402
+from deployments.orchestration.live_turn import PARTIAL_MIN_AUDIO_S, PARTIAL_TOKENS_BASE, PARTIAL_TOKENS_PER_S  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.audio import SAMPLE_RATE, load_audio_file  # noqa: E402
 from engine.model.loading import load_model  # noqa: E402

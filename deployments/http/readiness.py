@@ -17,7 +17,7 @@ import uuid
 
 import numpy as np
 
-from deployments.http.pipeline import WindowPipeline
+from deployments.orchestration.pipeline import WindowPipeline
 from engine.model.audio import SAMPLE_RATE
 from engine.types import DecodeOptions, Priority
 
