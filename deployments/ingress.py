@@ -38,9 +38,7 @@ from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.orchestration.pipeline import WindowPipeline
-from engine.model.audio import SAMPLE_RATE, decode_audio
-from engine.transcribe.speech import detect_speech, speech_windows
-from engine.transcribe.windows import AudioWindow, long_form_cursor
+from engine import SAMPLE_RATE, AudioWindow, decode_audio, detect_speech, long_form_cursor, speech_windows
 from engine.types import Priority
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."

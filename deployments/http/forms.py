@@ -13,8 +13,7 @@ from deployments.config import AppConfig
 from deployments.http.errors import APIError
 from deployments.http.formats import RESPONSE_FORMATS
 from deployments.http.uploads import read_upload
-from engine.transcribe.speech import SpeechOptions
-from engine.transcribe.windows import LongFormMode
+from engine import LongFormMode, SpeechOptions
 from engine.types import DecodeOptions, FallbackOptions, Priority
 
 

@@ -18,7 +18,7 @@ import uuid
 import numpy as np
 
 from deployments.orchestration.pipeline import WindowPipeline
-from engine.model.audio import SAMPLE_RATE
+from engine import SAMPLE_RATE
 from engine.types import DecodeOptions, Priority
 
 logger = logging.getLogger("ray.serve")

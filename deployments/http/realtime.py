@@ -36,10 +36,7 @@ from deployments.http.realtime_events import (
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
 from deployments.orchestration.pipeline import WindowPipeline
-from engine.model.audio import SAMPLE_RATE
-from engine.model.ffmpeg import StreamResampler
-from engine.model.vad import load_silero_vad
-from engine.transcribe.turn_detection import SpeechStarted, TurnDetector
+from engine import SAMPLE_RATE, SpeechStarted, StreamResampler, TurnDetector, load_silero_vad
 from engine.types import DecodeOptions
 
 logger = logging.getLogger("ray.serve")

@@ -28,9 +28,7 @@ import numpy as np
 from deployments.config import RealtimeOptions
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.pipeline import WindowPipeline
-from engine.model.audio import N_SAMPLES, SAMPLE_RATE, resample
-from engine.transcribe.agreement import LocalAgreement
-from engine.transcribe.windows import split_windows
+from engine import N_SAMPLES, SAMPLE_RATE, LocalAgreement, resample, split_windows
 from engine.types import DecodeOptions, FallbackOptions, Priority
 
 logger = logging.getLogger("ray.serve")

@@ -18,9 +18,8 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.engine_process import EngineProcessExited
 from deployments.window_batcher import WindowJob
+from engine import SAMPLE_RATE, LongFormCursor, PendingWindow, Transcription
 from engine.errors import RetriableError
-from engine.model.audio import SAMPLE_RATE
-from engine.transcribe.windows import LongFormCursor, PendingWindow, Transcription
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer.base import TransferHandle
 
