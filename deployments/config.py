@@ -160,8 +160,8 @@ class DecoderOptions(ReplicaOptions):
         False,
         description="run the engine (and, colocated, the encoder) in a process of its own, so that "
         "the replica's handling of Serve's calls never takes the decode loop's interpreter. Off by "
-        "default: its decode steps were faster, but its encoder thread then waited behind the decode "
-        "loop and a colocated turbo replica served fewer tokens a second (benchmarks/RESULTS.md)",
+        "default: its decode steps are faster, but a colocated encoder thread then waits behind the "
+        "decode loop, and a colocated replica serves fewer tokens a second",
     )
     freeze_start_up_objects: bool = Field(
         True,
@@ -208,9 +208,8 @@ class HTTPLimits(BaseModel):
         False,
         description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
         "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
-        "decoded. Costs 3.1 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md, "
-        "bench_ingest.py); off keeps OpenAI's behaviour for whisper-1, which cuts every request's audio "
-        "without speech detection",
+        "decoded. Costs ingress CPU time (benchmarks/bench_ingest.py measures it); off keeps OpenAI's "
+        "behaviour for whisper-1, which cuts every request's audio without speech detection",
     )
     default_beam_size: int = Field(
         1,
@@ -227,10 +226,14 @@ class HTTPLimits(BaseModel):
         ge=0,
         description="a window's samples up to this size travel inside the ingress's call to the encoder or "
         "decoder replica: one message, where Ray would send every argument over its own limit (100 KB) "
-        "through its object store. Such calls are cheaper measured alone, but the app on a GPU served no "
-        "more tokens a second with them, so 0 (Ray's own limit) is the default; windows over ~8 s cost the "
-        "answering replica more CPU inside the call than through the store (benchmarks/RESULTS.md, "
-        "bench_serve_call.py)",
+        "through its object store. Such calls are cheaper alone, but the app on a GPU serves no more "
+        "tokens a second with them, so 0 (Ray's own limit) is the default; long windows cost the "
+        "answering replica more CPU inside the call than through the store (bench_serve_call.py)",
+    )
+    benchmark_fields: bool = Field(
+        False,
+        description="accept the request fields that exist for benchmarks only (`fixed_output_tokens`: every "
+        "window decodes exactly that many tokens, text or not); off, a request sending one gets a 400",
     )
     api_keys: list[str] = Field(
         default_factory=list,
@@ -305,8 +308,7 @@ class RealtimeOptions(BaseModel):
         None,
         ge=1,
         description="benchmarks only: every pass (partial and final) decodes exactly this many tokens, "
-        "end of text or not, with no fallback, so that random weights (which never stop on their own) "
-        "cost what real speech does; the text is not a transcript",
+        "with no fallback, so that random weights (which never stop) cost what speech does; no transcript",
     )
 
 

@@ -252,8 +252,8 @@ class Ingress:
         windows meanwhile. Speech detection belongs here, before the encoder, because it decides
         which windows exist at all: it must see the whole file once (an encoder sees one 30 s
         window and would cut regions at its edges), and a stretch it rules out is never sent,
-        encoded or decoded. It is cheap for that place: about 3 s of one core per hour of audio,
-        against minutes of encoder and decoder time for the same hour.
+        encoded or decoded. It is cheap for that place: a small share of what the encoder and
+        decoder spend on the same audio (benchmarks/bench_ingest.py measures it).
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
         samples = decode_audio(form.data, self.config.http.max_audio_duration_s)

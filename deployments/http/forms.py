@@ -69,6 +69,23 @@ def _parse_temperature(raw) -> float:
     return value
 
 
+# Request fields that exist for benchmarks only: accepted with `http.benchmark_fields: true`.
+BENCHMARK_FIELDS = ("fixed_output_tokens",)
+
+
+def _refuse_benchmark_fields(form, config: AppConfig) -> None:
+    if config.http.benchmark_fields:
+        return
+    for name in BENCHMARK_FIELDS:
+        if name in form:
+            raise APIError(
+                400,
+                f"The field '{name}' is for benchmarks only and this server does not accept it "
+                "(its config has http.benchmark_fields off); send the request without it.",
+                param=name,
+            )
+
+
 def _parse_fixed_output_tokens(raw) -> int | None:
     """The benchmark-only vendor field `fixed_output_tokens`: every window decodes exactly this many
     tokens, end of text or not, with no fallback, so that random weights (which never stop on their
@@ -231,6 +248,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
             code="model_not_found",
         )
 
+    _refuse_benchmark_fields(form, config)
     response_format = form.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
         raise APIError(

@@ -187,7 +187,7 @@ class LiveTurn:
             # The final pass decodes as the file endpoint does (openai-whisper's fallback), so a
             # turn's text is the file's text; partial passes are one greedy decode each, capped
             # near the most words the audio can hold: on a second of audio tiny.en can fall into a
-            # repetition loop that would run to 224 tokens (8 s of CPU) for text no one keeps.
+            # repetition loop that would run to the token limit for text no one keeps.
             fallback=FallbackOptions() if final and fixed is None else None,
             max_tokens=fixed
             or (None if final else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s))),
