@@ -9,8 +9,10 @@ appends them to the results log (benchmarks/recording.py) and writes benchmarks/
 
 Starts a local Ray and the default app (configs/default.yaml) unless --url points at a running one.
 The vendor fields let random weights be measured: ``--fixed-output-tokens`` makes every window
-decode exactly N tokens (the server's benchmark-only ``fixed_output_tokens``). Tokens/s comes from
-the decoders' own counters (``whisper_decoder_tokens_generated`` at /metrics).
+decode exactly N tokens (the server's benchmark-only ``fixed_output_tokens``, which a server accepts
+only with ``http.benchmark_fields: true``: the app started here has it on; a server at --url needs
+it in its config). Tokens/s comes from the decoders' own counters
+(``whisper_decoder_tokens_generated`` at /metrics).
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def server_phase_rows(report: LoadReport) -> list[list]:
     ]
 
 
-def start_default_app(cpu_dtype: str | None = None) -> str:
+def start_default_app(cpu_dtype: str | None = None, benchmark_fields: bool = False) -> str:
     import ray
     import yaml
     from ray import serve
@@ -89,6 +91,8 @@ def start_default_app(cpu_dtype: str | None = None) -> str:
     spec = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["applications"][0]
     if cpu_dtype:
         spec["args"]["engine"]["cpu_dtype"] = cpu_dtype
+    if benchmark_fields:  # the server accepts the benchmark-only request fields
+        spec["args"]["http"] = {**spec["args"].get("http", {}), "benchmark_fields": True}
     port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False)
     # Before Ray's own shutdown at exit (registered earlier, so it runs later): Serve stops what it
@@ -132,7 +136,7 @@ def main() -> None:
         fields["temperature_fallback"] = "false"
     if args.priority:
         fields["priority"] = args.priority
-    url = args.url or start_default_app(args.cpu_dtype)
+    url = args.url or start_default_app(args.cpu_dtype, benchmark_fields=bool(args.fixed_output_tokens))
     report = run_load(
         url,
         args.clients,

@@ -71,6 +71,9 @@ config["applications"][0]["args"]["engine"]["model"] = str(work / model)
 if sys.argv[4]:  # live streams: every pass decodes a fixed number of tokens
     config["applications"][0]["args"]["realtime"] = {"fixed_output_tokens": int(sys.argv[4])}
 args = config["applications"][0]["args"]
+# Random weights never stop on their own: BENCH_ARGS' --fixed-output-tokens needs the benchmark-only
+# request fields accepted.
+args["http"] = {**args.get("http", {}), "benchmark_fields": True}
 if sys.argv[5]:
     args["placement"] = sys.argv[5]
 for section, values in json.loads(sys.argv[6]).items():

@@ -10,10 +10,11 @@ from ray.serve import Application
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
 from deployments.autoscaling import DecoderPolicy, EncoderPolicy
-from deployments.config import AppConfig, ReplicaOptions, parse_app_config
+from deployments.config import AppConfig, parse_app_config
 from deployments.decoder import DecoderDeployment
 from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
+from deployments.replica_options import ReplicaOptions
 from deployments.routing import MostFreeKVBlocksRouter
 
 

@@ -11,165 +11,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from deployments.replica_options import DecoderOptions, EncoderOptions, ReplicaOptions
 from engine.config import EngineConfig
 from kv_transfer.config import TransferConfig
 
 API_KEYS_ENV = "WHISPER_DISAGG_API_KEYS"
-
-
-class AutoscalingOptions(BaseModel):
-    """Ray Serve autoscaling of one deployment, on the deployment's own load signal
-    (deployments/autoscaling.py says which). Off when the deployment's `autoscaling` is absent."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    min_replicas: int = Field(1, ge=0, description="0 only with scale_to_zero: true")
-    max_replicas: int = Field(4, ge=1, description="the most replicas the autoscaler starts")
-    initial_replicas: int | None = Field(
-        None, ge=0, description="None: min_replicas (1 when scaling to zero)"
-    )
-    scale_to_zero: bool = Field(
-        False,
-        description="allow min_replicas 0: idle deployments free their GPUs, the first request waits for a "
-        "replica to start (model load: seconds to minutes)",
-    )
-    upscale_delay_s: float = Field(
-        10.0, ge=0, description="how long the load must call for more replicas first"
-    )
-    downscale_delay_s: float = Field(
-        120.0, ge=0, description="how long the load must call for fewer replicas first"
-    )
-    metrics_interval_s: float = Field(2.0, gt=0, description="how often replicas report their load")
-    look_back_period_s: float = Field(10.0, gt=0, description="the window the reports are averaged over")
-
-    @model_validator(mode="after")
-    def _bounds_are_consistent(self) -> "AutoscalingOptions":
-        if self.min_replicas == 0 and not self.scale_to_zero:
-            raise ValueError(
-                "min_replicas is 0 but scale_to_zero is false; set scale_to_zero: true to allow it"
-            )
-        if self.max_replicas < self.min_replicas:
-            raise ValueError(
-                f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})"
-            )
-        if (
-            self.initial_replicas is not None
-            and not self.min_replicas <= self.initial_replicas <= self.max_replicas
-        ):
-            raise ValueError(
-                f"initial_replicas ({self.initial_replicas}) must lie in [min_replicas, max_replicas]"
-            )
-        if self.look_back_period_s <= self.metrics_interval_s:
-            raise ValueError(
-                f"look_back_period_s ({self.look_back_period_s}) must exceed metrics_interval_s "
-                f"({self.metrics_interval_s}), or the average holds a single report"
-            )
-        return self
-
-
-class ReplicaOptions(BaseModel):
-    """Ray resources and queue bounds of one deployment's replicas."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    num_replicas: int = Field(1, ge=1, description="the fixed replica count when `autoscaling` is absent")
-    num_cpus: float = Field(1.0, ge=0, description="logical CPUs Ray reserves for each replica")
-    num_gpus: float = Field(
-        0.0, ge=0, description="a fraction (e.g. 0.5) lets encoder and decoder share a GPU"
-    )
-    resources: dict[str, float] = Field(
-        default_factory=dict,
-        description="Ray custom resources each replica needs, e.g. {whisper_decoder_node: 1}: on a cluster, "
-        "the nodes that declare the resource (`ray start --resources`) are the only ones the replicas are "
-        "placed on",
-    )
-    autoscaling: AutoscalingOptions | None = Field(None, description="absent: num_replicas, fixed")
-    drain_timeout_s: float = Field(
-        300.0,
-        gt=0,
-        description="on scale-down or redeploy, how long a replica may keep finishing its requests "
-        "(and, for an encoder, wait for its staged K/V to be pulled) before it is stopped",
-    )
-    max_ongoing_requests: int = Field(64, ge=1, description="requests one replica works on at once")
-    max_queued_requests: int = Field(
-        256, ge=1, description="requests waiting for a replica; beyond it callers get 503 (back-pressure)"
-    )
-    torch_threads: int | None = Field(
-        None, ge=1, description="torch intra-op threads per replica; None: torch's default"
-    )
-
-    def ray_actor_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
-        if self.resources:
-            options["resources"] = dict(self.resources)
-        return options
-
-
-class EncoderOptions(ReplicaOptions):
-    # Windows queue inside the replica, where interactive ones overtake batch ones; Serve's own queue
-    # in front of it is first come, first served.
-    max_ongoing_requests: int = Field(512, ge=1, description="windows one encoder replica holds at once")
-    max_batch_size: int = Field(8, ge=1, description="most 30 s windows in one encoder forward")
-    batch_wait_timeout_ms: float = Field(
-        10.0, ge=0, description="how long a batch waits to fill while the decoders have room"
-    )
-    busy_batch_wait_ms: float = Field(
-        50.0,
-        ge=0,
-        description="how long a batch waits to fill while the decoders are busy: a window then joins a "
-        "decode batch of many, so a few milliseconds more cost it little, and a fuller encoder batch "
-        "takes less of a shared GPU per window",
-    )
-    decoder_busy_occupancy: float = Field(
-        0.75,
-        gt=0,
-        description="the decoders are busy when the emptiest replica's running and waiting windows reach "
-        "this share of engine.max_num_seqs",
-    )
-    decoder_load_poll_ms: float = Field(100.0, gt=0, description="how often the decoders' load is read")
-
-    def fill_wait_ms(self, decoder_occupancy: float) -> float:
-        """How long a forward waits to fill, given the emptiest decoder's occupancy."""
-        busy = decoder_occupancy >= self.decoder_busy_occupancy
-        return self.busy_batch_wait_ms if busy else self.batch_wait_timeout_ms
-
-    target_pending_windows: float = Field(
-        16.0,
-        gt=0,
-        description="autoscaling: windows queued or encoding per replica that one replica should carry",
-    )
-
-
-class DecoderOptions(ReplicaOptions):
-    max_ongoing_requests: int = Field(
-        512, ge=1, description="windows admitted to one decoder's queue at once"
-    )
-    target_kv_utilization: float = Field(
-        0.7,
-        gt=0,
-        le=1,
-        description="autoscaling: the share of a replica's KV blocks its windows (running and "
-        "waiting, at their worst-case reservation) should take; above it decoders are added",
-    )
-    routing_stats_period_s: float = Field(
-        1.0,
-        gt=0,
-        description="how often each replica reports its free KV blocks to the router",
-    )
-    engine_process: bool = Field(
-        False,
-        description="run the engine (and, colocated, the encoder) in a process of its own, so that "
-        "the replica's handling of Serve's calls never takes the decode loop's interpreter. Off by "
-        "default: its decode steps were faster, but its encoder thread then waited behind the decode "
-        "loop and a colocated turbo replica served fewer tokens a second (benchmarks/RESULTS.md)",
-    )
-    freeze_start_up_objects: bool = Field(
-        True,
-        description="once started, leave every object the replica made while starting (weights' "
-        "modules, tokenizer, the framework's own) out of Python's full garbage collections, which "
-        "otherwise pause the decode loop for milliseconds each (engine/decode/heap.py). Off: every "
-        "collection walks them, as a plain Python process does",
-    )
 
 
 class HTTPLimits(BaseModel):
@@ -208,9 +54,8 @@ class HTTPLimits(BaseModel):
         False,
         description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
         "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
-        "decoded. Costs 3.1 s of one ingress CPU core per hour of audio (benchmarks/RESULTS.md, "
-        "bench_ingest.py); off keeps OpenAI's behaviour for whisper-1, which cuts every request's audio "
-        "without speech detection",
+        "decoded. Costs ingress CPU time (benchmarks/bench_ingest.py measures it); off keeps OpenAI's "
+        "behaviour for whisper-1, which cuts every request's audio without speech detection",
     )
     default_beam_size: int = Field(
         1,
@@ -227,10 +72,14 @@ class HTTPLimits(BaseModel):
         ge=0,
         description="a window's samples up to this size travel inside the ingress's call to the encoder or "
         "decoder replica: one message, where Ray would send every argument over its own limit (100 KB) "
-        "through its object store. Such calls are cheaper measured alone, but the app on a GPU served no "
-        "more tokens a second with them, so 0 (Ray's own limit) is the default; windows over ~8 s cost the "
-        "answering replica more CPU inside the call than through the store (benchmarks/RESULTS.md, "
-        "bench_serve_call.py)",
+        "through its object store. Such calls are cheaper alone, but the app on a GPU serves no more "
+        "tokens a second with them, so 0 (Ray's own limit) is the default; long windows cost the "
+        "answering replica more CPU inside the call than through the store (bench_serve_call.py)",
+    )
+    benchmark_fields: bool = Field(
+        False,
+        description="accept the request fields that exist for benchmarks only (`fixed_output_tokens`: every "
+        "window decodes exactly that many tokens, text or not); off, a request sending one gets a 400",
     )
     api_keys: list[str] = Field(
         default_factory=list,
@@ -305,8 +154,7 @@ class RealtimeOptions(BaseModel):
         None,
         ge=1,
         description="benchmarks only: every pass (partial and final) decodes exactly this many tokens, "
-        "end of text or not, with no fallback, so that random weights (which never stop on their own) "
-        "cost what real speech does; the text is not a transcript",
+        "with no fallback, so that random weights (which never stop) cost what speech does; no transcript",
     )
 
 

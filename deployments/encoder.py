@@ -27,10 +27,8 @@ from ray.serve.handle import DeploymentHandle
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig, ConfigError
 from deployments.window_batcher import WindowBatcher, WindowJob
+from engine import EncoderRunner, ModelDims, load_model
 from engine.config import EngineConfig
-from engine.encode.runner import EncoderRunner
-from engine.model.loading import load_model
-from engine.model.weights import ModelDims
 from kv_transfer import make_sender
 from kv_transfer.base import BlockLayout, KVSender, TransferHandle, TransferPayload
 

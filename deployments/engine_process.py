@@ -1,17 +1,18 @@
 """A decoder replica's engine in a process of its own, called from the replica's event loop.
 
-Why: a replica's process answers Serve's calls (about a millisecond of Python under the GIL each,
+Why: a replica's process answers Serve's calls (Python under the GIL each, measured by
 benchmarks/bench_serve_call.py) and its decode loop is a thread beside them, so every call the
 replica answers is host time the loop's steps wait for. In a child process the loop shares its
 interpreter only with the cheap message handling below (vLLM runs its engine core apart from its
-API server for the same reason). benchmarks/RESULTS.md has what it bought.
+API server for the same reason).
 
-The child builds the object (``factory(*args)``) and answers calls by method name on an asyncio
-loop of its own, so the object's coroutines (a window waiting for its encoder batch and its
-decode) run there as they would in the replica. Messages over one pipe:
+The child builds the object (``factory(*args)``) and hands it each call's message (a data class,
+deployments/decoder_api.py for the decoder's) through its ``answer`` method, on an asyncio loop of
+its own, so the object's coroutines (a window waiting for its encoder batch and its decode) run
+there as they would in the replica. Messages over one pipe:
 
-    parent -> child   (call_id, method, args)          call a method (async or not)
-                      (call_id, CANCEL, ())            the caller went away: cancel that call
+    parent -> child   (call_id, message)               a call (answered sync or async)
+                      (call_id, CANCEL)                the caller went away: cancel that call
     child -> parent   (call_id, ok, value or error)    its outcome
 
 The child exits when the pipe closes: the replica was stopped or killed, and nothing may outlive
@@ -30,15 +31,27 @@ import multiprocessing
 import os
 import pickle
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from engine.errors import RetriableError
 
 logger = logging.getLogger("ray.serve")
 
-CANCEL = "__cancel__"
 READY = -1  # the call id of the child's first message: the object is built (or why not)
+
+
+class Cancel:
+    """The caller of a call went away: cancel it in the child."""
+
+
+CANCEL = Cancel()
+
+
+class Answerer(Protocol):
+    """What the child runs: it answers each call's message, with a value or an awaitable of one."""
+
+    def answer(self, message: Any) -> Any | Awaitable[Any]: ...
 
 
 class EngineProcessExited(RetriableError):
@@ -46,32 +59,8 @@ class EngineProcessExited(RetriableError):
     check fails), so the window is worth trying again."""
 
 
-class InProcessEngine:
-    """The same calls as EngineProcess on an object in this process (``decoder.engine_process:
-    false``): for comparing the two, and for debugging with everything in one process."""
-
-    def __init__(self, target: Any):
-        self.target = target
-
-    @property
-    def alive(self) -> bool:
-        return True
-
-    async def call(self, method: str, *args: Any) -> Any:
-        value = getattr(self.target, method)(*args)
-        return await value if inspect.isawaitable(value) else value
-
-    def call_blocking(self, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
-        return getattr(self.target, method)(*args)
-
-    def close(self) -> None:
-        close = getattr(self.target, "close", None)
-        if close is not None:
-            close()
-
-
 class EngineProcess:
-    def __init__(self, factory: Callable[..., Any], *args: Any, start_timeout_s: float = 1800.0):
+    def __init__(self, factory: Callable[..., Answerer], *args: Any, start_timeout_s: float = 1800.0):
         """Starts the child and waits until ``factory(*args)`` is built there; raises
         EngineProcessExited with the child's reason if it could not be."""
         context = multiprocessing.get_context("spawn")  # never fork a process that may hold CUDA
@@ -105,16 +94,18 @@ class EngineProcess:
     def alive(self) -> bool:
         return not self._exited and self._process.is_alive()
 
-    async def call(self, method: str, *args: Any) -> Any:
-        call_id, future = self._send_call(method, args)
+    async def call(self, message: Any) -> Any:
+        """The child's answer to ``message``; cancelling this cancels the call in the child."""
+        call_id, future = self._send_call(message)
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            self._send((call_id, CANCEL, ()))
+            self._send((call_id, CANCEL))
             raise
 
-    def call_blocking(self, method: str, *args: Any, timeout_s: float = 30.0) -> Any:
-        _, future = self._send_call(method, args)
+    def call_blocking(self, message: Any, timeout_s: float = 30.0) -> Any:
+        """The same from a thread that is no event loop."""
+        _, future = self._send_call(message)
         return future.result(timeout=timeout_s)
 
     def close(self) -> None:
@@ -125,14 +116,14 @@ class EngineProcess:
         if self._process.is_alive():
             self._process.kill()
 
-    def _send_call(self, method: str, args: tuple) -> tuple[int, concurrent.futures.Future]:
+    def _send_call(self, message: Any) -> tuple[int, concurrent.futures.Future]:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._pending_lock:
             if self._exited:
                 raise EngineProcessExited("the engine process has exited")
             call_id = next(self._call_ids)
             self._pending[call_id] = future
-        self._send((call_id, method, args))
+        self._send((call_id, message))
         return call_id, future
 
     def _send(self, message: tuple) -> None:
@@ -172,7 +163,7 @@ class EngineProcess:
                 future.set_exception(error)
 
 
-def _child_main(conn, factory: Callable[..., Any], args: tuple) -> None:
+def _child_main(conn, factory: Callable[..., Answerer], args: tuple) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s engine process: %(message)s")
     try:
         target = factory(*args)
@@ -184,13 +175,13 @@ def _child_main(conn, factory: Callable[..., Any], args: tuple) -> None:
     asyncio.run(_answer_calls(conn, target))
 
 
-async def _answer_calls(conn, target: Any) -> None:
+async def _answer_calls(conn, target: Answerer) -> None:
     loop = asyncio.get_running_loop()
     running: dict[int, asyncio.Task] = {}
 
-    async def answer(call_id: int, method: str, args: tuple) -> None:
+    async def answer(call_id: int, message: Any) -> None:
         try:
-            value = getattr(target, method)(*args)
+            value = target.answer(message)
             if inspect.isawaitable(value):
                 value = await value
             outcome = (call_id, True, value)
@@ -205,16 +196,16 @@ async def _answer_calls(conn, target: Any) -> None:
     def read_calls() -> None:
         while conn.poll():
             try:
-                call_id, method, args = conn.recv()
+                call_id, message = conn.recv()
             except (EOFError, OSError):
                 # The replica is gone: nothing may outlive it holding the GPU, and no one waits.
                 os._exit(0)
-            if method == CANCEL:
+            if isinstance(message, Cancel):
                 task = running.get(call_id)
                 if task is not None:
                     task.cancel()
             else:
-                running[call_id] = loop.create_task(answer(call_id, method, args))
+                running[call_id] = loop.create_task(answer(call_id, message))
 
     loop.add_reader(conn.fileno(), read_calls)
     await asyncio.Event().wait()  # served until the pipe closes

@@ -1,6 +1,6 @@
 """The HTTP front door, as a Serve deployment: OpenAI's audio routes, API keys, load shedding and
 metrics. What a request's fields mean (deployments/http/forms.py), how its windows reach the
-encoder and decoder (deployments/http/pipeline.py), how it answers (deployments/http/formats.py,
+encoder and decoder (deployments/orchestration/pipeline.py), how it answers (deployments/http/formats.py,
 streaming.py) and which status each error gets (deployments/http/errors.py) live in deployments/http.
 """
 
@@ -29,18 +29,16 @@ from deployments.http.errors import (
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
-from deployments.http.live_turn import PartialPassSlots
 from deployments.http.option_checks import AcceptedOptions
-from deployments.http.pipeline import WindowPipeline
 from deployments.http.readiness import Readiness
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
 from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics
-from engine.model.audio import SAMPLE_RATE, decode_audio
-from engine.transcribe.speech import detect_speech, speech_windows
-from engine.transcribe.windows import AudioWindow, long_form_cursor
+from deployments.orchestration.live_turn import PartialPassSlots
+from deployments.orchestration.pipeline import WindowPipeline
+from engine import SAMPLE_RATE, AudioWindow, decode_audio, detect_speech, long_form_cursor, speech_windows
 from engine.types import Priority
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
@@ -254,8 +252,8 @@ class Ingress:
         windows meanwhile. Speech detection belongs here, before the encoder, because it decides
         which windows exist at all: it must see the whole file once (an encoder sees one 30 s
         window and would cut regions at its edges), and a stretch it rules out is never sent,
-        encoded or decoded. It is cheap for that place: about 3 s of one core per hour of audio,
-        against minutes of encoder and decoder time for the same hour.
+        encoded or decoded. It is cheap for that place: a small share of what the encoder and
+        decoder spend on the same audio (benchmarks/bench_ingest.py measures it).
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
         samples = decode_audio(form.data, self.config.http.max_audio_duration_s)

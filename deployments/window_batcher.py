@@ -1,5 +1,5 @@
 """Windows waiting for an encoder forward, batched: used by encoder replicas and by colocated
-workers (an encoder and a decoder in one replica, deployments/decoder_core.py).
+workers (an encoder and a decoder in one replica, deployments/colocated_encoder.py).
 
 Windows queue inside the replica where interactive ones go first (Serve's own ``serve.batch`` is
 first come, first served); batch windows fill the room interactive ones leave in a forward, since a

@@ -60,8 +60,8 @@ class TransferConfig(BaseModel):
         le=1000,
         description="how often a NIXL sender's service thread calls its agent while it holds staged windows "
         "in GPU memory: a READ of them completes only while the sender's agent makes progress, so without "
-        "NIXL's progress thread (sender_progress_thread) this bounds a pull's time (measured: "
-        "benchmarks/RESULTS.md); release_poll_interval_ms applies while nothing is staged, and to staging "
+        "NIXL's progress thread (sender_progress_thread) this bounds a pull's time; "
+        "release_poll_interval_ms applies while nothing is staged, and to staging "
         "in host memory, which is read without the sender",
     )
 
@@ -69,7 +69,7 @@ class TransferConfig(BaseModel):
         "auto",
         description="NIXL's own progress thread in a sender's agent: a READ of staging in GPU memory "
         "completes only while the sender's agent makes progress, and progress made from Python waits for "
-        "the GIL the encoder replica's threads hold (measured: benchmarks/RESULTS.md). The thread "
+        "the GIL the encoder replica's threads hold. The thread "
         "busy-polls a core. auto: on where the sender stages in GPU memory, off for host memory (read "
         "without the sender)",
     )

@@ -2,8 +2,7 @@
 pull is one device copy into the cache's blocks; nothing is serialized.
 
 Within one process torch's copy is the fast path: two NIXL agents in the same process cannot use
-CUDA IPC, and UCX falls back to TCP loopback, far slower than a device copy (measured:
-benchmarks/RESULTS.md).
+CUDA IPC, and UCX falls back to TCP loopback, far slower than a device copy.
 """
 
 from __future__ import annotations

@@ -62,8 +62,7 @@ def _descriptors(addresses, lengths, device_id: int) -> np.ndarray:
 
 def _block_runs(block_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Runs of consecutive cache block ids: (first staged block, first cache block, length) each.
-    A pool hands out mostly consecutive ids, and posting a READ costs CPU per descriptor
-    (measured: benchmarks/RESULTS.md)."""
+    A pool hands out mostly consecutive ids, and posting a READ costs CPU per descriptor."""
     runs = block_runs(block_ids)
     lengths = np.array([count for _, count in runs], dtype=np.int64)
     staged_starts = np.cumsum(lengths) - lengths

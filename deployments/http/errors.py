@@ -8,19 +8,15 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from ray.exceptions import RayActorError, RayTaskError
-from ray.serve.exceptions import BackPressureError, DeploymentUnavailableError, ReplicaUnavailableError
+from ray.exceptions import RayTaskError
+from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
-from deployments.engine_process import EngineProcessExited
+from deployments.orchestration.pipeline import REPLICA_LOST
 from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError
 from kv_transfer.base import StagingFullError
 
 logger = logging.getLogger("ray.serve")
-
-# What a replica that died or is restarting looks like to its caller (a replica whose engine process
-# died answers EngineProcessExited until Serve's health check replaces it).
-REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError, EngineProcessExited)
 
 
 class APIError(Exception):

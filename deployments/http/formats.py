@@ -10,9 +10,7 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from engine.decode.fallback import compression_ratio
-from engine.model.audio import SAMPLE_RATE
-from engine.transcribe.windows import Transcription
+from engine import SAMPLE_RATE, Transcription, compression_ratio
 from engine.types import TimedText
 
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")

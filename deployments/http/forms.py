@@ -13,8 +13,7 @@ from deployments.config import AppConfig
 from deployments.http.errors import APIError
 from deployments.http.formats import RESPONSE_FORMATS
 from deployments.http.uploads import read_upload
-from engine.transcribe.speech import SpeechOptions
-from engine.transcribe.windows import LongFormMode
+from engine import LongFormMode, SpeechOptions
 from engine.types import DecodeOptions, FallbackOptions, Priority
 
 
@@ -68,6 +67,23 @@ def _parse_temperature(raw) -> float:
             400, f"Invalid temperature {value}; expected a number between 0 and 1.", param="temperature"
         )
     return value
+
+
+# Request fields that exist for benchmarks only: accepted with `http.benchmark_fields: true`.
+BENCHMARK_FIELDS = ("fixed_output_tokens",)
+
+
+def _refuse_benchmark_fields(form, config: AppConfig) -> None:
+    if config.http.benchmark_fields:
+        return
+    for name in BENCHMARK_FIELDS:
+        if name in form:
+            raise APIError(
+                400,
+                f"The field '{name}' is for benchmarks only and this server does not accept it "
+                "(its config has http.benchmark_fields off); send the request without it.",
+                param=name,
+            )
 
 
 def _parse_fixed_output_tokens(raw) -> int | None:
@@ -232,6 +248,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
             code="model_not_found",
         )
 
+    _refuse_benchmark_fields(form, config)
     response_format = form.get("response_format") or "json"
     if response_format not in RESPONSE_FORMATS:
         raise APIError(

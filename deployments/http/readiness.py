@@ -17,8 +17,8 @@ import uuid
 
 import numpy as np
 
-from deployments.http.pipeline import WindowPipeline
-from engine.model.audio import SAMPLE_RATE
+from deployments.orchestration.pipeline import WindowPipeline
+from engine import SAMPLE_RATE
 from engine.types import DecodeOptions, Priority
 
 logger = logging.getLogger("ray.serve")

@@ -1,7 +1,7 @@
 """A realtime transcription session on `GET /v1/realtime?intent=transcription`: OpenAI's Realtime
 API events over one WebSocket (deployments/http/realtime_events.py), audio cut into turns by the
 server's VAD (engine/transcribe/turn_detection.py) or by the client's commits, and each turn's
-passes run by a ``LiveTurn`` (deployments/http/live_turn.py).
+passes run by a ``LiveTurn`` (deployments/orchestration/live_turn.py).
 
 The session reads client events in one loop and never waits for a pass there: passes run as tasks
 beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
@@ -23,8 +23,6 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from deployments.config import RealtimeOptions
 from deployments.http.errors import api_error_of
-from deployments.http.live_turn import LiveTurn, PartialPassSlots
-from deployments.http.pipeline import WindowPipeline
 from deployments.http.realtime_events import (
     RealtimeEventError,
     SessionSettings,
@@ -36,10 +34,9 @@ from deployments.http.realtime_events import (
     updated_settings,
 )
 from deployments.metrics import ServingMetrics
-from engine.model.audio import SAMPLE_RATE
-from engine.model.ffmpeg import StreamResampler
-from engine.model.vad import load_silero_vad
-from engine.transcribe.turn_detection import SpeechStarted, TurnDetector
+from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
+from deployments.orchestration.pipeline import WindowPipeline
+from engine import SAMPLE_RATE, SpeechStarted, StreamResampler, TurnDetector, load_silero_vad
 from engine.types import DecodeOptions
 
 logger = logging.getLogger("ray.serve")
@@ -274,14 +271,21 @@ class RealtimeSession:
             self.detector.end_turn((self._received_samples - self._detector_origin) / rate)
 
     def _open_turn(self) -> None:
+        item_id = new_id("item")
+
+        async def send_delta(delta: str) -> None:
+            await self.emit(
+                server_event(
+                    "conversation.item.input_audio_transcription.delta",
+                    item_id=item_id,
+                    content_index=0,
+                    delta=delta,
+                )
+            )
+
+        settings = TurnSettings(self.settings.sample_rate_hz, self.settings.language, self.settings.prompt)
         self.turn = LiveTurn(
-            new_id("item"),
-            self.settings,
-            self.pipeline,
-            self.emit,
-            self.metrics,
-            self.slots,
-            self.options,
+            item_id, settings, self.pipeline, send_delta, self.metrics, self.slots, self.options
         )
 
     async def _commit(self, speech_ended_s: float) -> None:

@@ -16,8 +16,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from engine import g711_to_float, pcm16_to_float
 from engine.errors import AudioDecodeError
-from engine.model.audio import g711_to_float, pcm16_to_float
 
 AudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 # The GA API names the same formats by MIME type.

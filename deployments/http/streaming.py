@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from deployments.http.errors import api_error_of
-from engine.transcribe.windows import LongFormCursor
+from engine import LongFormCursor
 from engine.types import DecodeResult
 
 

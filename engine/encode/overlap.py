@@ -117,7 +117,7 @@ class OverlappedEncoder:
     def encode_blocking(self, windows: Windows) -> torch.Tensor:
         """Encode on the calling thread, on the encoder's stream where there is one, and return once
         the kernels have finished: for a caller that is itself a worker thread (a colocated
-        replica's forwards, deployments/decoder_core.py)."""
+        replica's forwards, deployments/colocated_encoder.py)."""
         if self._stream is None:
             return self._encode(windows)
         with torch.cuda.stream(self._stream):

@@ -51,6 +51,19 @@ def client(server_url) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=300)
 
 
+def test_a_benchmark_only_field_gets_a_400_naming_it_where_the_config_does_not_accept_them(client):
+    """``http.benchmark_fields`` is off by default; tests/deployments/test_serving.py's app turns it
+    on and decodes with ``fixed_output_tokens``."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        with open(SPEECH_DIR / "jfk.flac", "rb") as audio:
+            client.audio.transcriptions.create(
+                model="whisper-1", file=audio, extra_body={"fixed_output_tokens": 37}
+            )
+    error = refused.value.response.json()["error"]
+    assert error["param"] == "fixed_output_tokens" and error["type"] == "invalid_request_error"
+    assert "'fixed_output_tokens' is for benchmarks only" in error["message"]
+
+
 def test_concurrent_requests_get_the_offline_engines_text_and_the_encoder_reports_from_the_decoder(
     client, server_url
 ):

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import dataclass
 
 import psutil
 import pytest
@@ -19,8 +20,34 @@ import pytest
 from deployments.engine_process import EngineProcess, EngineProcessExited
 
 
+@dataclass(frozen=True)
+class Add:
+    a: int
+    b: int
+
+
+@dataclass(frozen=True)
+class Refuse:
+    why: str
+
+
+@dataclass(frozen=True)
+class Pid:
+    pass
+
+
+@dataclass(frozen=True)
+class WaitForever:
+    pass
+
+
+@dataclass(frozen=True)
+class CancelledCalls:
+    pass
+
+
 class Probe:
-    """What the child runs in these tests."""
+    """What the child runs in these tests: it answers the messages above."""
 
     def __init__(self, fail_to_start: bool = False):
         if fail_to_start:
@@ -48,6 +75,20 @@ class Probe:
     def cancelled_calls(self) -> int:
         return self.cancelled
 
+    def answer(self, message):
+        match message:
+            case Add(a, b):
+                return self.add(a, b)
+            case Refuse(why):
+                return self.refuse(why)
+            case Pid():
+                return self.pid()
+            case WaitForever():
+                return self.wait_forever()
+            case CancelledCalls():
+                return self.cancelled_calls()
+        raise TypeError(f"not a probe call: {message!r}")
+
 
 @pytest.fixture(scope="module")
 def probe():
@@ -58,24 +99,24 @@ def probe():
 
 def test_calls_reach_the_child_and_errors_come_back_as_their_own_type(probe):
     async def calls():
-        assert await probe.call("add", 2, 3) == 5
+        assert await probe.call(Add(2, 3)) == 5
         with pytest.raises(ValueError, match="that option"):
-            await probe.call("refuse", "that option")
-        return await probe.call("pid")
+            await probe.call(Refuse("that option"))
+        return await probe.call(Pid())
 
     child_pid = asyncio.run(calls())
     assert child_pid != os.getpid() and probe.ready_info == f"probe in {child_pid}"
-    assert probe.call_blocking("add", 4, 5) == 9  # coroutines too, from a thread that is no event loop
+    assert probe.call_blocking(Add(4, 5)) == 9  # coroutines too, from a thread that is no event loop
 
 
 def test_a_caller_that_goes_away_cancels_its_call_in_the_child(probe):
     async def go_away():
-        before = await probe.call("cancelled_calls")
-        waiting = asyncio.ensure_future(probe.call("wait_forever"))
+        before = await probe.call(CancelledCalls())
+        waiting = asyncio.ensure_future(probe.call(WaitForever()))
         await asyncio.sleep(0.3)
         waiting.cancel()
         deadline = time.monotonic() + 10
-        while await probe.call("cancelled_calls") == before:
+        while await probe.call(CancelledCalls()) == before:
             assert time.monotonic() < deadline, "the child's call was never cancelled"
             await asyncio.sleep(0.05)
 
@@ -86,9 +127,9 @@ def test_a_child_that_dies_fails_every_call_in_flight_and_the_next_ones():
     engine = EngineProcess(Probe)
 
     async def die_mid_call():
-        waiting = [asyncio.ensure_future(engine.call("wait_forever")) for _ in range(3)]
+        waiting = [asyncio.ensure_future(engine.call(WaitForever())) for _ in range(3)]
         await asyncio.sleep(0.3)
-        os.kill(await engine.call("pid"), signal.SIGKILL)
+        os.kill(await engine.call(Pid()), signal.SIGKILL)
         for call in waiting:
             with pytest.raises(EngineProcessExited):
                 await asyncio.wait_for(call, timeout=10)
@@ -96,7 +137,7 @@ def test_a_child_that_dies_fails_every_call_in_flight_and_the_next_ones():
     asyncio.run(die_mid_call())
     assert not engine.alive
     with pytest.raises(EngineProcessExited):
-        engine.call_blocking("pid")
+        engine.call_blocking(Pid())
     engine.close()
 
 
@@ -116,9 +157,9 @@ def test_the_child_does_not_outlive_a_killed_replica_process():
                 """
                 import time
                 from deployments.engine_process import EngineProcess
-                from tests.deployments.test_engine_process import Probe
+                from tests.deployments.test_engine_process import Pid, Probe
                 engine = EngineProcess(Probe)
-                print(engine.call_blocking("pid"), flush=True)
+                print(engine.call_blocking(Pid()), flush=True)
                 time.sleep(600)
                 """
             ),

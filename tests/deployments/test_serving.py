@@ -54,6 +54,7 @@ def server_url():
         "upload_timeout_s": 3,
         "max_windows_in_flight": 1,
         "inline_window_kb": INLINE_WINDOW_KB,
+        "benchmark_fields": True,  # fixed_output_tokens is tested here; refused by default (test_colocated)
     }
     # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
     transfer = {**args["transfer"], "unclaimed_timeout_s": 10}

@@ -11,9 +11,9 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from deployments.config import RealtimeOptions
-from deployments.http.live_turn import PartialPassSlots
 from deployments.http.realtime import CLOSE_NORMAL, RealtimeSession
 from deployments.metrics import ServingMetrics
+from deployments.orchestration.live_turn import PartialPassSlots
 
 IDLE_TIMEOUT_S = 0.5
 

@@ -1,15 +1,18 @@
 """One live turn of a realtime session: its audio as it arrives, the partial passes that turn the
 audio so far into stable text, and the final pass. Every pass is one window through the same
-``WindowPipeline`` as file requests, at interactive priority, so it shares encoder batches and
-decoder steps with every other stream and file.
+``WindowPipeline`` as file requests (deployments/orchestration/pipeline.py), so it shares encoder
+batches and decoder steps with every other stream and file.
 
 A turn longer than one 30 s window is cut at a quiet point (``split_windows``): the first window
 gets its final pass, its text is committed, and the turn carries on in a new window prompted with
 the text committed so far.
 
 Final passes (and carry-overs) rank as interactive work; partial passes as batch work, so that on
-a busy encoder a turn's final pass overtakes the partial passes of every stream (measured: with
-all passes interactive, 8 streams on the 2-core CPU app waited 19 s for their final text).
+a busy encoder a turn's final pass overtakes the partial passes of every stream (with every pass
+interactive, a final pass queues behind the partial passes of all the other streams).
+
+The turn knows no protocol: each new piece of stable text goes to ``on_delta``, which the realtime
+session (deployments/http/realtime.py) turns into its events.
 """
 
 from __future__ import annotations
@@ -18,22 +21,19 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from deployments.config import RealtimeOptions
-from deployments.http.pipeline import WindowPipeline
-from deployments.http.realtime_events import SessionSettings, server_event
 from deployments.metrics import ServingMetrics
-from engine.model.audio import N_SAMPLES, SAMPLE_RATE, resample
-from engine.transcribe.agreement import LocalAgreement
-from engine.transcribe.windows import split_windows
+from deployments.orchestration.pipeline import WindowPipeline
+from engine import N_SAMPLES, SAMPLE_RATE, LocalAgreement, resample, split_windows
 from engine.types import DecodeOptions, FallbackOptions, Priority
 
 logger = logging.getLogger("ray.serve")
 
-Emit = Callable[[dict[str, Any]], Awaitable[None]]
+OnDelta = Callable[[str], Awaitable[None]]  # the turn's next piece of stable text
 _PASSES: set[asyncio.Task] = set()
 # No partial pass before a turn holds this much audio: on a second of speech tiny.en hears words
 # that are not there, often enough for three passes to agree on them ("They don't" for "The old").
@@ -41,6 +41,15 @@ PARTIAL_MIN_AUDIO_S = 1.5
 # Fast speech is ~4 tokens a second; a partial pass may decode this many for its audio.
 PARTIAL_TOKENS_BASE = 10
 PARTIAL_TOKENS_PER_S = 6
+
+
+@dataclass(frozen=True)
+class TurnSettings:
+    """What a turn's passes need of its session's settings."""
+
+    sample_rate_hz: int  # the client's audio rate; each pass resamples to 16 kHz
+    language: str | None = None
+    prompt: str | None = None
 
 
 class PartialPassSlots:
@@ -61,9 +70,9 @@ class LiveTurn:
     def __init__(
         self,
         item_id: str,
-        settings: SessionSettings,
+        settings: TurnSettings,
         pipeline: WindowPipeline,
-        emit: Emit,
+        on_delta: OnDelta,
         metrics: ServingMetrics,
         slots: PartialPassSlots,
         options: RealtimeOptions,
@@ -74,7 +83,7 @@ class LiveTurn:
         self.settings = settings
         self.sample_rate_hz = settings.sample_rate_hz  # the client's rate; resampled per pass
         self.pipeline = pipeline
-        self.emit = emit
+        self.on_delta = on_delta
         self.metrics = metrics
         self.agreement = LocalAgreement(span_s=options.partial_agreement_s)
         self._chunks: list[np.ndarray] = []
@@ -178,7 +187,7 @@ class LiveTurn:
             # The final pass decodes as the file endpoint does (openai-whisper's fallback), so a
             # turn's text is the file's text; partial passes are one greedy decode each, capped
             # near the most words the audio can hold: on a second of audio tiny.en can fall into a
-            # repetition loop that would run to 224 tokens (8 s of CPU) for text no one keeps.
+            # repetition loop that would run to the token limit for text no one keeps.
             fallback=FallbackOptions() if final and fixed is None else None,
             max_tokens=fixed
             or (None if final else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s))),
@@ -193,14 +202,7 @@ class LiveTurn:
 
     async def _send_delta(self, delta: str) -> None:
         if delta:
-            await self.emit(
-                server_event(
-                    "conversation.item.input_audio_transcription.delta",
-                    item_id=self.item_id,
-                    content_index=0,
-                    delta=delta,
-                )
-            )
+            await self.on_delta(delta)
 
     # ---- audio --------------------------------------------------------------------------------
 

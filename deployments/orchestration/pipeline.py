@@ -12,17 +12,22 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator
 
+from ray.exceptions import RayActorError
+from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from deployments.http.errors import REPLICA_LOST
+from deployments.engine_process import EngineProcessExited
 from deployments.window_batcher import WindowJob
+from engine import SAMPLE_RATE, LongFormCursor, PendingWindow, Transcription
 from engine.errors import RetriableError
-from engine.model.audio import SAMPLE_RATE
-from engine.transcribe.windows import LongFormCursor, PendingWindow, Transcription
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer.base import TransferHandle
 
 logger = logging.getLogger("ray.serve")
+
+# What a replica that died or is restarting looks like to its caller (a replica whose engine process
+# died answers EngineProcessExited until Serve's health check replaces it).
+REPLICA_LOST = (RayActorError, ReplicaUnavailableError, DeploymentUnavailableError, EngineProcessExited)
 
 # A window is tried this many times (encoded again each time) before the request fails with 503.
 WINDOW_ATTEMPTS = 3

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from deployments.http.pipeline import WindowPipeline
+from deployments.orchestration.pipeline import WindowPipeline
 from engine.types import DecodeOptions, Priority
 from kv_transfer import make_receiver, make_sender
 from kv_transfer.config import TransferConfig
