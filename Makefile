@@ -26,9 +26,10 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-# The slowest 30 tests are listed at the end: the run must stay inside CI's 90 minutes.
+# Two workers: the tests that start Ray on one, one module after another; every other module on
+# whichever worker is free (tests/conftest.py). The slowest 30 tests are listed at the end.
 test: lint
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
 
 # The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint

@@ -51,3 +51,18 @@ def random_multilingual_whisper_folder(tmp_path_factory) -> Path:
         tokenizer="base",
         vocab_size=51865,
     )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), a module's tests stay
+    on one worker, so its module-scoped fixtures (a started app, reference decodes) are made once;
+    and every test that starts Ray runs on one worker, one module after another, because those
+    tests find the app's replicas and engine processes by name on this machine, where a second
+    app would answer too (a module with any such test goes there whole: its Ray session is
+    module-scoped)."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    modules_with_ray = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("ray")}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group("ray" if module in modules_with_ray else module))

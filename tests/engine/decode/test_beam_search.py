@@ -35,6 +35,36 @@ def reference(tiny_en):
     return openai_whisper_model(load_weights("tiny.en"))
 
 
+@pytest.fixture(scope="module")
+def reference_tokens(tiny_en, reference):
+    """openai-whisper's beam search of one window, each (clip, settings) decoded once for the
+    module: the tests compare several of our choosers and step modes with the same reference."""
+    tokens: dict[tuple, list[int]] = {}
+
+    def decode(
+        clip, mel: torch.Tensor, beam_size: int, patience=None, length_penalty=None, timestamps=False
+    ) -> list[int]:
+        key = (clip.id, beam_size, patience, length_penalty, timestamps)
+        if key not in tokens:
+            tokens[key] = openai_whisper_beam_search(
+                reference,
+                mel,
+                beam_size,
+                tiny_en.weights.suppress_tokens,
+                patience=patience,
+                length_penalty=length_penalty,
+                timestamps=timestamps,
+            )
+        return tokens[key]
+
+    return decode
+
+
+@pytest.fixture(scope="module")
+def speech_set_cross_kvs(tiny_en) -> list[torch.Tensor]:
+    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()])
+
+
 def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOptions]]):
     for request_id, (index, options) in options_by_id.items():
         engine.submit(engine.make_request(options, CrossKVTensor(cross_kvs[index]), request_id))
@@ -53,7 +83,7 @@ def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOpti
 )
 @pytest.mark.parametrize("chooser", ["host", "device-torch", "device-triton"])
 def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
-    tiny_en, cross_kvs, reference, beam_options, chooser
+    tiny_en, cross_kvs, reference_tokens, beam_options, chooser
 ):
     # With async steps a beam search chooses on the device (engine/decode/beam_on_device.py): by
     # PyTorch operations, or by one Triton kernel (on a GPU; here under Triton's interpreter). Small
@@ -66,11 +96,10 @@ def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
     results = decode_all(engine, cross_kvs, {f"clip{i}": (i, options) for i in range(len(CLIPS))})
     mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS]), tiny_en.weights.dims.n_mels)
     for index in range(len(CLIPS)):
-        theirs = openai_whisper_beam_search(
-            reference,
+        theirs = reference_tokens(
+            CLIPS[index],
             mels[index],
             beam_options["beam_size"],
-            tiny_en.weights.suppress_tokens,
             patience=beam_options.get("patience"),
             length_penalty=beam_options.get("length_penalty"),
             timestamps=beam_options.get("timestamps", False),
@@ -86,10 +115,10 @@ def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
     ids=["beam2", "beam5", "beam5-device-choices"],
 )
 def test_beam_search_is_token_exact_with_openai_whisper_on_the_speech_set(
-    tiny_en, reference, beam_size, async_steps
+    tiny_en, reference_tokens, speech_set_cross_kvs, beam_size, async_steps
 ):
     clips = short_english_clips()
-    cross_kvs = cross_kvs_of(tiny_en, [clip.path for clip in clips])
+    cross_kvs = speech_set_cross_kvs
     options = DecodeOptions(beam_size=beam_size)
     # With async steps the beams are chosen on the device (here by the PyTorch version of the choice).
     engine = engine_with(tiny_en, async_steps=async_steps)
@@ -98,8 +127,7 @@ def test_beam_search_is_token_exact_with_openai_whisper_on_the_speech_set(
     differing = [
         clip.id
         for index, clip in enumerate(clips)
-        if results[clip.id].tokens
-        != openai_whisper_beam_search(reference, mels[index], beam_size, tiny_en.weights.suppress_tokens)
+        if results[clip.id].tokens != reference_tokens(clip, mels[index], beam_size)
     ]
     print(f"beam {beam_size}: {len(clips) - len(differing)}/{len(clips)} token-exact; differ: {differing}")
     # Float noise between two fp32 implementations may flip a near-tie between candidates.
