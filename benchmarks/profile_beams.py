@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_beams import beam_engine, run_windows  # noqa: E402
 from benchmarks.gpu_models import engine_model, profile_arguments, random_hf_whisper, resolved_dtype  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
-from engine.decode import choice_graphs, pipeline, sampling  # noqa: E402
+from engine.decode.step import choice_graphs, pipeline, sampling  # noqa: E402
 from engine.kv import storage  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402
 

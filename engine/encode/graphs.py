@@ -14,7 +14,7 @@ buckets share one memory pool (they never run at once: one encoder stream replay
 They are captured on a stream of their own, not torch's default capture stream. PyTorch gives each
 stream its own cuBLAS workspace, and a captured product keeps the workspace of the stream it was
 captured on. On the default capture stream, the encoder's products would share a workspace with
-the decode step's graphs (engine/decode/cuda_graphs.py), and two replays running at once on two
+the decode step's graphs (engine/decode/step/cuda_graphs.py), and two replays running at once on two
 streams would write over each other's split-K scratch. That is the likely cause of a hang seen on
 an H200 (the GPU 100% busy, both streams waiting): it went away with the decode graphs off, and
 with the encoder's graphs on a capture stream of their own (benchmarks/RESULTS.md).
