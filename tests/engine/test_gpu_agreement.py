@@ -15,8 +15,8 @@ import torch
 
 from benchmarks.gpu_models import engine_model, random_hf_whisper
 from engine.config import EngineConfig
-from engine.decode.step import cuda_graphs
 from engine.decode.engine import DecoderEngine
+from engine.decode.step import cuda_graphs
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
