@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.config import EngineConfig, cpu_has_bf16_instructions  # noqa: E402
-from engine.decode.logit_rules import LogitRules  # noqa: E402
+from engine.decode.step.logit_rules import LogitRules  # noqa: E402
 from engine.model.audio import N_SAMPLES, load_audio_file  # noqa: E402
 from engine.model.loading import load_model  # noqa: E402
 from engine.model.weights import resolve_model_folder  # noqa: E402

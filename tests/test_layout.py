@@ -1,4 +1,6 @@
-"""The product packages' shape: no import cycle among their modules, and no module over 400 lines.
+"""The product packages' shape: their modules import only their own layer or lower ones (``LAYERS``),
+with no import cycle among them, the decode step's side never sees a request, and no module is over
+400 lines.
 
 Read from the source (AST), nothing is imported: every ``import`` and ``from ... import`` counts,
 at module level and inside functions alike, except those under ``if TYPE_CHECKING:`` (they never
@@ -14,6 +16,39 @@ from tests.support.paths import REPO_ROOT
 
 PACKAGES = ("engine", "kv_transfer", "deployments")
 MAX_LINES = 400
+
+# The layers, lowest first: a module may import modules of its own layer or of lower ones, never of
+# a higher one. A module's layer is that of the longest prefix here that names it or a package above it.
+LAYERS: list[tuple[str, ...]] = [
+    ("engine.types", "engine.errors", "engine.arith", "engine.device"),  # host <-> device copies
+    ("engine.kernels",),
+    ("engine.kv",),  # blocks and their tensors: no decoding
+    ("engine.attention",),
+    ("engine.config",),
+    ("engine.model",),
+    ("engine.encode", "engine.decode.batch"),  # the batch: what crosses from scheduler to step
+    ("engine.decode.step",),  # a batch of rows in, a step's output out: never a request
+    (
+        "engine.decode.request",
+        "engine.decode.prompt",
+        "engine.decode.fallback",
+        "engine.decode.alignment",
+        "engine.decode.results",
+        "engine.decode.inbox",
+        "engine.decode.kv_loader",
+        "engine.decode.timings",
+        "engine.decode.heap",
+    ),
+    ("engine.decode.search",),
+    ("engine.decode.scheduler",),  # the only writer of a request's state
+    ("engine.decode",),  # the engine: submit, abort, step, stats
+    ("engine.transcribe",),
+    ("engine",),  # the public API
+    ("kv_transfer",),
+    ("deployments",),
+]
+# The step side: what imports neither a request nor the scheduler.
+STEP_SIDE = ("engine.decode.batch", "engine.decode.step")
 
 
 def module_files() -> dict[str, Path]:
@@ -150,6 +185,64 @@ def test_the_import_graph_sees_function_level_and_submodule_imports():
 def test_the_packages_import_one_another_without_a_cycle():
     cycles = import_cycles(import_graph())
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the longest prefix that names ``module`` or a package above it."""
+    best, best_length = None, -1
+    for index, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_length:
+                best, best_length = index, len(prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer of LAYERS: add it to one")
+    return best
+
+
+def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
+    """Each import of a module of a higher layer than the importer's, as ``importer -> imported``."""
+    return [
+        f"{module} -> {imported}"
+        for module in sorted(graph)
+        for imported in sorted(graph[module])
+        if layer_of(imported) > layer_of(module)
+    ]
+
+
+def test_the_layer_finder_takes_the_longest_prefix_and_reports_imports_of_a_higher_layer():
+    assert layer_of("engine.decode.step.pipeline") == layer_of("engine.decode.step")
+    assert layer_of("engine.decode.step.pipeline") < layer_of("engine.decode.request")
+    assert layer_of("engine.decode.engine") == layer_of("engine.decode")
+    graph = {"engine.kv.storage": {"engine.decode.request"}, "engine.decode.request": {"engine.kv.storage"}}
+    assert upward_arrows(graph) == ["engine.kv.storage -> engine.decode.request"]
+
+
+def test_every_import_points_to_the_importers_layer_or_a_lower_one():
+    arrows = upward_arrows(import_graph())
+    assert not arrows, "imports of a higher layer:\n" + "\n".join(arrows)
+
+
+def test_the_step_side_imports_neither_a_request_nor_the_scheduler():
+    graph = import_graph()
+    forbidden = ("engine.decode.request", "engine.decode.scheduler")
+    found = [
+        f"{module} -> {imported}"
+        for module in sorted(graph)
+        if module.startswith(STEP_SIDE)
+        for imported in sorted(graph[module])
+        if imported.startswith(forbidden)
+    ]
+    assert not found, "the step side imports the scheduler's side:\n" + "\n".join(found)
+
+
+def test_no_module_of_the_packages_imports_under_type_checking():
+    """An import only a type checker runs is an arrow all the same: none hides a cycle or an upward one."""
+    hidden = [
+        str(path.relative_to(REPO_ROOT))
+        for path in module_files().values()
+        if any(_is_type_checking_block(node) for node in ast.walk(ast.parse(path.read_text())))
+    ]
+    assert not hidden, f"modules with imports under TYPE_CHECKING: {hidden}"
 
 
 def test_no_module_of_the_packages_is_over_400_lines():

@@ -1,1 +1,3 @@
-"""The decode loop: engine (submit / abort / step / stats), scheduler, step pipeline, runner, rules."""
+"""The decode loop: engine (submit / abort / step / stats); scheduler/ (who runs, each step's rows,
+applying what a step produced); batch (the rows crossing to the step side); step/ (a batch in, an
+output out); search/ (a window as several hypotheses)."""

@@ -1,13 +1,15 @@
 """DecoderEngine: the continuous-batching decode loop over the paged KV cache.
 
-It ties the pieces together and owns none of their logic: the scheduler decides who runs and
-appends what a step produced; the pipeline launches a step on the device and reads it back
-(engine/decode/pipeline.py explains async steps); the fallback module decides whether a stopped
-window starts again, hotter; a search (engine/decode/search.py: beams, best-of samples) steps a
-window as several hypotheses and picks what they continue with; the result builder turns a
-finished window into a DecodeResult. Cross-attention K/V that travels (a pull from an encoder
-replica) loads beside the loop (engine/decode/kv_loader.py). Deployments read the engine only
-through ``stats()``, a snapshot taken on the loop thread.
+It ties the pieces together and owns none of their logic: the scheduler decides who runs, hands
+the step side a Batch of rows (engine/decode/batch.py: slots, tokens, positions, sampling; never a
+request) and applies what the step produced, the only writer of a request's state; the pipeline
+launches a step on the device and reads it back (engine/decode/step/pipeline.py explains async
+steps); the fallback module decides whether a stopped window starts again, hotter; a search
+(engine/decode/search/: beams, best-of samples) steps a window as several hypotheses and picks
+what they continue with; the result builder turns a finished window into a DecodeResult.
+Cross-attention K/V that travels (a pull from an encoder replica) loads beside the loop
+(engine/decode/kv_loader.py). Deployments read the engine only through ``stats()``, a snapshot
+taken on the loop thread.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ from engine.decode.alignment import alignment_heads_of
 from engine.decode.fallback import restart_hotter
 from engine.decode.inbox import Inbox
 from engine.decode.kv_loader import CrossKVLoader
-from engine.decode.logit_rules import LogitRules
-from engine.decode.pipeline import LaunchedStep, StepPipeline
 from engine.decode.prompt import build_request
 from engine.decode.request import Request, RequestStatus
 from engine.decode.results import ResultBuilder
-from engine.decode.runner import ModelRunner
 from engine.decode.scheduler import Scheduler
+from engine.decode.scheduler.rows import StepRows
+from engine.decode.step.logit_rules import LogitRules
+from engine.decode.step.pipeline import LaunchedStep, StepPipeline
+from engine.decode.step.runner import ModelRunner
 from engine.decode.timings import LoopTimings, WindowTimes
 from engine.errors import RetriableError
 from engine.kernels import launch_control, triton_available
@@ -77,7 +80,7 @@ class DecoderEngine:
         self.runner = _model_runner(loaded, config, self.storage)
         switches = config.gpu_switches(graphs_capturable=self.runner.backend.graph_safe)
         if switches.cuda_graphs:
-            from engine.decode.cuda_graphs import DecodeGraphs
+            from engine.decode.step.cuda_graphs import DecodeGraphs
 
             self.runner.graphs = DecodeGraphs(self.runner, config.max_num_seqs)
         self.stepped_prompt_tokens = switches.stepped_prompt_tokens
@@ -92,6 +95,13 @@ class DecoderEngine:
             eot=self.tokenizer.special.eot,
             n_text_ctx=dims.n_text_ctx,
             consecutive_cross_blocks=self.runner.backend.prefers_consecutive_blocks,
+            rows=StepRows(
+                self.runner.tables,
+                self.runner.max_cross_readers,
+                dims.n_text_ctx,
+                self.stepped_prompt_tokens,
+                device_chooses=self.async_steps,  # beam searches choose on the device
+            ),
         )
         self.rules = LogitRules(
             self.tokenizer,
@@ -102,12 +112,7 @@ class DecoderEngine:
             num_slots=config.max_num_seqs + 1,
         )
         self.pipeline = StepPipeline(
-            self.runner,
-            self.rules,
-            self.tokenizer,
-            dims.n_text_ctx,
-            self.stepped_prompt_tokens,
-            self.async_steps,
+            self.runner, self.rules, self.tokenizer, self.async_steps, self.scheduler.rows.step_input
         )
         self.loader = CrossKVLoader(
             self.storage, self.runner.project_cross_kv, self.device, workers=config.kv_load_workers
@@ -142,7 +147,7 @@ class DecoderEngine:
         """Validate options and build a request; raises RequestRejectedError for bad options.
 
         ``audio_duration_s``: how much of the 30 s window is audio (word alignment looks only there)."""
-        request = build_request(
+        return build_request(
             self.tokenizer,
             self.dims,
             self.device,
@@ -151,9 +156,8 @@ class DecoderEngine:
             request_id or f"req-{next(self._ids)}",
             audio_duration_s,
             self.stepped_prompt_tokens,
+            priority,
         )
-        request.priority = priority
-        return request
 
     def submit(self, request: Request) -> None:
         request.submitted_s = time.monotonic()
@@ -198,7 +202,7 @@ class DecoderEngine:
         scheduled = self.scheduler.schedule()
         finished += self._load_cross_kv(scheduled.admitted)
         self.storage.copy_blocks(scheduled.block_copies)
-        launched = self.pipeline.launch(scheduled.batch)
+        launched = self.pipeline.launch(self.scheduler.rows_to_step(scheduled))
         if launched is not None:
             self.timings.count_step(len(launched.batch))
         # A search that chooses its hypotheses' next tokens on the host needs them read before
@@ -217,9 +221,8 @@ class DecoderEngine:
         self.scheduler.step_read(output.step_id)
         finished = []
         for request, reason in self.scheduler.update_from_output(output):
-            retried = reason != FinishReason.ERROR and restart_hotter(
-                request, self.tokenizer, self.pipeline.undo_draw(request)
-            )
+            undo_draw = self.pipeline.draw_undone(request.generator, request.launched_in)
+            retried = reason != FinishReason.ERROR and restart_hotter(request, self.tokenizer, undo_draw)
             if not retried:
                 finished.append(self._finish(request, reason))
             else:
@@ -247,8 +250,7 @@ class DecoderEngine:
                 self.scheduler.add(request)
             except Exception as exc:
                 logger.warning("request %s rejected: %s", request.request_id, exc)
-                request.error = str(exc)
-                rejected.append(self._finish(request, FinishReason.ERROR))
+                rejected.append(self._finish(request, FinishReason.ERROR, error=str(exc)))
         return rejected
 
     def _take_aborted(self) -> list[DecodeResult]:
@@ -263,6 +265,7 @@ class DecoderEngine:
             # All four again when a pull lands (the loader sets when it began and ended).
             request.admitted_s = request.load_started_s = request.load_ended_s = request.runnable_s = now
             if request.cross_source.travels:
+                self.scheduler.hold_for_load(request)
                 self.loader.start(request)
                 continue
             try:
@@ -280,6 +283,7 @@ class DecoderEngine:
         idle = not self.scheduler.has_runnable and self.pipeline.in_flight is None
         failed = []
         for request, error in self.loader.take_landed(LANDING_WAIT_S if idle else 0.0):
+            self.scheduler.landed(request)
             request.runnable_s = time.monotonic()
             if error is not None and request.status != RequestStatus.FINISHED:
                 failed.append(self._fail_load(request, error))
@@ -289,15 +293,20 @@ class DecoderEngine:
     def _fail_load(self, request: Request, error: BaseException) -> DecodeResult:
         """A failed K/V load (e.g. a transfer error) fails its request only, and frees its blocks."""
         logger.error("loading cross-attention K/V for %s failed: %s", request.request_id, error)
-        request.error = f"loading cross-attention K/V failed: {error}"
-        request.error_retriable = isinstance(error, RetriableError)
-        return self._finish(request, FinishReason.ERROR)
+        return self._finish(
+            request,
+            FinishReason.ERROR,
+            error=f"loading cross-attention K/V failed: {error}",
+            retriable=isinstance(error, RetriableError),
+        )
 
     def close(self) -> None:
         """Stop the K/V load workers (waiting for loads under way)."""
         self.loader.close()
 
-    def _finish(self, request: Request, reason: FinishReason) -> DecodeResult:
+    def _finish(
+        self, request: Request, reason: FinishReason, error: str | None = None, retriable: bool = False
+    ) -> DecodeResult:
         """End a request and return its result. A decoded one (STOP, LENGTH) gets its result while it
         still holds its blocks (word alignment reads its K/V); one that ends before admission gives
         its source's K/V up unloaded (an encoder's staging would otherwise wait for its timeout)."""
@@ -318,7 +327,7 @@ class DecoderEngine:
         result = self.results.build(request, reason) if decoded else None
         if request.status == RequestStatus.WAITING and request.cross_source is not None:
             request.cross_source.discard()
-        self.scheduler.finish(request, reason)
+        self.scheduler.finish(request, reason, error, retriable)
         self._by_id.pop(request.request_id, None)
         self.runner.release(request.request_id)
         return result or self.results.build(request)
@@ -377,8 +386,8 @@ def _model_runner(loaded: LoadedModel, config: EngineConfig, storage: PagedKVSto
     switches = config.gpu_switches()
     if switches.fused_decoder_norms and triton_available():
         loaded.model.decoder.fuse_residual_norms()  # before the decode graphs capture the step
-    # Only where the kernels' launches overlap (Hopper and later), where they were measured faster
-    # than cuBLAS. Set either way: benchmarks build several engines on one loaded model.
+    # Only where the kernels' launches overlap (Hopper and later), where they beat cuBLAS. Set
+    # either way: benchmarks build several engines on one loaded model.
     overlapping = triton_available() and launch_control(device)
     loaded.model.decoder.use_small_rows_products(switches.small_rows_products if overlapping else 0)
     return ModelRunner(loaded.model, storage, backend, config.max_num_seqs)

@@ -59,13 +59,5 @@ def restart_hotter(request: Request, tokenizer: WhisperTokenizer, undo_draw: tor
     text = tokenizer.decode(request.output_tokens)
     if not needs_fallback(fallback, text, avg_logprob(request), request.no_speech_prob or 0.0):
         return False
-    if undo_draw is not None:
-        request.generator.set_state(undo_draw)
-    request.attempt += 1
-    request.epoch += 1
-    request.temperature = temperatures[request.attempt]
-    request.output_tokens, request.sum_logprob, request.unread_tokens = [], 0.0, 0
-    request.output_logprobs = []
-    request.num_computed_tokens = len(request.prompt_tokens) - 1
-    request.pending_tokens = request.prompt_tokens[-1:]
+    request.start_again(temperatures[request.attempt + 1], undo_draw)
     return True

@@ -58,8 +58,8 @@ class CrossKVLoader:
         return len(self._loads)
 
     def start(self, request: Request) -> None:
-        """Load ``request``'s K/V into its cross-attention blocks on a worker thread."""
-        request.cross_kv_loading = True
+        """Load ``request``'s K/V into its cross-attention blocks on a worker thread (the scheduler
+        keeps it out of the steps until it has landed)."""
         landed = self._workers.submit(self._load, request, list(request.blocks.cross_block_ids))
         landed.add_done_callback(lambda _: self._some_landed.set())
         self._loads.append(_Load(request, landed))
@@ -99,7 +99,6 @@ class CrossKVLoader:
             error = load.landed.exception()
             if error is None and load.landed.result() is not None:
                 torch.cuda.current_stream(self.device).wait_event(load.landed.result())
-            load.request.cross_kv_loading = False
             self.num_loaded += error is None
             outcomes.append((load.request, error))
         return outcomes

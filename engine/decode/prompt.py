@@ -16,7 +16,7 @@ from engine.errors import RequestRejectedError
 from engine.kv.sources import CrossKVSource
 from engine.model.tokenizer import WhisperTokenizer
 from engine.model.weights import ModelDims
-from engine.types import DecodeOptions
+from engine.types import DecodeOptions, Priority
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,21 @@ def _check_beam_options(options: DecodeOptions) -> None:
 def next_prompt_tokens(request: Request, stepped_prompt_tokens: int) -> list[int]:
     """The prompt tokens to feed at the request's next step: one, while the rest of the prompt is
     short enough to feed a token a step (``stepped_prompt_tokens``), else all of it."""
+    return _prompt_tokens_to_feed(
+        request.prompt_tokens,
+        request.sot_index,
+        request.detect_language,
+        request.num_computed_tokens,
+        stepped_prompt_tokens,
+    )
+
+
+def _prompt_tokens_to_feed(
+    tokens: list[int], sot_index: int, detect_language: bool, computed: int, stepped_prompt_tokens: int
+) -> list[int]:
     # With detection pending, feed only up to <|startoftranscript|>; the language comes next.
-    end = request.sot_index + 1 if request.detect_language else len(request.prompt_tokens)
-    rest = request.prompt_tokens[request.num_computed_tokens : end]
+    end = sot_index + 1 if detect_language else len(tokens)
+    rest = tokens[computed:end]
     return rest[:1] if len(rest) <= stepped_prompt_tokens else rest
 
 
@@ -113,11 +125,17 @@ def build_request(
     request_id: str,
     audio_duration_s: float | None,
     stepped_prompt_tokens: int,
+    priority: Priority = Priority.INTERACTIVE,
 ) -> Request:
     """Validate ``options`` for this model and build the request that decodes a window with them;
     raises RequestRejectedError for options the model cannot honour."""
     prompt = build_prompt(tokenizer, dims, options)
-    request = Request(
+    seed = options.seed if options.seed is not None or options.temperature > 0 else FALLBACK_SEED
+    generator = None
+    if seed is not None and max(options.temperatures()) > 0:
+        generator = torch.Generator(device=device).manual_seed(seed)
+    language = "en" if not dims.is_multilingual else options.language
+    return Request(
         request_id=request_id,
         prompt_tokens=prompt.tokens,
         sot_index=prompt.sot_index,
@@ -125,15 +143,12 @@ def build_request(
         options=options,
         cross_source=cross_source,
         detect_language=prompt.detect_language,
+        priority=priority,
+        pending_tokens=_prompt_tokens_to_feed(
+            prompt.tokens, prompt.sot_index, prompt.detect_language, 0, stepped_prompt_tokens
+        ),
+        language=language,
+        generator=generator,
         temperature=options.temperature,
         audio_duration_s=audio_duration_s,
     )
-    request.pending_tokens = next_prompt_tokens(request, stepped_prompt_tokens)
-    seed = options.seed if options.seed is not None or options.temperature > 0 else FALLBACK_SEED
-    if seed is not None and max(options.temperatures()) > 0:
-        request.generator = torch.Generator(device=device).manual_seed(seed)
-    if not dims.is_multilingual:
-        request.language = "en"
-    elif options.language is not None:
-        request.language = options.language
-    return request

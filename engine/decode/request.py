@@ -1,23 +1,29 @@
 """A window's state inside the decode loop: its prompt, blocks, tokens so far and async-step
-bookkeeping. Built by the engine from DecodeOptions, never handed across the package boundary."""
+bookkeeping. Built by the engine from DecodeOptions, never handed across the package boundary,
+nor to the step side (it gets a Batch of rows: engine/decode/batch.py). The scheduler
+(engine/decode/scheduler/) writes it, with the searches it runs on their hypotheses; the loop's
+other pieces read it."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
+from engine.decode.batch import FROM_LAST_STEP
 from engine.kv.block_pool import RequestBlocks
 from engine.kv.sources import CrossKVSource
 from engine.types import DecodeOptions, FinishReason, Priority
 
-if TYPE_CHECKING:
-    from engine.decode.search import Search
 
-# A pending token the host does not know yet: the device reads it from the last launched step.
-FROM_LAST_STEP = -1
+class WindowSearch(Protocol):
+    """What a request knows of the search that decodes its window as several hypotheses
+    (engine/decode/search/ holds the searches; they import this module, not it them)."""
+
+    window: Request
+    hypotheses: list[Request]
 
 
 class RequestStatus(enum.Enum):
@@ -65,9 +71,9 @@ class Request:
     error_retriable: bool = False
     # A window decoded as several hypotheses (beams, or best-of samples): its search while it runs
     # (the hypotheses are what steps).
-    search: Search | None = field(default=None, repr=False, compare=False)
+    search: WindowSearch | None = field(default=None, repr=False, compare=False)
     # A hypothesis: the search it belongs to; its self-attention blocks change as hypotheses fork.
-    hypothesis_of: Search | None = field(default=None, repr=False, compare=False)
+    hypothesis_of: WindowSearch | None = field(default=None, repr=False, compare=False)
     tables_changed: bool = False  # its blocks changed since its block-table row was written
     # time.monotonic() when it was submitted, admitted, its K/V load began and ended on a loader
     # worker (both at admission for K/V written in place), and it could first step (the loop saw the
@@ -94,3 +100,18 @@ class Request:
     def max_total_tokens(self) -> int:
         # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
         return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)
+
+    def start_again(self, temperature: float, undo_draw: torch.Tensor | None) -> None:
+        """The window's next attempt (fallback): its text starts again at ``temperature`` on the
+        blocks it holds (the prompt's K/V stays, so only the last prompt token is fed again); rows
+        launched before are stale. ``undo_draw``: its generator's state before a draw made by a step
+        launched after the one that ended it, restored so the attempt samples as it would have."""
+        if undo_draw is not None:
+            self.generator.set_state(undo_draw)
+        self.attempt += 1
+        self.epoch += 1
+        self.temperature = temperature
+        self.output_tokens, self.sum_logprob, self.unread_tokens = [], 0.0, 0
+        self.output_logprobs = []
+        self.num_computed_tokens = len(self.prompt_tokens) - 1
+        self.pending_tokens = self.prompt_tokens[-1:]

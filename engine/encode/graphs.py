@@ -13,7 +13,7 @@ buckets share one memory pool (they never run at once: one encoder stream replay
 They are captured on a stream of their own, not torch's default capture stream. PyTorch gives each
 stream its own cuBLAS workspace, and a captured product keeps the workspace of the stream it was
 captured on. On the default capture stream, the encoder's products would share a workspace with
-the decode step's graphs (engine/decode/cuda_graphs.py), and two replays running at once on two
+the decode step's graphs (engine/decode/step/cuda_graphs.py), and two replays running at once on two
 streams would write over each other's split-K scratch, which can hang the GPU with both streams waiting.
 """
 

@@ -1,6 +1,6 @@
 """A step's beam choices as one Triton kernel: one program per beam search ranks its hypotheses'
-candidates, picks the children and moves every child's state to its slot (engine/decode/
-beam_on_device.py says what a choice does; its PyTorch version there is the reference).
+candidates, picks the children and moves every child's state to its slot (engine/decode/step/
+beam_choice.py says what a choice does; its PyTorch version there is the reference).
 
 As PyTorch operations a choice takes dozens of small kernels, whose launches cost the host more time
 than the choice saves on a small model's step. A search ranks at most a few dozen candidates

@@ -1,5 +1,5 @@
 """Whisper's timestamp rules as two Triton kernels: one applies them to a step's logits, one
-records the sampled tokens into each slot's history (engine.decode.logit_rules.LogitRules uses
+records the sampled tokens into each slot's history (engine.decode.step.logit_rules.LogitRules uses
 them on a GPU).
 
 As PyTorch operations the rules take dozens of small kernels a step, whose launches cost the host

@@ -1,6 +1,6 @@
 """Each beam hypothesis's likeliest tokens, best first, with their log-probabilities, straight from a
 step's rule-filtered logits, as two Triton kernels: the candidates a beam search chooses from
-(engine/decode/sampling.py; ``torch.topk`` of the log-softmax elsewhere).
+(engine/decode/step/sampling.py; ``torch.topk`` of the log-softmax elsewhere).
 
 A log-softmax of every row and then a top-k over it read each row several times and write it once
 in between; a beam step has five rows a window, so those passes were most of its choice's cost.

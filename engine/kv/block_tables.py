@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.decode.host_device import upload
+from engine.device import upload
 from engine.kv.block_pool import RequestBlocks
 
 

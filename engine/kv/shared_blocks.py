@@ -11,7 +11,7 @@ until the window finishes.
 
 Block ids only, never tensors: the copies it asks for are done by the storage, in one batched
 operation per step (engine/kv/storage.py ``copy_blocks``). Once a beam search chooses on the
-device (engine/decode/beam_on_device.py), the device decides which hypothesis copies what, from
+device (engine/decode/step/beam_choice.py), the device decides which hypothesis copies what, from
 its block tables, to the search's end: the counts here are then the host's last, and unused.
 """
 

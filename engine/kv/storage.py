@@ -4,8 +4,8 @@ Block-major keeps each block one contiguous region across all decoder layers, so
 layer moves a request's cross-attention K/V as 12 large regions rather than hundreds of small
 per-layer ones; attention kernels take per-layer strided views. Within a view, one block's keys
 (block_size x H x D) are the piece read contiguously, so blocks are large (128 tokens by default):
-with small blocks (16 tokens) the reads of one layer jump across the whole pool, and
-cross-attention runs markedly slower (measured: benchmarks/RESULTS.md).
+with small blocks the reads of one layer jump across the whole pool, and cross-attention runs
+markedly slower.
 
 The cache may be stored in fp8 (engine.kv_cache_dtype); every K/V that enters it, or is staged
 for it, goes through ``to_cache_dtype``.
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from engine.arith import ceil_div
-from engine.decode.host_device import upload
+from engine.device import upload
 from engine.kernels import triton_available
 from engine.kernels.block_copy import triton_copy_blocks
 from engine.kernels.block_write import triton_write_sequence
@@ -88,8 +88,7 @@ class PagedKVStorage:
 
         On a GPU one Triton kernel writes every block (engine/kernels/block_write.py). Elsewhere,
         one copy per block, cast on the way, rather than padding, reordering into blocks and
-        scattering the whole sequence: each of those is a full pass over the request's K/V
-        (measured: benchmarks/RESULTS.md)."""
+        scattering the whole sequence: each of those is a full pass over the request's K/V."""
         seq_len = kv.shape[2]
         num_blocks = ceil_div(seq_len, self.block_size)
         if num_blocks != len(block_ids):

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.decode import cuda_graphs
 from engine.decode.engine import DecoderEngine
+from engine.decode.step import cuda_graphs
 from engine.encode.overlap import OverlappedEncoder
 from engine.encode.runner import EncoderRunner
 from engine.kv.sources import CrossKVTensor
@@ -106,7 +106,7 @@ def test_fp32_language_detection_in_replayed_steps_equals_transformers():
 
 def test_fp32_greedy_tokens_equal_transformers_across_the_short_text_graphs(monkeypatch):
     """Steps whose texts are all short replay graphs whose self-attention is sized for short texts
-    (engine/decode/cuda_graphs.py). With that length at 8 tokens, every window's decode crosses from
+    (engine/decode/step/cuda_graphs.py). With that length at 8 tokens, every window's decode crosses from
     those graphs to the ones sized for the whole context, and the tokens stay transformers'."""
     monkeypatch.setattr(cuda_graphs, "SHORT_TEXT_KEYS", 8)
     ours, theirs, replays = decode_both("large-v3-turbo", torch.float32)

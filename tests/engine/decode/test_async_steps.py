@@ -122,7 +122,7 @@ def test_mixed_requests_joining_mid_decode_end_as_with_each_step_read_before_the
 @pytest.mark.slow
 def test_beam_windows_joining_and_leaving_mid_decode_end_as_with_each_step_read_first(tiny_en, clip_kvs):
     # The searches whose choices the device makes step as one tail of the batch whose columns are
-    # made when its searches change (engine/decode/steady_tail.py): here searches join it, end at
+    # made when its searches change (engine/decode/scheduler/steady_tail.py): here searches join it, end at
     # end of text and by length, and one is aborted, while greedy rows run before it.
     beams = [
         DecodeOptions(beam_size=3),
@@ -276,7 +276,7 @@ def test_on_the_gpu_replayed_steps_fed_from_the_device_decode_as_steps_read_in_t
 def test_on_the_gpu_beam_choices_replayed_from_cuda_graphs_decode_as_choices_launched_each_step(
     random_multilingual_whisper_folder,
 ):
-    """engine/decode/choice_graphs.py: a choice's shape is captured the second time it is seen and
+    """engine/decode/step/choice_graphs.py: a choice's shape is captured the second time it is seen and
     replayed from then on; the windows decode as they do with the choice's kernels launched at every
     step, and every block comes back."""
     loaded = small_gpu_model(random_multilingual_whisper_folder)

@@ -85,7 +85,7 @@ def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOpti
 def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
     tiny_en, cross_kvs, reference_tokens, beam_options, chooser
 ):
-    # With async steps a beam search chooses on the device (engine/decode/beam_on_device.py): by
+    # With async steps a beam search chooses on the device (engine/decode/step/beam_choice.py): by
     # PyTorch operations, or by one Triton kernel (on a GPU; here under Triton's interpreter). Small
     # blocks there make the children's forks cross block boundaries too.
     on_device = chooser != "host"

@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
     WhisperTimeStampLogitsProcessor,
 )
 
-from engine.decode.logit_rules import MAX_INITIAL_TIMESTAMP_S, LogitRules
+from engine.decode.step.logit_rules import MAX_INITIAL_TIMESTAMP_S, LogitRules
 from engine.model.tokenizer import WhisperTokenizer
 from tests.support.models import bundled_tokenizer
 

@@ -4,8 +4,8 @@ appends, with an injected clock (no model, no sleeping)."""
 from __future__ import annotations
 
 from engine.decode.request import Request, RequestStatus
-from engine.decode.scheduler import Scheduler
-from engine.decode.step_output import StepOutput
+from engine.decode.scheduler import LaunchedRows, Scheduler
+from engine.decode.step.output import StepOutput
 from engine.kv.block_pool import BlockPool
 from engine.types import DecodeOptions, FinishReason, Priority
 from tests.support.clock import FakeClock
@@ -146,16 +146,14 @@ def test_a_read_step_appends_tokens_and_reports_end_of_text_and_length_stops():
     batch = scheduler.schedule().batch
     for request in batch:
         request.launched_in, request.unread_tokens = 0, 1
+    scheduler.launched[0] = LaunchedRows(requests=batch, epochs=[0, 0, 0], computed_after=[4, 4, 4])
     output = StepOutput(
         step_id=0,
-        batch=batch,
-        epochs=[0, 0, 0],
         tokens=[7, EOT, 8],
         logprobs=[-0.5, -0.25, -1.0],
         sampled_rows={0, 1, 2},
         no_speech_probs={1: 0.125},
         languages={},
-        computed_after=[4, 4, 4],
     )
     stopped = scheduler.update_from_output(output)
     assert [(request.request_id, reason) for request, reason in stopped] == [
@@ -171,17 +169,15 @@ def test_rows_of_a_window_restarted_since_its_step_was_launched_are_ignored():
     request = window("a")
     scheduler.add(request)
     batch = scheduler.schedule().batch
+    scheduler.launched[0] = LaunchedRows(requests=batch, epochs=[0], computed_after=[4])
     request.epoch = 1  # a fallback restart after the step was launched
     output = StepOutput(
         step_id=0,
-        batch=batch,
-        epochs=[0],
         tokens=[EOT],
         logprobs=[0.0],
         sampled_rows={0},
         no_speech_probs={},
         languages={},
-        computed_after=[4],
     )
     assert scheduler.update_from_output(output) == [] and request.output_tokens == []
 

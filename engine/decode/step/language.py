@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.decode.host_device import upload
+from engine.device import upload
 from engine.model.tokenizer import WhisperTokenizer
 
 

@@ -2,7 +2,7 @@
 
 A plain ``tensor.to("cuda")`` from ordinary host memory, or ``.tolist()`` of a device tensor,
 waits for everything queued on the stream. The decode loop launches step N+1 before it reads
-step N's tokens (engine/decode/pipeline.py), so a single such copy in the step would put the GPU's whole
+step N's tokens (engine/decode/step/pipeline.py), so a single such copy in the step would put the GPU's whole
 queue back on the host's critical path. These go through pinned memory instead: PyTorch's caching
 host allocator keeps a pinned buffer from reuse until the copy that reads it has run, so the
 source may be dropped at once.

@@ -1,5 +1,5 @@
 """Choosing each row's next token: the logit rules, then greedy or temperature sampling, on the device;
-a search's hypothesis offers candidates for its search to choose from (engine/decode/search.py)."""
+a search's hypothesis offers candidates for its search to choose from (engine/decode/search/base.py)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.decode.host_device import upload
-from engine.decode.logit_rules import LogitRules
-from engine.decode.request import Request
+from engine.decode.batch import RowsToSample
+from engine.decode.step.logit_rules import LogitRules
+from engine.device import upload
 from engine.kernels import triton_available
 from engine.kernels.top_candidates import triton_top_candidates
-
-
-@dataclass
-class RowsToSample:
-    """The rows of a step that sample, as columns, filled in the pipeline's one pass over a step's
-    rows (engine/decode/pipeline.py): a beam search's hypotheses add theirs a search at a time."""
-
-    rows: list[int] = field(default_factory=list)  # of the step
-    requests: list[Request] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
-    first: list[bool] = field(default_factory=list)  # its first sampled token (the rules suppress more)
-    timestamps: list[bool] = field(default_factory=list)
-    # A hypothesis's is 0 here: it draws its candidates below, not a token.
-    temperatures: list[float] = field(default_factory=list)
-    hypotheses: list[int] = field(default_factory=list)  # indexes (into ``rows``) of hypotheses' rows
-    offering: list[int] = field(default_factory=list)  # of those, the ones offering the host candidates
-    # Of those, the ones whose timestamp history is to follow the text the host chose for them.
-    restore_history: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -39,9 +21,9 @@ class SampledRows:
     tokens: torch.Tensor  # [rows] long
     logprobs: torch.Tensor  # [rows] float32
     row_index: torch.Tensor | None  # the rows on the device; None when every row of the step sampled
-    # Per request that drew from its own generator: the generator's state before this draw, so a
-    # fallback restart can undo a draw made by a step launched ahead of the host's reading.
-    generator_states: dict[str, torch.Tensor]
+    # Per generator a row drew from: its state before this draw, so a fallback restart can undo a
+    # draw made by a step launched ahead of the host's reading.
+    generator_states: dict[torch.Generator, torch.Tensor]
     # The step's rows of hypotheses that offer candidates (their search chooses on the host).
     hypothesis_rows: list[int] = field(default_factory=list)
     # [2, len(hypothesis_rows), width] float32: their candidate tokens (as floats) and log-probabilities.
@@ -60,14 +42,9 @@ def sample_rows(
     """The logit rules and sampling for the rows ``to_sample`` of a step's logits [B, V]; hypotheses
     offer candidates where ``to_sample.offering`` says. From index ``chosen_on_device_from`` of
     ``to_sample.rows`` on, the rows are hypotheses the device chooses for from their filtered logits
-    (the steady tail: engine/decode/steady_tail.py): the rules apply to them, but they sample no
+    (the steady tail: engine/decode/scheduler/steady_tail.py): the rules apply to them, but they sample no
     token, so the returned tokens and log-probabilities stop there."""
-    rows, requests, first, timestamps = (
-        to_sample.rows,
-        to_sample.requests,
-        to_sample.first,
-        to_sample.timestamps,
-    )
+    rows, first, timestamps = to_sample.rows, to_sample.first, to_sample.timestamps
     every_row = len(rows) == logits.shape[0]
     row_index = None if every_row else upload(rows, torch.long, logits.device)
     row_logits = logits if every_row else logits[row_index]  # the usual step samples every row: no gather
@@ -75,8 +52,7 @@ def sample_rows(
     # restored here when the host chose it (a choice made on the device moves histories there).
     if to_sample.restore_history:
         rules.restore_histories(
-            [to_sample.slots[index] for index in to_sample.restore_history],
-            [requests[index].output_tokens for index in to_sample.restore_history],
+            [to_sample.slots[index] for index in to_sample.restore_history], to_sample.restore_texts
         )
     stamp_rows = rules.timestamp_rows(first, timestamps, to_sample.slots)
     rules.apply(row_logits, first, stamp_rows)
@@ -90,11 +66,11 @@ def sample_rows(
     generator_states = {}
     generators: list[torch.Generator | None] = []
     if max(temperatures) > 0:
-        generators = [r.generator for r in requests]
+        generators = to_sample.generators
         generator_states = {
-            r.request_id: r.generator.get_state()
-            for r, temperature in zip(requests, temperatures)
-            if temperature > 0 and r.generator
+            generator: generator.get_state()
+            for generator, temperature in zip(generators, temperatures)
+            if temperature > 0 and generator
         }
     # One log-softmax serves the sampled tokens' log-probabilities and the host's candidates.
     sampling = slice(chosen_on_device_from)
@@ -107,37 +83,30 @@ def sample_rows(
     offering = to_sample.offering
     if offering:
         sampled.hypothesis_rows = [rows[index] for index in offering]
-        offered = [requests[index] for index in offering]
-        wanted = [hypothesis.hypothesis_of.candidates_wanted(hypothesis) for hypothesis in offered]
-        sampled.candidates = _candidates(row_logits, row_logprobs, offered, offering, wanted)
+        sampled.candidates = _candidates(row_logits, row_logprobs, to_sample, offering)
     return sampled
 
 
 def _candidates(
-    logits: torch.Tensor,
-    logprobs: torch.Tensor,
-    hypotheses: list[Request],
-    rows: list[int],
-    wanted: list[int],
+    logits: torch.Tensor, logprobs: torch.Tensor, to_sample: RowsToSample, rows: list[int]
 ) -> torch.Tensor:
     """Each hypothesis's candidates [2, H, width]: at temperature 0 its likeliest tokens, best first;
     above it its draws from softmax(logits / T), with its own generator. Log-probabilities are of
     the rule-filtered logits (``logprobs``, their log-softmax), as openai-whisper scores both."""
     some_rows = len(rows) < len(logits)  # greedy rows share the step: only the hypotheses' rows
     row_index = upload(rows, torch.long, logits.device) if some_rows else None
-    if all(h.temperature == 0 for h in hypotheses):
+    wanted, temperatures = to_sample.offering_wanted, to_sample.offering_temperatures
+    if not any(temperatures):
         return top_candidates(logits, row_index, max(wanted), logprobs)
     if some_rows:
         logprobs = logprobs[row_index]
     tokens = logprobs.topk(max(wanted), dim=-1).indices
-    for index, (hypothesis, count) in enumerate(zip(hypotheses, wanted)):
-        if hypothesis.temperature > 0:
-            probs = torch.softmax(
-                torch.nan_to_num(logits[rows[index]] / hypothesis.temperature, nan=0.0), dim=-1
-            )
-            tokens[index, :count] = torch.multinomial(
-                probs, count, replacement=True, generator=hypothesis.generator
-            )
+    for index, (temperature, count, generator) in enumerate(
+        zip(temperatures, wanted, to_sample.offering_generators)
+    ):
+        if temperature > 0:
+            probs = torch.softmax(torch.nan_to_num(logits[rows[index]] / temperature, nan=0.0), dim=-1)
+            tokens[index, :count] = torch.multinomial(probs, count, replacement=True, generator=generator)
     return _with_logprobs(tokens, logprobs)
 
 

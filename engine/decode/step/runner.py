@@ -18,35 +18,12 @@ import numpy as np
 import torch
 
 from engine.attention.base import AttentionBackend, PagedAttentionBatch
-from engine.decode.host_device import upload
+from engine.decode.batch import StepInput
+from engine.device import upload
 from engine.kv.block_pool import blocks_needed
 from engine.kv.block_tables import DeviceBlockTables
 from engine.kv.storage import PagedKVStorage
 from engine.model.whisper import DecoderStepMetadata, Whisper
-
-
-@dataclass(frozen=True)
-class StepInput:
-    """What the runner needs of a step's rows (never the requests themselves), as columns: a step
-    has one row per running sequence, every hypothesis of every beam search included, and the
-    columns are filled in one pass and read as they are (no object per row)."""
-
-    slots: list[int]  # each row's block-table row
-    tokens: list[list[int]]  # fed this step; the first may be FROM_LAST_STEP
-    sources: list[int]  # the row of the last launched step whose token a FROM_LAST_STEP means, or -1
-    starts: list[int]  # position of the first fed token
-    sot_offsets: list[int]  # index of <|startoftranscript|> in the row's tokens, or -1 when not fed
-    # Per row, the rows from it on that read its cross-attention K/V (a window's beams, adjacent
-    # rows), 0 for a row counted by an earlier one; None: each row reads its own.
-    cross_readers: list[int] | None = None
-
-    @property
-    def num_rows(self) -> int:
-        return len(self.slots)
-
-    @property
-    def max_fed(self) -> int:
-        return max(map(len, self.tokens))
 
 
 @dataclass
@@ -94,7 +71,7 @@ class ModelRunner:
         # The last launched step's token by row (sampled, or a detected language): what a
         # FROM_LAST_STEP input reads. Written by the engine after sampling, read by the next step.
         self.next_tokens = torch.zeros(max_requests, dtype=torch.long, device=self.device)
-        self.graphs = None  # engine.decode.cuda_graphs.DecodeGraphs, when captured
+        self.graphs = None  # engine.decode.step.cuda_graphs.DecodeGraphs, when captured
         # The most rows whose cross-attention one read of their shared K/V serves (1: none share).
         self.max_cross_readers = backend.max_key_readers(dims.decoder_heads, dims.head_dim)
 

@@ -1,5 +1,5 @@
 """A window decoded as several hypotheses at once: beam search at temperature 0, or best-of-n
-samples at a higher temperature (engine/decode/beam_search.py, engine/decode/best_of.py), as
+samples at a higher temperature (engine/decode/search/beam.py, engine/decode/search/best_of.py), as
 openai-whisper's BeamSearchDecoder and its sampling with ``best_of`` decide.
 
 The window's prompt runs once, as its first hypothesis. Each hypothesis is a sequence of the decode
@@ -15,7 +15,7 @@ MaximumLikelihoodRanker).
 
 A search's first choice (one hypothesis to several) and best-of samples' choices are made on the
 host, so a step with such a choice is read before the next is launched. A beam search's later
-choices are made on the device with async steps (engine/decode/beam_on_device.py), its last one
+choices are made on the device with async steps (engine/decode/step/beam_choice.py), its last one
 by length included: the next step launches before the host has read the last, and the host
 follows each choice one step late from the device's ranking of the candidates
 (``follow_device_choice``); its texts and sums follow those choices when the host next reads them
@@ -28,66 +28,13 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from dataclasses import dataclass
 from typing import NamedTuple
 
-import numpy as np
-
 from engine.decode.request import Request, RequestStatus
+from engine.decode.step.output import Candidates, FirstRanks, Ranking
 from engine.kv.block_pool import RequestBlocks, blocks_needed
 from engine.kv.shared_blocks import BlockCopy, SharedBlocks
 from engine.types import FinishReason
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """What a step read back for hypotheses, one row each: the tokens each offers to go on with
-    (its likeliest tokens best first, or its draws) and their log-probabilities. A hypothesis that
-    offers fewer than ``width`` uses its row's first ones."""
-
-    tokens: np.ndarray  # [rows, width] int64
-    logprobs: np.ndarray  # [rows, width] float32
-
-    def select(self, rows: list[int]) -> Candidates:
-        """The rows ``rows`` (increasing); a view when they are consecutive (a search's hypotheses are)."""
-        if rows[-1] - rows[0] == len(rows) - 1:
-            return Candidates(self.tokens[rows[0] : rows[-1] + 1], self.logprobs[rows[0] : rows[-1] + 1])
-        return Candidates(self.tokens[rows], self.logprobs[rows])
-
-
-class Ranking(NamedTuple):
-    """A choice made on the device where a text may end, read back: its every candidate by rank,
-    best first, each one's parent (the hypothesis it continues), token, log-probability and sum
-    of log-probabilities (in ``Choice``'s order)."""
-
-    parent: list[int]
-    token: list[int]
-    logprob: list[float]
-    sum_logprob: list[float]
-
-
-class FirstRanks(NamedTuple):
-    """The first ranks of the choices a step made on the device, read back as arrays, row i for
-    its i-th search: where no text ends among a search's first ``beam_size`` ranks, those are its
-    children (the usual step). Each child's parent, token, log-probability and sum. A search's
-    trail keeps its row (``Search.follow_device_choice``): nothing is converted to Python numbers
-    until its texts are brought up to date."""
-
-    parent: np.ndarray  # [searches, most beams] int64
-    token: np.ndarray  # int64
-    logprob: np.ndarray  # float32
-    sum_logprob: np.ndarray  # float32
-
-    @classmethod
-    def of_choices(cls, chosen: list[Choice]) -> FirstRanks:
-        """One search's children chosen on the host from its every rank, as row 0."""
-        parents, tokens, logprobs, sums = zip(*chosen)
-        return cls(
-            np.array([parents], dtype=np.int64),
-            np.array([tokens], dtype=np.int64),
-            np.array([logprobs], dtype=np.float32),
-            np.array([sums], dtype=np.float32),
-        )
 
 
 class Choice(NamedTuple):
@@ -284,7 +231,7 @@ class Search:
         hypotheses[0].unread_tokens -= 1  # the first stands for all (``__init__``)
         self._trail.append((ranks, row))
         if hypotheses[0].launched_in == step_id:  # no later step took the tokens from the device
-            # Every hypothesis's: the next step feeds each its own (engine/decode/step_plan.py).
+            # Every hypothesis's: the next step feeds each its own (engine/decode/scheduler/rows.py).
             tokens = ranks.token[row, : len(hypotheses)].tolist()
             for hypothesis, token in zip(hypotheses, tokens):
                 hypothesis.pending_tokens = [token]

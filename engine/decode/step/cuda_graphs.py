@@ -13,8 +13,8 @@ once per batch size and replayed. What makes a captured step replayable for any 
   Small batches also get a second graph per size, sized for texts of at most ``SHORT_TEXT_KEYS``
   tokens: its self-attention reads them in one program per head group, with no split and no
   combining kernel. A step whose texts are all that short (a short clip's whole decode, the start of
-  every window) replays it; sized for 448 tokens, the same step spent its time on splits past the
-  text's end and on the kernel that combines them (benchmarks/RESULTS.md);
+  every window) replays it; sized for 448 tokens, the same step spends its time on splits past the
+  text's end and on the kernel that combines them;
 * a window's beams read its cross-attention K/V once (StepInput.cross_readers, an input row like
   the others: 1 for a row that reads alone), where the attention backend can;
 * a batch is padded up to the next captured size with rows that write only the null block.
@@ -27,15 +27,16 @@ from collections import Counter
 import numpy as np
 import torch
 
-from engine.decode.host_device import PinnedStaging
-from engine.decode.runner import ModelRunner, StepInput, StepTensors
+from engine.decode.batch import StepInput
+from engine.decode.step.runner import ModelRunner, StepTensors
+from engine.device import PinnedStaging
 
 # Rows of the static input buffer.
 _TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN, _CROSS_READERS = range(7)
 _ROWS = _CROSS_READERS + 1
 # Texts of at most this many tokens (the prompt's and the sampled ones) have graphs of their own at
 # batch sizes up to SHORT_TEXT_MAX_BATCH: one attention split holds them (the Triton backend's
-# min_keys_per_split). Past eight requests the step measured no faster with them.
+# min_keys_per_split). At larger batches the step is no faster with them.
 SHORT_TEXT_KEYS = 64
 SHORT_TEXT_MAX_BATCH = 8
 

@@ -1,9 +1,9 @@
-"""The device's beam choice (engine/decode/beam_on_device.py) replayed from CUDA graphs.
+"""The device's beam choice (engine/decode/step/beam_choice.py) replayed from CUDA graphs.
 
 A beam step's choice is three kernels: each hypothesis's candidates, the choice itself and the
 block copies it asks for. A beam step is bound by the host, and launched one by one (with the
-fields' upload) these cost the host several times what one graph replay of them does; Triton's
-launches cost it more than PyTorch's (measured: benchmarks/RESULTS.md).
+fields' upload) these cost the host much more than one graph replay of them does, and Triton's
+launches cost it more than PyTorch's.
 
 What makes a captured choice replayable for any searches of its shape:
 * the key is the step's shape (``ChoiceShape``) and where its filtered logits are (address, rows,
@@ -30,15 +30,30 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-from engine.decode.host_device import PinnedStaging
+from engine.decode.batch import SteadyRows
+from engine.device import PinnedStaging
 from engine.kernels.beam_choice import SEARCH_FIELDS, triton_choose_beams
 from engine.kernels.top_candidates import triton_top_candidates
 from engine.kv.storage import PagedKVStorage
 
 # A captured choice's copies cover a block's every position before the last (see above).
 _EVERY_POSITION = -1
+
+# The choice's per-search columns that a steady tail fills per step (the others are made once).
+_FIRST_HYPOTHESIS, _FIRST_CANDIDATE, _FIRST_ROW, _BLOCK_INDEX, _OFFSET, _FIRST_RESERVED = (
+    SEARCH_FIELDS.index(name)
+    for name in (
+        "first_hypothesis",
+        "first_candidate",
+        "first_row",
+        "block_index",
+        "offset",
+        "first_reserved",
+    )
+)
 
 
 class ChoiceShape(NamedTuple):
@@ -159,3 +174,26 @@ def launch_choice(
     most = args.storage.block_size - 1 if most_written == _EVERY_POSITION else most_written
     args.storage.copy_blocks_on_device(copies[0], copies[1], copies[2], most)
     return rankings
+
+
+def steady_choice_fields(
+    steady: SteadyRows, block_size: int, first_hypothesis: int, first_reserved: int
+) -> np.ndarray:
+    """A steady tail's searches' packed fields [searches, len(SEARCH_FIELDS)] for this step, after
+    ``first_hypothesis`` hypotheses and ``first_reserved`` reserved blocks of other searches."""
+    tail = steady.tail
+    fields = tail.choice_fields.copy()
+    if first_hypothesis:
+        fields[:, _FIRST_HYPOTHESIS] += first_hypothesis
+        fields[:, _FIRST_CANDIDATE] += first_hypothesis
+    if first_reserved:
+        fields[:, _FIRST_RESERVED] += first_reserved
+    fields[:, _FIRST_ROW] = tail.first_hypotheses + steady.first_row
+    fields[:, _BLOCK_INDEX] = steady.positions // block_size
+    fields[:, _OFFSET] = steady.positions % block_size
+    return fields
+
+
+def steady_logit_rows(steady: SteadyRows) -> np.ndarray:
+    """Each steady tail row's row of the step's sampled (filtered) logits."""
+    return np.arange(steady.first_logit_row, steady.first_logit_row + steady.tail.num_rows)

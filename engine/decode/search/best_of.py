@@ -10,7 +10,8 @@ import torch
 
 from engine.decode.prompt import FALLBACK_SEED
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Choice, Search
+from engine.decode.search.base import Choice, Search
+from engine.decode.step.output import Candidates
 
 
 class BestOfSamples(Search):

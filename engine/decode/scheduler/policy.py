@@ -21,10 +21,10 @@ interactive work could use and only lengthens its own latency. A batch request t
 ``batch_aging_s`` while no batch request runs ranks as interactive (so an interactive stream
 delays batch work by at most that long, never forever).
 
-A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search.py)
+A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search/base.py)
 reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
 worth of self-attention blocks, its prompt's blocks, and one block more per hypothesis (a spare
-for choices made on the device: engine/decode/beam_on_device.py); it counts as that many sequences
+for choices made on the device: engine/decode/step/beam_choice.py); it counts as that many sequences
 against ``max_num_seqs``, and steps its hypotheses, each a row of the batch.
 
 An admitted request whose cross-attention K/V is still loading (a pull beside the loop, see
@@ -47,11 +47,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.decode.beam_search import BeamSearch
-from engine.decode.best_of import BestOfSamples
+from engine.decode.batch import Batch
 from engine.decode.request import Request, RequestStatus
-from engine.decode.search import Search
-from engine.decode.step_output import StepOutput
+from engine.decode.scheduler.rows import LaunchedRows, StepRows
+from engine.decode.search.base import Search
+from engine.decode.search.beam import BeamSearch
+from engine.decode.search.best_of import BestOfSamples
+from engine.decode.step.output import StepOutput
 from engine.errors import CacheFullError, RequestRejectedError
 from engine.kv.block_pool import BlockPool, RequestBlocks, blocks_needed
 from engine.kv.shared_blocks import BlockCopy
@@ -83,10 +85,15 @@ class Scheduler:
         n_text_ctx: int = 448,
         clock: Callable[[], float] = time.monotonic,
         consecutive_cross_blocks: bool = False,
+        rows: StepRows | None = None,
     ):
         """``consecutive_cross_blocks``: take each window's cross-attention blocks as one run of
-        consecutive ids where the pool has one (the attention backend reads runs in place)."""
+        consecutive ids where the pool has one (the attention backend reads runs in place).
+        ``rows``: makes each step's rows (``rows_to_step``)."""
         self.pool = pool
+        self.rows = rows
+        # Launched steps not read yet, by step id: what applying their output needs.
+        self.launched: dict[int, LaunchedRows] = {}
         self.consecutive_cross_blocks = consecutive_cross_blocks
         self.eot = eot  # end of text: a sampled eot stops a request (None: only length stops)
         self.n_text_ctx = n_text_ctx
@@ -105,7 +112,7 @@ class Scheduler:
         self_blocks = blocks_needed(request.max_total_tokens, self.pool.block_size)
         if request.options.max_hypotheses > 1:
             # Each hypothesis's worst case, the prompt's blocks, held for a fallback restart, and a
-            # spare each for choices made on the device (engine/decode/beam_on_device.py), whose
+            # spare each for choices made on the device (engine/decode/step/beam_choice.py), whose
             # children take spares while their parents still hold every block. Enough: where a
             # choice's write starts a block, the k parents hold at most k * (B - 1) of the k * B
             # blocks besides the prompt's, and k children take a spare; elsewhere they hold at most
@@ -167,6 +174,16 @@ class Scheduler:
                 copies += request.search.prepare_step()
         return ScheduledStep(admitted=admitted, batch=batch, block_copies=copies)
 
+    def rows_to_step(self, scheduled: ScheduledStep) -> Batch | None:
+        """The rows of the scheduled requests that still need a step, each request moved on to
+        after it (engine/decode/scheduler/rows.py); None when none does."""
+        made = self.rows.of(scheduled.batch)
+        if made is None:
+            return None
+        batch, launched = made
+        self.launched[batch.step_id] = launched
+        return batch
+
     def _allocate(self, request: Request, needed_blocks: int) -> None:
         allocate = self.pool.allocate_consecutive if self.consecutive_cross_blocks else self.pool.allocate
         request.blocks.cross_block_ids = allocate(self.cross_blocks_per_request)
@@ -218,10 +235,12 @@ class Scheduler:
         """Append a read step's tokens to their requests; return the requests that reached a stop."""
         stopped: list[tuple[Request, FinishReason]] = []
         offered: dict[Search, list[int]] = {}  # a search's rows that offered candidates
+        launched = self.launched.pop(output.step_id)
         # Locals: the loop runs once per row of the step read token by token.
-        batch, epochs, tokens, logprobs, step_id = (
-            output.batch,
-            output.epochs,
+        batch, epochs, computed_after, tokens, logprobs, step_id = (
+            launched.requests,
+            launched.epochs,
+            launched.computed_after,
             output.tokens,
             output.logprobs,
             output.step_id,
@@ -266,7 +285,7 @@ class Scheduler:
                 continue
             request.output_tokens.append(token)
             request.output_logprobs.append(logprob)
-            full = output.computed_after[row] + 1 >= self.n_text_ctx
+            full = computed_after[row] + 1 >= self.n_text_ctx
             if len(request.output_tokens) >= request.max_tokens or full:
                 stopped.append((request, FinishReason.LENGTH))
         for search, rows in offered.items():
@@ -277,7 +296,7 @@ class Scheduler:
         rankings = output.device_rankings
         if rankings is not None:
             ranks, every_rank, overflowed = rankings.first_ranks, rankings.every_rank, rankings.overflowed
-            for index, search in enumerate(rankings.searches):
+            for index, search in enumerate(launched.device_searches):
                 if search.hypotheses[0].status is finished:
                     continue  # the search ended since (its window finished, or started again)
                 if overflowed[index]:
@@ -295,6 +314,16 @@ class Scheduler:
         if window.error is None:
             window.error = NON_FINITE_LOGITS
             stopped.append((window, FinishReason.ERROR))
+
+    @staticmethod
+    def hold_for_load(request: Request) -> None:
+        """Its K/V is on its way into its blocks (engine/decode/kv_loader.py): it sits out the steps."""
+        request.cross_kv_loading = True
+
+    @staticmethod
+    def landed(request: Request) -> None:
+        """Its K/V load has ended (landed, or failed): it may step, and its blocks may go back."""
+        request.cross_kv_loading = False
 
     @property
     def has_runnable(self) -> bool:
@@ -320,8 +349,11 @@ class Scheduler:
         """A step launched with it and not read yet, or its K/V load, may still write its blocks."""
         return request.launched_in > self.last_read_step or request.cross_kv_loading
 
-    def finish(self, request: Request, reason: FinishReason) -> None:
+    def finish(
+        self, request: Request, reason: FinishReason, error: str | None = None, retriable: bool = False
+    ) -> None:
         """Take a request out, wherever it is, and return its blocks; safe to call once per request.
+        ``error``: why it failed, in words (``retriable``: the same request may succeed again).
 
         If a step launched with it has not been read yet, or its K/V is still loading, something may
         still write its blocks: they are held until ``step_read`` or ``release_held`` finds nothing does."""
@@ -337,6 +369,8 @@ class Scheduler:
             self.release_blocks(request)
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
+        if error is not None:
+            request.error, request.error_retriable = error, retriable
         request.cross_source = None  # drop the K/V it came with
 
     def release_blocks(self, request: Request) -> None:

@@ -2,7 +2,7 @@
 its ``beam_size + 1`` likeliest next tokens; the candidates are ranked by their sum of
 log-probabilities, those ending at end of text join the finished, and the best ``beam_size``
 others are the next step's hypotheses. The search ends once ``beam_size * patience`` hypotheses
-have finished, or at the window's length (engine/decode/search.py has what all searches share)."""
+have finished, or at the window's length (engine/decode/search/base.py has what all searches share)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from engine.decode.request import Request
-from engine.decode.search import Candidates, Choice, FirstRanks, Ranking, Search
+from engine.decode.search.base import Choice, Search
+from engine.decode.step.output import Candidates, FirstRanks, Ranking
 
 
 class BeamSearch(Search):

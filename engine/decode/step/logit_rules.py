@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from engine.decode.host_device import upload
+from engine.device import upload
 from engine.kernels import triton_available
 from engine.kernels.timestamp_rules import triton_apply_timestamp_rules, triton_record_timestamps
 from engine.model.tokenizer import WhisperTokenizer
@@ -167,8 +167,7 @@ class LogitRules:
         first token, those past MAX_INITIAL_TIMESTAMP_S. Those bounds are worked out on the device
         from the slots' histories, so the rules cost the same few kernels at any batch size and
         never wait for the device. (Applied row by row, a device read per row stalls the step on
-        every row, which at large batches costs several times the step's forward; measured:
-        benchmarks/RESULTS.md.)"""
+        every row, which at large batches costs more than the step's forward.)"""
         begin, eot = self.special.timestamp_begin, self.special.eot
         n_stamps = logits.shape[-1] - begin
         device = logits.device

@@ -1,8 +1,8 @@
 """Beam choices made on the device, so that a beam search's next step can launch before the host
-has read the last one (engine/decode/pipeline.py's async steps).
+has read the last one (engine/decode/step/pipeline.py's async steps).
 
 For each search (on a GPU in one Triton kernel for the whole step, engine/kernels/beam_choice.py,
-replayed with its block copies from a CUDA graph, engine/decode/choice_graphs.py; elsewhere in
+replayed with its block copies from a CUDA graph, engine/decode/step/choice_graphs.py; elsewhere in
 PyTorch operations, a batch of searches of one beam size at a time): its
 hypotheses' candidates are ranked by their float32 sums of log-probabilities (a stable sort, best
 first, as ``BeamSearch.update`` ranks them), the first ``beam_size`` that do not end the text are
@@ -25,31 +25,25 @@ every choice), which is what lets the device decide without reference counts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from engine.decode.choice_graphs import ChoiceGraphs, ChoiceKernelArgs, ChoiceShape, launch_choice
-from engine.decode.host_device import upload
-from engine.decode.logit_rules import LogitRules
-from engine.decode.runner import ModelRunner
-from engine.decode.sampling import top_candidates
-from engine.decode.search import FirstRanks, Ranking, Search
-from engine.decode.steady_tail import SteadyRows
-from engine.decode.step_output import DeviceRankings
+from engine.decode.batch import SearchRows, SteadyRows
+from engine.decode.step.choice_graphs import (
+    ChoiceGraphs,
+    ChoiceKernelArgs,
+    ChoiceShape,
+    launch_choice,
+    steady_choice_fields,
+    steady_logit_rows,
+)
+from engine.decode.step.logit_rules import LogitRules
+from engine.decode.step.output import DeviceRankings, FirstRanks, Ranking
+from engine.decode.step.runner import ModelRunner
+from engine.decode.step.sampling import top_candidates
+from engine.device import upload
 from engine.kernels import triton_available
-
-
-class SearchRows(NamedTuple):
-    """A search whose choice a launched step makes on the device, and where its hypotheses are. (A
-    tuple: a step makes one per search, on the host's critical path.)"""
-
-    search: Search
-    rows: range  # its hypotheses' rows in the step, in the search's order
-    logit_rows: range  # their rows of the step's sampled (filtered) logits
-    slots: list[int]  # their block-table slots
-    position: int  # where the children write next
 
 
 @dataclass(frozen=True)
@@ -60,7 +54,6 @@ class DeviceChoices:
     # [4, searches, >= k * (k + 1)] float32: row i ranks ``searches[i]``'s candidates, best first:
     # each rank's flat candidate index, sum of log-probabilities, token and log-probability.
     rankings: torch.Tensor
-    searches: list[Search]
     # Gathered while the choice launches (gathering them again from the searches costs the read):
     beam_sizes: np.ndarray  # [searches] int64: each search's hypotheses, k
     text_ends: np.ndarray  # [searches] int64: each search's token that ends a text (-1: none)
@@ -95,7 +88,7 @@ class DeviceChoices:
         candidates = beams * (beams + 1)
         ranked = np.arange(int(candidates.max())) < candidates[:, None]
         overflowed = (np.isnan(rankings[3, :, : ranked.shape[1]]) & ranked).any(axis=1)
-        return DeviceRankings(self.searches, first_ranks, every_rank, overflowed)
+        return DeviceRankings(first_ranks, every_rank, overflowed)
 
 
 class DeviceBeamChooser:
@@ -120,7 +113,7 @@ class DeviceBeamChooser:
             rules.special.timestamp_begin,
             runner.storage,
         )
-        # On a GPU both kernels replay from CUDA graphs (engine/decode/choice_graphs.py).
+        # On a GPU both kernels replay from CUDA graphs (engine/decode/step/choice_graphs.py).
         self.graphs = (
             ChoiceGraphs(self.kernel_args, num_slots)
             if self.use_triton and runner.device.type == "cuda"
@@ -137,16 +130,14 @@ class DeviceBeamChooser:
         device = self.sums.device
         if choosing:  # the host made these searches' last choice: their sums start from the host's
             slots = [slot for entry in choosing for slot in entry.slots]
-            sums = [hypothesis.sum_logprob for entry in choosing for hypothesis in entry.search.hypotheses]
+            sums = [total for entry in choosing for total in entry.sums]
             self.sums[upload(slots, torch.long, device)] = upload(sums, torch.float32, device)
-        reservations = [entry.search.launch_device_choice() for entry in choosing]
-        searches = [entry.search for entry in choosing]
+        reservations = [entry.reserved for entry in choosing]
         beam_sizes = np.array([len(entry.rows) for entry in choosing], dtype=np.int64)
-        text_ends = np.array([entry.search.text_end for entry in choosing], dtype=np.int64)
+        text_ends = np.array([entry.text_end for entry in choosing], dtype=np.int64)
         positions = np.array([entry.position for entry in choosing], dtype=np.int64)
         if steady is not None:
             tail = steady.tail
-            searches += tail.searches
             beam_sizes = np.concatenate([beam_sizes, tail.beam_sizes])
             text_ends = np.concatenate([text_ends, tail.text_ends])
             positions = np.concatenate([positions, steady.positions])
@@ -159,28 +150,32 @@ class DeviceBeamChooser:
         else:
             if steady is not None:
                 choosing = choosing + self._search_rows_of(steady)
-                reservations = reservations + [
-                    search.launch_device_choice() for search in steady.tail.searches
-                ]
+                reservations = reservations + steady.tail.reservations
             rankings = self._choose_with_torch(choosing, reservations, logits, most_written, most_beams)
-        return DeviceChoices(rankings, searches, beam_sizes, text_ends)
+        return DeviceChoices(rankings, beam_sizes, text_ends)
 
     @staticmethod
     def _search_rows_of(steady: SteadyRows) -> list[SearchRows]:
         """The steady tail's searches one by one (the PyTorch way chooses for a search at a time)."""
         tail = steady.tail
         entries = []
-        for search, first, k, position in zip(
-            tail.searches, tail.first_hypotheses.tolist(), tail.beam_sizes.tolist(), steady.positions.tolist()
+        for first, k, position, text_end, reserved in zip(
+            tail.first_hypotheses.tolist(),
+            tail.beam_sizes.tolist(),
+            steady.positions.tolist(),
+            tail.text_ends.tolist(),
+            tail.reservations,
         ):
             row, logit_row = steady.first_row + first, steady.first_logit_row + first
             entries.append(
                 SearchRows(
-                    search,
                     range(row, row + k),
                     range(logit_row, logit_row + k),
                     tail.slots[first : first + k],
                     position,
+                    [],  # the device holds its sums
+                    text_end,
+                    reserved,
                 )
             )
         return entries
@@ -209,7 +204,7 @@ class DeviceBeamChooser:
                 entry.rows[0],
                 entry.position // self.block_size,
                 entry.position % self.block_size,
-                entry.search.text_end,
+                entry.text_end,
                 len(reserved),
                 len(reservation),
             )
@@ -227,18 +222,18 @@ class DeviceBeamChooser:
             packed = np.concatenate(
                 [
                     np.array(fields, dtype=np.int64),
-                    steady.choice_fields(self.block_size, len(slots), len(reserved)).ravel(),
+                    steady_choice_fields(steady, self.block_size, len(slots), len(reserved)).ravel(),
                     np.array(slots, dtype=np.int64),
                     tail.choice_slots,
                     np.array(logit_rows, dtype=np.int64),
-                    steady.logit_rows(),
+                    steady_logit_rows(steady),
                     np.array(reserved, dtype=np.int64),
                     tail.reserved,
                 ]
             )
             counts = (
-                len(choosing) + len(tail.searches),
-                len(slots) + len(tail.hypotheses),
+                len(choosing) + len(tail.beam_sizes),
+                len(slots) + tail.num_rows,
                 len(reserved) + len(tail.reserved),
             )
             most_reserved = max(most_reserved, tail.most_reserved)
@@ -293,7 +288,7 @@ class DeviceBeamChooser:
             [row for entry in group for row in entry.rows],
             [entry.position // self.block_size for entry in group for _ in range(k)],
             [entry.position % self.block_size for entry in group for _ in range(k)],
-            [entry.search.text_end for entry in group for _ in range(k)],
+            [entry.text_end for entry in group for _ in range(k)],
         ]
         logit_rows, slots, rows, index, offset, eot = upload(per_row, torch.long, self.sums.device)
         most_reserved = max(map(len, reservations))
@@ -373,7 +368,7 @@ class DeviceBeamChooser:
         free = (reserved >= 0) & ~(reserved[:, :, None] == held).any(dim=-1)
         takes = takes.view(count, k)
         if not free.is_cuda and bool((free.sum(dim=1) < takes.sum(dim=1)).any()):
-            # The reservation covers the worst case (engine/decode/scheduler.py): a bug, not load.
+            # The reservation covers the worst case (engine/decode/scheduler/policy.py): a bug, not load.
             # Checked where it costs nothing (on a GPU it would wait for the device).
             raise RuntimeError("a window's hypotheses used more self-attention blocks than it reserved")
         # Positions of the free blocks first, in the reservation's order.
