@@ -29,11 +29,11 @@ lint: install-test
 # Two workers: the tests that start Ray on one, one module after another; every other module on
 # whichever worker is free (tests/conftest.py). The slowest 30 tests are listed at the end.
 test: lint
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=30 tests
+	$(PY) -m pytest -q -n 2 --durations=30 tests
 
 # The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint
-	$(PY) -m pytest -q -m "not slow and not ray and not gpu" tests
+	$(PY) -m pytest -q -n 2 -m "not slow and not ray and not gpu" tests
 
 serve: install
 	$(VENV)/bin/serve run configs/default.yaml

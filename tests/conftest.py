@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -19,6 +20,7 @@ if not torch.cuda.is_available():
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from tests.support.models import save_random_whisper  # noqa: E402
+from tests.support.paths import REPO_ROOT  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -53,16 +55,24 @@ def random_multilingual_whisper_folder(tmp_path_factory) -> Path:
     )
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`), a module's tests stay
-    on one worker, so its module-scoped fixtures (a started app, reference decodes) are made once;
-    and every test that starts Ray runs on one worker, one module after another, because those
-    tests find the app's replicas and engine processes by name on this machine, where a second
-    app would answer too (a module with any such test goes there whole: its Ray session is
-    module-scoped)."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    modules_with_ray = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("ray")}
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("ray" if module in modules_with_ray else module))
+def _starts_ray(module: str) -> bool:
+    """Whether a test module (a path from the repo root) has tests marked ``ray``."""
+    return "mark.ray" in (REPO_ROOT / module).read_text()
+
+
+if importlib.util.find_spec("xdist"):
+
+    def pytest_xdist_make_scheduler(config: pytest.Config, log):
+        """`make test` runs two pytest-xdist workers. A module's tests stay on one worker, so its
+        module-scoped fixtures (a started app, reference decodes) are made once; and every module
+        that starts Ray runs on the same worker, one after another, because those tests find the
+        app's replicas and engine processes by name on this machine, where a second app would
+        answer too."""
+        from xdist.scheduler import LoadScopeScheduling
+
+        class ModulesAndRay(LoadScopeScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                module = nodeid.split("::")[0]
+                return "ray" if _starts_ray(module) else module
+
+        return ModulesAndRay(config, log)
