@@ -26,10 +26,13 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-# Two workers: the tests that start Ray on one, one module after another; every other module on
-# whichever worker is free (tests/conftest.py). The slowest 30 tests are listed at the end.
+# The tests that start the app on Ray first, one module after another with the machine to
+# themselves (they find replicas by name, and Serve's start-up checks time out on a starved CPU);
+# then every other test on two workers, a module to a worker (tests/conftest.py). Each run lists
+# its slowest tests at the end.
 test: lint
-	$(PY) -m pytest -q -n 2 --durations=30 tests
+	$(PY) -m pytest -q -m "ray" --durations=15 tests
+	$(PY) -m pytest -q -n 2 -m "not ray" --durations=20 tests
 
 # The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint
