@@ -26,17 +26,15 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-# The tests that start the app on Ray first, one module after another with the machine to
-# themselves (they find replicas by name, and Serve's start-up checks time out on a starved CPU);
-# then every other test on two workers, a module to a worker (tests/conftest.py). Each run lists
-# its slowest tests at the end.
+# Every test, as CI runs it (.ci/run), in one process. The slowest 30 tests are listed at the end:
+# the run must stay inside CI's 90 minutes. (Two pytest-xdist workers, `-n 2`, work for the modules
+# that start Ray but failed the fp16 precision tests in an order a single process never runs.)
 test: lint
-	$(PY) -m pytest -q -m "ray" --durations=15 tests
-	$(PY) -m pytest -q -n 2 -m "not ray" --durations=20 tests
+	$(PY) -m pytest -q --durations=30 tests
 
 # The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint
-	$(PY) -m pytest -q -n 2 -m "not slow and not ray and not gpu" tests
+	$(PY) -m pytest -q -m "not slow and not ray and not gpu" tests
 
 serve: install
 	$(VENV)/bin/serve run configs/default.yaml

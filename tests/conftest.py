@@ -63,11 +63,11 @@ def _starts_ray(module: str) -> bool:
 if importlib.util.find_spec("xdist"):
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
-        """`make test` runs the tests not marked ``ray`` on two pytest-xdist workers. A module's
-        tests stay on one worker, so its module-scoped fixtures (reference decodes, a local Ray)
-        are made once; and every module with tests that start Ray runs on the same worker, one
-        after another, because some of those tests find the app's processes by name on this
-        machine, where a second app would answer too."""
+        """With `pytest -n 2` (pytest-xdist), a module's tests stay on one worker, so its
+        module-scoped fixtures (reference decodes, a started app) are made once; and every module
+        with tests that start Ray runs on the same worker, one after another, because some of
+        those tests find the app's processes by name on this machine, where a second app would
+        answer too."""
         from xdist.scheduler import LoadScopeScheduling
 
         class ModulesAndRay(LoadScopeScheduling):
