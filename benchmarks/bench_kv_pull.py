@@ -168,10 +168,10 @@ def run_one(tree: str, args: argparse.Namespace) -> dict:
                 )
                 loader.start(request)
                 loading += 1
-            for request, error in loader.take_landed(wait_s=0.05 if not args.rate else 0.5 / args.rate):
-                if error is not None:
-                    raise error
-                pool.free(request.blocks.cross_block_ids)
+            for load in loader.take_landed(wait_s=0.05 if not args.rate else 0.5 / args.rate):
+                if load.error is not None:
+                    raise load.error
+                pool.free(load.request.blocks.cross_block_ids)
                 loading -= 1
                 done += 1
         if device.type == "cuda":

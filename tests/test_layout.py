@@ -49,6 +49,10 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 # The step side: what imports neither a request nor the scheduler.
 STEP_SIDE = ("engine.decode.batch", "engine.decode.step")
+# The only writers of a request's state: the scheduler, and Request's own methods.
+REQUEST_WRITERS = ("engine/decode/scheduler/", "engine/decode/request.py")
+# Methods that change a list or a dict in place.
+MUTATORS = {"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault", "sort", "reverse"}
 
 
 def module_files() -> dict[str, Path]:
@@ -252,3 +256,76 @@ def test_no_module_of_the_packages_is_over_400_lines():
     }
     too_long = {path: lines for path, lines in sorted(sizes.items()) if lines > MAX_LINES}
     assert not too_long, f"modules over {MAX_LINES} lines: {too_long}"
+
+
+def request_fields() -> set[str]:
+    """The fields of engine/decode/request.py's ``Request`` (its annotated class attributes)."""
+    tree = ast.parse((REPO_ROOT / "engine/decode/request.py").read_text())
+    (request,) = [node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Request"]
+    return {node.target.id for node in request.body if isinstance(node, ast.AnnAssign)}
+
+
+def writes_of_fields(source: str, fields: set[str]) -> list[tuple[int, str]]:
+    """Where ``source`` changes ``<x>.<field>`` (or something under it: ``<x>.blocks.self_block_ids``)
+    for an ``<x>`` other than ``self``: assigned, augmented, deleted, or changed in place by a list's
+    or dict's method. (A class's own ``self.<name>`` is its own state, whatever the name.)"""
+
+    def written_field(target: ast.AST) -> str | None:
+        while isinstance(target, (ast.Attribute, ast.Subscript)):
+            if isinstance(target, ast.Attribute) and target.attr in fields:
+                root = target.value
+                return None if isinstance(root, ast.Name) and root.id == "self" else target.attr
+            target = target.value
+        return None
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets for t in getattr(target, "elts", [target])]
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = node.targets
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS
+        ):
+            targets = [node.func.value]
+        for target in targets:
+            field = written_field(target)
+            if field is not None:
+                found.append((node.lineno, field))
+    return found
+
+
+def test_the_write_finder_sees_assignments_and_in_place_changes_of_anothers_fields():
+    source = (
+        "request.pending_tokens = [1]\n"
+        "hypothesis.unread_tokens -= 1\n"
+        "window.output_tokens.append(3)\n"
+        "request.blocks.self_block_ids = []\n"
+        "a, window.language = 1, 'en'\n"
+        "self.pending_tokens = []\n"  # a class's own field of that name
+        "tokens = request.output_tokens\n"  # a read
+    )
+    fields = {"pending_tokens", "unread_tokens", "output_tokens", "blocks", "language"}
+    assert writes_of_fields(source, fields) == [
+        (1, "pending_tokens"),
+        (2, "unread_tokens"),
+        (4, "blocks"),
+        (5, "language"),
+        (3, "output_tokens"),
+    ]
+
+
+def test_a_requests_state_is_written_only_by_the_scheduler_and_its_own_methods():
+    fields = request_fields()
+    assert {"pending_tokens", "unread_tokens", "output_tokens", "submitted_s"} <= fields
+    writes = [
+        f"{path.relative_to(REPO_ROOT)}:{line}: {field}"
+        for path in module_files().values()
+        if str(path.relative_to(REPO_ROOT)).startswith("engine/")
+        and not str(path.relative_to(REPO_ROOT)).startswith(REQUEST_WRITERS)
+        for line, field in writes_of_fields(path.read_text(), fields)
+    ]
+    assert not writes, "a request's fields written outside the scheduler:\n" + "\n".join(writes)

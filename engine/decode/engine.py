@@ -160,7 +160,6 @@ class DecoderEngine:
         )
 
     def submit(self, request: Request) -> None:
-        request.submitted_s = time.monotonic()
         self._inbox.submit(request)
 
     def abort(self, request_id: str) -> None:
@@ -244,10 +243,10 @@ class DecoderEngine:
 
     def _take_submitted(self) -> list[DecodeResult]:
         rejected: list[DecodeResult] = []
-        for request in self._inbox.take_requests():
+        for request, submitted_s in self._inbox.take_requests():
             self._by_id[request.request_id] = request
             try:
-                self.scheduler.add(request)
+                self.scheduler.add(request, submitted_s)
             except Exception as exc:
                 logger.warning("request %s rejected: %s", request.request_id, exc)
                 rejected.append(self._finish(request, FinishReason.ERROR, error=str(exc)))
@@ -260,10 +259,7 @@ class DecoderEngine:
     def _load_cross_kv(self, admitted: list[Request]) -> list[DecodeResult]:
         """K/V that travels starts loading beside the loop; in-process K/V is written now."""
         failed: list[DecodeResult] = []
-        now = time.monotonic()
         for request in admitted:
-            # All four again when a pull lands (the loader sets when it began and ended).
-            request.admitted_s = request.load_started_s = request.load_ended_s = request.runnable_s = now
             if request.cross_source.travels:
                 self.scheduler.hold_for_load(request)
                 self.loader.start(request)
@@ -282,11 +278,11 @@ class DecoderEngine:
         # loop would also hold the GIL the loader's threads need).
         idle = not self.scheduler.has_runnable and self.pipeline.in_flight is None
         failed = []
-        for request, error in self.loader.take_landed(LANDING_WAIT_S if idle else 0.0):
-            self.scheduler.landed(request)
-            request.runnable_s = time.monotonic()
-            if error is not None and request.status != RequestStatus.FINISHED:
-                failed.append(self._fail_load(request, error))
+        for load in self.loader.take_landed(LANDING_WAIT_S if idle else 0.0):
+            request = load.request
+            self.scheduler.landed(request, load.started_s, load.ended_s)
+            if load.error is not None and request.status != RequestStatus.FINISHED:
+                failed.append(self._fail_load(request, load.error))
         self.scheduler.release_held()  # blocks of requests that ended while their K/V was loading
         return failed
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.decode.request import Request
-from engine.kv.sources import StateProjection
+from engine.kv.sources import CrossKVSource, StateProjection
 from engine.kv.storage import PagedKVStorage
 
 # Load times kept for the percentiles the decoder reports (the most recent ones).
@@ -33,6 +33,19 @@ RECENT_LOADS = 1000
 class _Load:
     request: Request
     landed: Future  # the load's CUDA event (None off the GPU), or its exception
+    # time.monotonic() when a worker began and ended it (written by the worker before ``landed`` is done).
+    started_s: float = 0.0
+    ended_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class LandedLoad:
+    """A load that has ended: landed, or failed with ``error``."""
+
+    request: Request
+    error: BaseException | None
+    started_s: float
+    ended_s: float
 
 
 class CrossKVLoader:
@@ -60,18 +73,21 @@ class CrossKVLoader:
     def start(self, request: Request) -> None:
         """Load ``request``'s K/V into its cross-attention blocks on a worker thread (the scheduler
         keeps it out of the steps until it has landed)."""
-        landed = self._workers.submit(self._load, request, list(request.blocks.cross_block_ids))
-        landed.add_done_callback(lambda _: self._some_landed.set())
-        self._loads.append(_Load(request, landed))
+        load = _Load(request, Future())
+        load.landed = self._workers.submit(
+            self._load, load, request.cross_source, list(request.blocks.cross_block_ids)
+        )
+        load.landed.add_done_callback(lambda _: self._some_landed.set())
+        self._loads.append(load)
 
-    def _load(self, request: Request, block_ids: list[int]) -> torch.cuda.Event | None:
-        """On a worker thread: the load, timed on the request (the loop reads it once it has landed)."""
-        request.load_started_s = time.monotonic()
+    def _load(self, load: _Load, source: CrossKVSource, block_ids: list[int]) -> torch.cuda.Event | None:
+        """On a worker thread: the load, timed on its record (the loop reads it once it has landed)."""
+        load.started_s = time.monotonic()
         try:
-            landed = self._load_on_stream(request.cross_source, block_ids)
+            landed = self._load_on_stream(source, block_ids)
         finally:
-            request.load_ended_s = time.monotonic()
-        self.recent_load_s.append(request.load_ended_s - request.load_started_s)  # (thread-safe)
+            load.ended_s = time.monotonic()
+        self.recent_load_s.append(load.ended_s - load.started_s)  # (thread-safe)
         return landed
 
     def _load_on_stream(self, source, block_ids: list[int]) -> torch.cuda.Event | None:
@@ -84,9 +100,9 @@ class CrossKVLoader:
             landed.record(self._stream)
         return landed
 
-    def take_landed(self, wait_s: float = 0.0) -> list[tuple[Request, BaseException | None]]:
-        """The loads that have ended since the last call, each with its error or None; waits up to
-        ``wait_s`` for one when none has (the loop has nothing else to do)."""
+    def take_landed(self, wait_s: float = 0.0) -> list[LandedLoad]:
+        """The loads that have ended since the last call; waits up to ``wait_s`` for one when none
+        has (the loop has nothing else to do)."""
         self._some_landed.clear()
         if wait_s > 0 and self._loads and not any(load.landed.done() for load in self._loads):
             self._some_landed.wait(wait_s)
@@ -100,7 +116,7 @@ class CrossKVLoader:
             if error is None and load.landed.result() is not None:
                 torch.cuda.current_stream(self.device).wait_event(load.landed.result())
             self.num_loaded += error is None
-            outcomes.append((load.request, error))
+            outcomes.append(LandedLoad(load.request, error, load.started_s, load.ended_s))
         return outcomes
 
     def close(self) -> None:

@@ -101,6 +101,81 @@ class Request:
         # Word alignment re-reads the text with <|notimestamps|> and <|endoftext|>: one more token.
         return len(self.prompt_tokens) + self.max_tokens + (1 if self.options.word_timestamps else 0)
 
+    # What a search (engine/decode/search/) does to the sequences it runs: the scheduler runs the
+    # searches, and they change a request only through these methods.
+
+    def start_hypothesis(self, self_block_ids: list[int]) -> None:
+        """This copy of a window is a search's first hypothesis, on the prompt's ``self_block_ids``."""
+        self.blocks.self_block_ids = self_block_ids
+
+    def sample_with(self, generator: torch.Generator) -> None:
+        self.generator = generator
+
+    def go_on_with(
+        self,
+        tokens: list[int],
+        logprobs: list[float],
+        sum_logprob: float,
+        self_block_ids: list[int],
+        num_computed_tokens: int,
+    ) -> None:
+        """A search chose this hypothesis's text: ``tokens`` (their ``logprobs``, summing to
+        ``sum_logprob``) on ``self_block_ids``; its last token is fed next, at ``num_computed_tokens``.
+        The lists are taken over, not copied."""
+        self.output_tokens, self.output_logprobs, self.sum_logprob = tokens, logprobs, sum_logprob
+        # Its block-table row is rewritten only if its blocks are not the ones already there.
+        previous = self.blocks.self_block_ids
+        self.tables_changed |= self_block_ids is not previous and self_block_ids != previous
+        self.blocks.self_block_ids = self_block_ids
+        self.num_computed_tokens = num_computed_tokens
+        self.pending_tokens = [tokens[-1]]
+        self.unread_tokens = 0
+
+    def blocks_changed(self) -> None:
+        """Its self-attention blocks changed (one copied, or one more taken): its table row is rewritten."""
+        self.tables_changed = True
+
+    def retire(self) -> None:
+        """A hypothesis the search does not continue: it gives up its blocks and its text (whose lists
+        another hypothesis may have taken over)."""
+        self.status, self.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+        self.blocks.self_block_ids = []
+        self.output_tokens, self.output_logprobs = [], []
+
+    def end_hypothesis(self) -> None:
+        self.status, self.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
+
+    def read_device_choice(self, next_token: int | None) -> None:
+        """A search's choice made on the device was followed: one unread token fewer, and where no
+        later step has taken it from the device, ``next_token`` is fed next."""
+        self.unread_tokens -= 1
+        if next_token is not None:
+            self.pending_tokens = [next_token]
+
+    def feed_next(self, token: int) -> None:
+        self.pending_tokens = [token]
+
+    def follow_texts(self, tokens: list[int], logprobs: list[float], sum_logprob: float) -> None:
+        """The text the device's choices gave this hypothesis since the host last read them."""
+        self.output_tokens, self.output_logprobs, self.sum_logprob = tokens, logprobs, sum_logprob
+
+    def take_search_result(
+        self, tokens: list[int], logprobs: list[float], sum_logprob: float, first: Request
+    ) -> None:
+        """The search over this window ended with ``tokens`` as its text; the prompt, language and
+        no-speech probability its ``first`` hypothesis detected are the window's."""
+        self.output_tokens, self.output_logprobs, self.sum_logprob = tokens, logprobs, sum_logprob
+        self.prompt_tokens, self.detect_language = first.prompt_tokens, False
+        self.language, self.no_speech_prob = first.language, first.no_speech_prob
+
+    def end_search(self, launched_in: int, self_block_ids: list[int], spare_block_ids: list[int]) -> None:
+        """Its search is over: the window takes its blocks back as one table (and spares), and counts
+        as launched in the latest step any of its hypotheses was."""
+        self.launched_in = max(self.launched_in, launched_in)
+        self.blocks.self_block_ids = self_block_ids
+        self.blocks.spare_block_ids = spare_block_ids
+        self.search = None
+
     def start_again(self, temperature: float, undo_draw: torch.Tensor | None) -> None:
         """The window's next attempt (fallback): its text starts again at ``temperature`` on the
         blocks it holds (the prompt's K/V stays, so only the last prompt token is fed again); rows

@@ -126,7 +126,10 @@ class Scheduler:
         """Sequences running: a window decoded as several hypotheses counts each of them."""
         return sum(request.options.max_hypotheses for request in self.running)
 
-    def add(self, request: Request) -> None:
+    def add(self, request: Request, submitted_s: float | None = None) -> None:
+        """A request submitted at ``submitted_s`` (the clock's reading; None: now) waits for admission;
+        raises when it can never be admitted."""
+        request.submitted_s = self.clock() if submitted_s is None else submitted_s
         hypotheses = request.options.max_hypotheses
         if hypotheses > self.max_num_seqs:
             raise RequestRejectedError(
@@ -159,6 +162,8 @@ class Scheduler:
             self.waiting.remove(request)
             self._allocate(request, needed)
             request.status = RequestStatus.RUNNING
+            # K/V written at admission lands at once; a pull lands later (``landed``).
+            request.admitted_s = request.load_started_s = request.load_ended_s = request.runnable_s = now
             budget -= len(request.pending_tokens)
             self.running.append(request)
             admitted.append(request)
@@ -320,10 +325,12 @@ class Scheduler:
         """Its K/V is on its way into its blocks (engine/decode/kv_loader.py): it sits out the steps."""
         request.cross_kv_loading = True
 
-    @staticmethod
-    def landed(request: Request) -> None:
-        """Its K/V load has ended (landed, or failed): it may step, and its blocks may go back."""
+    def landed(self, request: Request, load_started_s: float, load_ended_s: float) -> None:
+        """Its K/V load has ended (landed, or failed) after running from ``load_started_s`` to
+        ``load_ended_s`` on a loader worker: it may step, and its blocks may go back."""
         request.cross_kv_loading = False
+        request.load_started_s, request.load_ended_s = load_started_s, load_ended_s
+        request.runnable_s = self.clock()
 
     @property
     def has_runnable(self) -> bool:

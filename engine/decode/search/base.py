@@ -62,7 +62,7 @@ class Search:
         self.blocks = SharedBlocks(window.blocks.spare_block_ids, block_size, in_use=prompt_block_ids)
         self.self_blocks_per_hypothesis = blocks_needed(window.max_total_tokens, block_size)
         first = self._hypothesis(0, window)
-        first.blocks.self_block_ids = list(prompt_block_ids)
+        first.start_hypothesis(list(prompt_block_ids))
         self.hypotheses: list[Request] = [first]
         self.retired: list[Request] = []  # hypotheses with nothing left to continue: slots to give back
         self.finished: dict[tuple[int, ...], tuple[float, tuple[float, ...]]] = {}  # tokens + eot -> sums
@@ -145,7 +145,7 @@ class Search:
             start = hypothesis.num_computed_tokens
             made = self.blocks.prepare_write(table, start, start + len(hypothesis.pending_tokens))
             if made or len(table) != size:  # a block copied, or one more taken
-                hypothesis.tables_changed = True
+                hypothesis.blocks_changed()
                 copies += made
         return copies
 
@@ -199,19 +199,9 @@ class Search:
                 logprobs.append(choice.logprob)
             else:
                 tokens, logprobs, table = copy
-            hypothesis.output_tokens, hypothesis.output_logprobs = tokens, logprobs
-            hypothesis.sum_logprob = choice.sum_logprob
-            # Its block-table row is rewritten only if its blocks are not the ones already there.
-            previous = hypothesis.blocks.self_block_ids
-            hypothesis.tables_changed |= table is not previous and table != previous
-            hypothesis.blocks.self_block_ids = table
-            hypothesis.num_computed_tokens = computed
-            hypothesis.pending_tokens = [choice.token]
-            hypothesis.unread_tokens = 0
+            hypothesis.go_on_with(tokens, logprobs, choice.sum_logprob, table, computed)
         for hypothesis in self.hypotheses[len(chosen) :]:
-            hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
-            hypothesis.blocks.self_block_ids = []
-            hypothesis.output_tokens, hypothesis.output_logprobs = [], []  # their lists may be taken over
+            hypothesis.retire()
         self.retired += self.hypotheses[len(chosen) :]
         del self.hypotheses[len(chosen) :]
         return self._at_length(len(self.hypotheses[0].output_tokens) if chosen else 0)
@@ -228,13 +218,15 @@ class Search:
         (``_texts_up_to_date``): a step followed here is a few list operations. Returns whether
         the search has reached the window's length."""
         hypotheses = self.hypotheses
-        hypotheses[0].unread_tokens -= 1  # the first stands for all (``__init__``)
         self._trail.append((ranks, row))
         if hypotheses[0].launched_in == step_id:  # no later step took the tokens from the device
             # Every hypothesis's: the next step feeds each its own (engine/decode/scheduler/rows.py).
             tokens = ranks.token[row, : len(hypotheses)].tolist()
-            for hypothesis, token in zip(hypotheses, tokens):
-                hypothesis.pending_tokens = [token]
+            hypotheses[0].read_device_choice(tokens[0])  # the first stands for all (``__init__``)
+            for hypothesis, token in zip(hypotheses[1:], tokens[1:]):
+                hypothesis.feed_next(token)
+        else:
+            hypotheses[0].read_device_choice(None)
         return self._at_length(self.text_length())
 
     def ends_with(self, unread_tokens: int) -> bool:
@@ -260,7 +252,8 @@ class Search:
             for ranks, row in reversed(trail)
         ]
         texts = [(hypothesis.output_tokens, hypothesis.output_logprobs) for hypothesis in hypotheses]
-        for child, hypothesis in enumerate(hypotheses):
+        followed: list[tuple[list[int], list[float]]] = []
+        for child in range(k):
             tokens, logprobs, index = [], [], child
             for parents, step_tokens, step_logprobs in steps:
                 tokens.append(step_tokens[index])
@@ -268,11 +261,12 @@ class Search:
                 index = parents[index]
             tokens.reverse()
             logprobs.reverse()
-            hypothesis.output_tokens = texts[index][0] + tokens
-            hypothesis.output_logprobs = texts[index][1] + logprobs
+            followed.append((texts[index][0] + tokens, texts[index][1] + logprobs))
         last, row = trail[-1]
-        for hypothesis, total in zip(hypotheses, last.sum_logprob[row, :k].tolist()):
-            hypothesis.sum_logprob = total
+        for hypothesis, (tokens, logprobs), total in zip(
+            hypotheses, followed, last.sum_logprob[row, :k].tolist()
+        ):
+            hypothesis.follow_texts(tokens, logprobs, total)
         trail.clear()
 
     def finish(self) -> FinishReason:
@@ -286,12 +280,9 @@ class Search:
             )
         best = max(finished, key=lambda tokens: self._rank_score(tokens, finished[tokens][0]))
         sum_logprob, logprobs = finished[best]
-        window, first = self.window, (self.hypotheses + self.retired)[0]
-        window.output_tokens = list(best[:-1] if best[-1] == self.eot else best)
-        window.output_logprobs = list(logprobs[: len(window.output_tokens)])
-        window.sum_logprob = sum_logprob
-        window.prompt_tokens, window.detect_language = first.prompt_tokens, False
-        window.language, window.no_speech_prob = first.language, first.no_speech_prob
+        text = list(best[:-1] if best[-1] == self.eot else best)
+        first = (self.hypotheses + self.retired)[0]
+        self.window.take_search_result(text, list(logprobs[: len(text)]), sum_logprob, first)
         return FinishReason.STOP if best in self.finished else FinishReason.LENGTH
 
     def _rank_score(self, tokens: tuple[int, ...], sum_logprob: float) -> float:
@@ -305,16 +296,16 @@ class Search:
         it ran, whose slots are to be given back."""
         every = self.hypotheses + self.retired
         for hypothesis in every:
-            hypothesis.status, hypothesis.finish_reason = RequestStatus.FINISHED, FinishReason.STOP
-        window = self.window
-        # A step launched with a hypothesis and not read yet may still write the window's blocks (the
-        # first hypothesis's launched_in is the latest: it stands for all once the device chooses).
-        window.launched_in = max(window.launched_in, *(hypothesis.launched_in for hypothesis in every))
+            hypothesis.end_hypothesis()
         first = self.prompt_block_ids if keep_prompt else []
         kept = set(first)
-        rest = [block_id for block_id in window.blocks.spare_block_ids if block_id not in kept]
+        rest = [block_id for block_id in self.window.blocks.spare_block_ids if block_id not in kept]
         table_size = self.self_blocks_per_hypothesis
-        window.blocks.self_block_ids = first + rest[: table_size - len(first)]
-        window.blocks.spare_block_ids = rest[table_size - len(first) :]
-        window.search = None
+        # A step launched with a hypothesis and not read yet may still write the window's blocks (the
+        # first hypothesis's launched_in is the latest: it stands for all once the device chooses).
+        self.window.end_search(
+            max(hypothesis.launched_in for hypothesis in every),
+            first + rest[: table_size - len(first)],
+            rest[table_size - len(first) :],
+        )
         return every

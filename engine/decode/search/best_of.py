@@ -27,7 +27,7 @@ class BestOfSamples(Search):
             torch.Generator(device=device).manual_seed(seed * 7919 + window.attempt * 101 + index)
             for index in range(self.samples)
         ]
-        self.hypotheses[0].generator = self.generators[0]
+        self.hypotheses[0].sample_with(self.generators[0])
 
     def candidates_wanted(self, hypothesis: Request) -> int:
         # The prompt's first token is drawn once per sample; afterwards each sample draws its own.
@@ -52,7 +52,7 @@ class BestOfSamples(Search):
                     chosen.append(choice)
         at_length = self._continue_with(chosen)
         for hypothesis, generator in zip(self.hypotheses, self.generators):
-            hypothesis.generator = generator  # the samples that go on keep drawing independently
+            hypothesis.sample_with(generator)  # the samples that go on keep drawing independently
         return not chosen or at_length
 
     def _unfinished_to_rank(self, finished: dict) -> list[Request]:
