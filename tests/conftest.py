@@ -63,16 +63,15 @@ def _starts_ray(module: str) -> bool:
 if importlib.util.find_spec("xdist"):
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
-        """With `pytest -n 2` (pytest-xdist), a module's tests stay on one worker, so its
-        module-scoped fixtures (reference decodes, a started app) are made once; and every module
-        with tests that start Ray runs on the same worker, one after another, because some of
-        those tests find the app's processes by name on this machine, where a second app would
-        answer too."""
+        """`make test` runs on two pytest-xdist workers: one runs every module with tests that
+        start Ray, one after another (some of those tests find the app's processes by name on this
+        machine, where a second app would answer too); the other runs every other module, in the
+        order one process would run them (module-scoped fixtures are made once, and no test meets
+        another module's leftovers in an order a single process never has)."""
         from xdist.scheduler import LoadScopeScheduling
 
-        class ModulesAndRay(LoadScopeScheduling):
+        class RayAndTheRest(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                module = nodeid.split("::")[0]
-                return "ray" if _starts_ray(module) else module
+                return "ray" if _starts_ray(nodeid.split("::")[0]) else "the rest"
 
-        return ModulesAndRay(config, log)
+        return RayAndTheRest(config, log)
