@@ -93,7 +93,9 @@ def noise_clips() -> list[NoiseClip]:
     return noise_set()
 
 
-def test_with_vad_no_text_comes_from_clips_without_speech(client, noise_clips):
+# Absent: the shipped config's default (http.vad_by_default), speech detection as with "auto".
+@pytest.mark.parametrize("strategy", ["auto", None], ids=["auto", "absent"])
+def test_with_vad_no_text_comes_from_clips_without_speech(client, noise_clips, strategy):
     silent = [clip for clip in noise_clips if not clip.speech_at_s]
     assert len(silent) >= 6
     for clip in silent:
@@ -102,7 +104,7 @@ def test_with_vad_no_text_comes_from_clips_without_speech(client, noise_clips):
             f"{clip.name}.flac",
             encode(clip.samples, FLAC),
             response_format="verbose_json",
-            chunking_strategy="auto",
+            **({"chunking_strategy": strategy} if strategy else {}),
         )
         assert verbose.text == "" and not verbose.segments, (clip.name, verbose.text)
         assert abs(verbose.duration - len(clip.samples) / SAMPLE_RATE) < 0.01
