@@ -157,7 +157,7 @@ _CHUNKING = "chunking_strategy"
 # This server's own value: no speech detection, every stretch decoded in windows cut at quiet
 # points. OpenAI's API has no way to say it (its client drops a None field), and with
 # http.vad_by_default on an absent field means speech detection.
-NO_SPEECH_DETECTION = "none"
+_NO_SPEECH_DETECTION = "none"
 
 
 def _chunking_fields(form: FormData) -> dict | str | None:
@@ -191,13 +191,13 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
         return default
     if fields == "auto":
         return SpeechOptions()
-    if fields == NO_SPEECH_DETECTION:
+    if fields == _NO_SPEECH_DETECTION:
         return None
     if isinstance(fields, str):
         raise APIError(
             400,
             f"Invalid {_CHUNKING} '{fields}'; expected \"auto\", a server_vad object or "
-            f'"{NO_SPEECH_DETECTION}".',
+            f'"{_NO_SPEECH_DETECTION}".',
             param=_CHUNKING,
         )
     if fields.get("type") != "server_vad":
