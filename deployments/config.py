@@ -51,11 +51,13 @@ class HTTPLimits(BaseModel):
         "batch beyond it",
     )
     vad_by_default: bool = Field(
-        False,
+        True,
         description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
         "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
-        "decoded. Costs ingress CPU time (benchmarks/bench_ingest.py measures it); off keeps OpenAI's "
-        "behaviour for whisper-1, which cuts every request's audio without speech detection",
+        "decoded, so audio without speech gives an empty transcript, as OpenAI's API answers for "
+        "silence. A request may still send chunking_strategy=none for windows cut at quiet points "
+        "without speech detection. Costs ingress CPU time (benchmarks/bench_ingest.py measures it); off, "
+        "every request's audio is decoded whole, and Whisper may write words into silence",
     )
     default_beam_size: int = Field(
         1,

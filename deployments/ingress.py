@@ -35,7 +35,7 @@ from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATE
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
 from deployments.http.streaming import transcription_events
-from deployments.metrics import ServingMetrics
+from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.orchestration.pipeline import WindowPipeline
 from engine import SAMPLE_RATE, AudioWindow, decode_audio, detect_speech, long_form_cursor, speech_windows
@@ -194,7 +194,7 @@ class Ingress:
         if self.in_flight >= self.config.http.max_in_flight_requests:
             # Shed load before reading the body: memory stays bounded and admitted requests keep
             # their latency, instead of every request slowing down together.
-            self._observe(route, started, 503, 0.0)
+            self._observe(route, started, 503)
             return error_response(at_capacity())
         self.in_flight += 1
         try:
@@ -207,7 +207,7 @@ class Ingress:
     ) -> Response:
         phases = ServerTiming()
         try:
-            self._authorize(request)
+            api_key = self._authorize(request)
             form = await parse_transcription_form(request, task, self.config)
             phases.mark("upload")
             await self.accepted_options.check(form.options)
@@ -223,7 +223,7 @@ class Ingress:
                 events = transcription_events(
                     self.pipeline.decoded(cursor, form.priority),
                     cursor,
-                    partial(self._observe, route, started),
+                    partial(self._observe, route, started, model=form.model, api_key=api_key),
                 )
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await self.pipeline.transcribe(cursor, form.priority)
@@ -239,9 +239,9 @@ class Ingress:
             response.headers["server-timing"] = phases.header()
         except Exception as error:  # every failure answers, in OpenAI's error format
             api_error = api_error_of(error)
-            self._observe(route, started, api_error.status, 0.0)
+            self._observe(route, started, api_error.status)
             return error_response(api_error)
-        self._observe(route, started, 200, transcription.duration_s)
+        self._observe(route, started, 200, transcription.duration_s, model=form.model, api_key=api_key)
         return response
 
     def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
@@ -268,23 +268,40 @@ class Ingress:
         interactive = duration_s <= self.config.http.interactive_max_duration_s
         return dataclasses.replace(form, priority=Priority.INTERACTIVE if interactive else Priority.BATCH)
 
-    def _observe(self, route: str, started: float, status: int, audio_s: float) -> None:
-        self.metrics.observe_request(route, status, time.perf_counter() - started, audio_s)
+    def _observe(
+        self,
+        route: str,
+        started: float,
+        status: int,
+        audio_s: float = 0.0,
+        model: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        """A request answered; one answered 200 adds its audio seconds to its model's and API key
+        label's usage (the figure its response reported)."""
+        self.metrics.observe_request(route, status, time.perf_counter() - started)
+        if status == 200 and model is not None and api_key is not None:
+            self.metrics.observe_usage(model, api_key, audio_s)
 
-    def _authorize(self, request: Request) -> None:
-        if not self._key_accepted(request.headers.get("authorization", "")):
+    def _authorize(self, request: Request) -> str:
+        """The request's API key label (metrics.api_key_label); 401 without a configured key."""
+        key = self._presented_key(request.headers.get("authorization", ""))
+        if self.config.http.api_keys and key is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return api_key_label(key)
 
     def _key_accepted(self, authorization: str, subprotocols: list[str] = ()) -> bool:
-        """With http.api_keys set: the `Authorization: Bearer` header, or (WebSockets from a
-        browser, which cannot set headers) an `openai-insecure-api-key.<key>` subprotocol."""
+        return not self.config.http.api_keys or self._presented_key(authorization, subprotocols) is not None
+
+    def _presented_key(self, authorization: str, subprotocols: list[str] = ()) -> str | None:
+        """The configured key that the request presents, or None: with http.api_keys set, in the
+        `Authorization: Bearer` header, or (WebSockets from a browser, which cannot set headers) an
+        `openai-insecure-api-key.<key>` subprotocol. None too where no keys are configured."""
         keys = self.config.http.api_keys
-        if not keys:
-            return True
         presented = [authorization[7:].strip()] if authorization.lower().startswith("bearer ") else []
         presented += [
             p.removeprefix(SUBPROTOCOL_KEY_PREFIX)
             for p in subprotocols
             if p.startswith(SUBPROTOCOL_KEY_PREFIX)
         ]
-        return any(key in keys for key in presented)
+        return next((key for key in presented if key in keys), None)

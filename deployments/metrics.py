@@ -1,13 +1,26 @@
-"""Prometheus metrics: request counts and latency from the ingress, and, at each scrape, the
-encoder and decoder replicas' own figures (KV blocks, queues, batch sizes)."""
+"""Prometheus metrics: request counts and latency from the ingress, the seconds of audio it
+transcribed by model and API key (what an operator bills), and, at each scrape, the encoder and
+decoder replicas' own figures (KV blocks, queues, batch sizes)."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+ANONYMOUS = "anonymous"  # the API key label where the server has no keys configured
+
+
+def api_key_label(key: str | None) -> str:
+    """The label that tells an API key's usage apart without showing the key: anyone who can
+    scrape /metrics (which needs no key) must not read keys off it. The first 8 hex digits of its
+    SHA-256 are stable across replicas and restarts, and an operator computes them from the keys
+    they issued. None (no keys configured): ``ANONYMOUS``."""
+    if key is None:
+        return ANONYMOUS
+    return hashlib.sha256(key.encode()).hexdigest()[:8]
 
 
 class ServingMetrics:
@@ -27,7 +40,11 @@ class ServingMetrics:
             registry=self.registry,
         )
         self.audio_seconds = Counter(
-            "whisper_audio_seconds", "seconds of audio transcribed", registry=self.registry
+            "whisper_audio_seconds",
+            "seconds of audio transcribed (the usage the responses report), by the model the requests "
+            "named and their API key's label (the first 8 hex digits of its SHA-256, or anonymous)",
+            ["model", "api_key"],
+            registry=self.registry,
         )
         self.kv_blocks_used = Gauge(
             "whisper_decoder_kv_blocks_used", "KV blocks in use", ["replica"], registry=self.registry
@@ -196,10 +213,13 @@ class ServingMetrics:
     def observe_final(self, latency_s: float) -> None:
         self.final_latency.observe(latency_s)
 
-    def observe_request(self, route: str, status: int, latency_s: float, audio_s: float) -> None:
+    def observe_request(self, route: str, status: int, latency_s: float) -> None:
         self.requests.labels(route, str(status)).inc()
         self.latency.labels(route).observe(latency_s)
-        self.audio_seconds.inc(audio_s)
+
+    def observe_usage(self, model: str, api_key: str, audio_s: float) -> None:
+        """A transcribed request's audio seconds; ``api_key`` is its ``api_key_label``."""
+        self.audio_seconds.labels(model, api_key).inc(audio_s)
 
     def render(self, encoder_stats: Sequence, decoder_stats: Sequence) -> bytes:
         for gauge in (

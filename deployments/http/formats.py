@@ -1,7 +1,8 @@
 """A transcript -> the response of each OpenAI `response_format`.
 
 Segment times are on the file's timeline: Whisper's timestamp tokens offset by the window's start
-(srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise.
+(srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise. json and
+verbose_json carry the ``usage`` OpenAI's API reports for models billed by audio duration.
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ class Segment:
     compression_ratio: float
     no_speech_prob: float
     words: list[Word] | None  # with word timestamps: on the file's timeline, inside the segment
+
+
+def duration_usage(duration_s: float) -> dict:
+    """OpenAI's usage object for models billed by the second: the seconds of audio the request sent
+    (all of it, with or without speech), as a number."""
+    return {"type": "duration", "seconds": round(duration_s, 3)}
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -137,6 +144,7 @@ def to_verbose_json(
             for s in segments
             for w in s.words or []
         ]
+    body["usage"] = duration_usage(transcription.duration_s)
     return body
 
 
@@ -158,12 +166,13 @@ def to_response(
         with_words = "word" in timestamp_granularities
         with_segments = not timestamp_granularities or "segment" in timestamp_granularities
         return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
+    body = {"text": transcription.text}
     if with_logprobs:
         # OpenAI's shape: the token's text, its log-probability, and the token's UTF-8 bytes.
-        logprobs = [
+        body["logprobs"] = [
             {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
             for window in transcription.windows
             for item in window.token_logprobs or []
         ]
-        return JSONResponse({"text": transcription.text, "logprobs": logprobs})
-    return JSONResponse({"text": transcription.text})
+    body["usage"] = duration_usage(transcription.duration_s)
+    return JSONResponse(body)

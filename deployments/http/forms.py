@@ -22,6 +22,7 @@ class TranscriptionForm:
     """The multipart fields of a transcription or translation request, validated."""
 
     data: bytes
+    model: str  # the name the request asked for, one of config.accepted_model_names
     options: DecodeOptions
     response_format: str
     timestamp_granularities: tuple[str, ...]
@@ -153,6 +154,10 @@ _SERVER_VAD_FIELDS = {"threshold": float, "prefix_padding_ms": int, "silence_dur
 # SpeechOptions' defaults, tuned for offline Whisper (longer regions: whole sentences per region).
 _SERVER_VAD_DEFAULTS = {"threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 200}
 _CHUNKING = "chunking_strategy"
+# This server's own value: no speech detection, every stretch decoded in windows cut at quiet
+# points. OpenAI's API has no way to say it (its client drops a None field), and with
+# http.vad_by_default on an absent field means speech detection.
+_NO_SPEECH_DETECTION = "none"
 
 
 def _chunking_fields(form: FormData) -> dict | str | None:
@@ -179,15 +184,21 @@ def _chunking_fields(form: FormData) -> dict | str | None:
 
 def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> SpeechOptions | None:
     """ "auto" or {"type": "server_vad", "threshold", "prefix_padding_ms", "silence_duration_ms"}:
-    windows packed from detected speech; absent: the server's default (http.vad_by_default)."""
+    windows packed from detected speech; "none": windows cut at quiet points, no speech detection
+    (None); absent: the server's default (http.vad_by_default)."""
     fields = _chunking_fields(form)
     if fields is None:
         return default
     if fields == "auto":
         return SpeechOptions()
+    if fields == _NO_SPEECH_DETECTION:
+        return None
     if isinstance(fields, str):
         raise APIError(
-            400, f"Invalid {_CHUNKING} '{fields}'; expected \"auto\" or a server_vad object.", param=_CHUNKING
+            400,
+            f"Invalid {_CHUNKING} '{fields}'; expected \"auto\", a server_vad object or "
+            f'"{_NO_SPEECH_DETECTION}".',
+            param=_CHUNKING,
         )
     if fields.get("type") != "server_vad":
         raise APIError(
@@ -216,6 +227,29 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
             raise APIError(400, f"Invalid {_CHUNKING}.{name} '{raw}'; expected {expected}.", param=_CHUNKING)
         values[name] = value
     return SpeechOptions(**values)
+
+
+def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...]:
+    """``timestamp_granularities[]``, as OpenAI's API takes them: 'segment' with any format (only
+    verbose_json shows it), 'word' with verbose_json only, where the words have a place."""
+    granularities = tuple(
+        form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
+    )
+    for granularity in granularities:
+        if granularity not in ("segment", "word"):
+            raise APIError(
+                400,
+                f"Invalid timestamp_granularities value '{granularity}'; expected 'segment' or 'word'.",
+                param="timestamp_granularities[]",
+            )
+    if "word" in granularities and response_format != "verbose_json":
+        raise APIError(
+            400,
+            "timestamp_granularities[]=word is only supported with response_format verbose_json, "
+            f"not '{response_format}'.",
+            param="timestamp_granularities[]",
+        )
+    return granularities
 
 
 def _parse_include(form: FormData, response_format: str) -> bool:
@@ -257,23 +291,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
             param="response_format",
         )
     temperature = _parse_temperature(form.get("temperature"))
-    granularities = tuple(
-        form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
-    )
-    for granularity in granularities:
-        if granularity not in ("segment", "word"):
-            raise APIError(
-                400,
-                f"Invalid timestamp_granularities value '{granularity}'; expected 'segment' or 'word'.",
-                param="timestamp_granularities[]",
-            )
-    if granularities and response_format != "verbose_json":
-        raise APIError(
-            400,
-            "timestamp_granularities[] is only supported with response_format verbose_json, "
-            f"not '{response_format}'.",
-            param="timestamp_granularities[]",
-        )
+    granularities = _parse_granularities(form, response_format)
     language = form.get("language") or None
     if task == "translate":
         language = None  # translations detect the spoken language and always output English
@@ -312,9 +330,9 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
             }
         )
     # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
-    # sequential long-form, which seeks by them); words are only shown in verbose_json.
+    # sequential long-form, which seeks by them); word times come with verbose_json only.
     timestamps = response_format in ("srt", "vtt", "verbose_json")
-    words = "word" in granularities and response_format == "verbose_json"
+    words = "word" in granularities
     fixed_tokens = _parse_fixed_output_tokens(form.get("fixed_output_tokens"))
     if fixed_tokens is not None:
         fallback = None  # a retry would decode the window again: the count would not be known
@@ -333,6 +351,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     )
     return TranscriptionForm(
         data,
+        model,
         options,
         response_format,
         granularities,

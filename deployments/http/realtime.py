@@ -23,6 +23,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from deployments.config import RealtimeOptions
 from deployments.http.errors import api_error_of
+from deployments.http.formats import duration_usage
 from deployments.http.realtime_events import (
     RealtimeEventError,
     SessionSettings,
@@ -322,7 +323,7 @@ class RealtimeSession:
                 item_id=turn.item_id,
                 content_index=0,
                 transcript=text,
-                usage={"type": "duration", "seconds": round(turn.duration_s, 3)},
+                usage=duration_usage(turn.duration_s),
             )
         )
         self.metrics.observe_final(time.perf_counter() - speech_ended_s)

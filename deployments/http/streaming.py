@@ -1,7 +1,7 @@
 """OpenAI's transcription stream as server-sent events: a ``transcript.text.delta`` as each
-window's text is ready, in order, then ``transcript.text.done``; the deltas join to the final
-text. The status line has gone out before the first window is decoded, so a failure travels as an
-``error`` event carrying OpenAI's error object.
+window's text is ready, in order, then ``transcript.text.done`` with the usage in seconds of
+audio; the deltas join to the final text. The status line has gone out before the first window is
+decoded, so a failure travels as an ``error`` event carrying OpenAI's error object.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from deployments.http.errors import api_error_of
+from deployments.http.formats import duration_usage
 from engine import LongFormCursor
 from engine.types import DecodeResult
 
@@ -35,7 +36,13 @@ async def transcription_events(
                 yield sse({"type": "transcript.text.delta", "delta": shown[len(streamed) :]})
                 streamed = shown
         transcription = cursor.transcription()
-        yield sse({"type": "transcript.text.done", "text": transcription.text})
+        yield sse(
+            {
+                "type": "transcript.text.done",
+                "text": transcription.text,
+                "usage": duration_usage(transcription.duration_s),
+            }
+        )
     except Exception as error:
         api_error = api_error_of(error)
         finished(api_error.status, 0.0)

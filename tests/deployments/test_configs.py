@@ -23,6 +23,13 @@ def test_every_shipped_config_is_a_valid_serve_config_with_valid_app_args(path):
     assert config.engine.model and config.encoder.max_batch_size >= 1
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_every_shipped_config_decodes_only_speech_for_requests_without_a_chunking_strategy(path):
+    """Silence gives an empty transcript, as OpenAI's API answers it (docs/api.md)."""
+    config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    assert config.http.vad_by_default
+
+
 def _disaggregated(path) -> bool:
     return parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"]).placement == (
         "disaggregated"

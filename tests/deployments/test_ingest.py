@@ -1,6 +1,7 @@
 """What users upload, through the default app on a real local Ray Serve and the official openai
-client: every audio format OpenAI's API accepts, silence and noise with speech detection on and
-off, broken files, and the request fields and routes around them that OpenAI's API has."""
+client: every audio format OpenAI's API accepts, silence and noise with speech detection on (the
+shipped config's default) and off, broken files, and the request fields, routes and usage figures
+around them that OpenAI's API has."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 
 from engine.model.audio import SAMPLE_RATE, load_audio_file
 from engine.transcribe.evaluation import word_error_rate
+from tests.support.app_metrics import labelled_sum
 from tests.support.encoding import (
     UPLOAD_FORMATS,
     UploadFormat,
@@ -29,6 +31,7 @@ from tests.support.speech import SPEECH_DIR, english_clips
 pytestmark = pytest.mark.ray
 
 MAX_AUDIO_S = 120
+SILENCE_S = 45
 FLAC = UploadFormat("flac", "flac", "flac", "flac", "s16", SAMPLE_RATE)
 WAV = UploadFormat("wav-16bit", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE)
 
@@ -90,7 +93,9 @@ def noise_clips() -> list[NoiseClip]:
     return noise_set()
 
 
-def test_with_vad_no_text_comes_from_clips_without_speech(client, noise_clips):
+# Absent: the shipped config's default (http.vad_by_default), speech detection as with "auto".
+@pytest.mark.parametrize("strategy", ["auto", None], ids=["auto", "absent"])
+def test_with_vad_no_text_comes_from_clips_without_speech(client, noise_clips, strategy):
     silent = [clip for clip in noise_clips if not clip.speech_at_s]
     assert len(silent) >= 6
     for clip in silent:
@@ -99,7 +104,7 @@ def test_with_vad_no_text_comes_from_clips_without_speech(client, noise_clips):
             f"{clip.name}.flac",
             encode(clip.samples, FLAC),
             response_format="verbose_json",
-            chunking_strategy="auto",
+            **({"chunking_strategy": strategy} if strategy else {}),
         )
         assert verbose.text == "" and not verbose.segments, (clip.name, verbose.text)
         assert abs(verbose.duration - len(clip.samples) / SAMPLE_RATE) < 0.01
@@ -127,28 +132,54 @@ def test_with_vad_inserted_speech_is_transcribed_at_the_time_it_was_inserted(cli
 
 
 def test_vad_removes_the_words_whisper_writes_into_the_no_speech_clips_without_it(client, noise_clips):
-    # Without VAD (today's default) Whisper writes words into some of them ("you you" into
-    # silence); the count is recorded in benchmarks/RESULTS.md.
+    # Without VAD (chunking_strategy=none: windows cut at quiet points, as before speech detection
+    # became the shipped default) Whisper writes words into some of them ("you you" into silence);
+    # the count is recorded in benchmarks/RESULTS.md.
     counts = {}
     for clip in [clip for clip in noise_clips if not clip.speech_at_s]:
         counts[clip.name] = len(
-            _transcribe(client, f"{clip.name}.flac", encode(clip.samples, FLAC)).text.split()
+            _transcribe(
+                client, f"{clip.name}.flac", encode(clip.samples, FLAC), chunking_strategy="none"
+            ).text.split()
         )
     print(f"\nwords from the no-speech clips with VAD off: {sum(counts.values())} {counts}")
     assert sum(counts.values()) > 0
 
 
-def test_45_s_of_silence_streams_a_single_done_event_with_empty_text(server_url):
+@pytest.fixture(scope="module")
+def silence() -> bytes:
+    return encode(np.zeros(SILENCE_S * SAMPLE_RATE, np.float32), WAV)
+
+
+def test_45_s_of_digital_silence_is_an_empty_transcript_in_every_format_without_a_chunking_strategy(
+    client, silence
+):
+    """The shipped config detects speech unless asked not to: silence gives "", as OpenAI answers."""
+    assert _transcribe(client, "silence.wav", silence).text == ""
+    assert _transcribe(client, "silence.wav", silence, response_format="text").strip() == ""
+    assert _transcribe(client, "silence.wav", silence, response_format="srt") == ""
+    assert _transcribe(client, "silence.wav", silence, response_format="vtt").strip() == "WEBVTT"
+    verbose = _transcribe(client, "silence.wav", silence, response_format="verbose_json")
+    assert verbose.text == "" and verbose.segments == [] and verbose.duration == SILENCE_S
+
+
+def test_45_s_of_silence_streams_a_single_done_event_with_empty_text(client, server_url, silence):
+    stream = client.audio.transcriptions.create(model="whisper-1", file=("silence.wav", silence), stream=True)
+    events = [event.to_dict() for event in stream]
+    assert events == [
+        {"type": "transcript.text.done", "text": "", "usage": {"type": "duration", "seconds": SILENCE_S}}
+    ]
+    # The same as server-sent events on the wire, as curl would see them.
     with httpx.stream(
         "POST",
         f"{server_url}/v1/audio/transcriptions",
-        data={"model": "whisper-1", "stream": "true", "chunking_strategy": "auto"},
-        files={"file": ("silence.wav", encode(np.zeros(45 * SAMPLE_RATE, np.float32), WAV))},
+        data={"model": "whisper-1", "stream": "true"},
+        files={"file": ("silence.wav", silence)},
         timeout=120,
     ) as response:
         assert response.status_code == 200
-        events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
-    assert events == [{"type": "transcript.text.done", "text": ""}]
+        wire = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+    assert wire == events
 
 
 def test_chunking_strategy_sent_as_a_json_string_as_curl_sends_it_is_understood(server_url):
@@ -226,6 +257,12 @@ def test_models_retrieve_gives_served_models_and_openai_404_json_for_others(clie
 
 def test_word_timestamps_with_json_is_a_400_and_with_verbose_json_alone_give_words_not_segments(client):
     jfk = (SPEECH_DIR / "jfk.flac").read_bytes()
+    # As OpenAI's API: segment granularity is accepted with json (which has no place for it), word
+    # granularity refused.
+    segments_asked = _transcribe(
+        client, "jfk.flac", jfk, response_format="json", timestamp_granularities=["segment"]
+    )
+    assert segments_asked.text == _transcribe(client, "jfk.flac", jfk).text
     with pytest.raises(openai.BadRequestError) as refused:
         _transcribe(client, "jfk.flac", jfk, response_format="json", timestamp_granularities=["word"])
     assert refused.value.body["param"] == "timestamp_granularities[]"
@@ -241,3 +278,42 @@ def test_include_logprobs_gives_each_text_tokens_log_probability(client):
     assert "".join(item.token for item in result.logprobs).strip() == result.text
     assert all(item.logprob <= 0 for item in result.logprobs)
     assert all(bytes(int(b) for b in item.bytes).decode() == item.token for item in result.logprobs)
+
+
+# ---- usage --------------------------------------------------------------------------------------
+
+
+def test_usage_is_the_audios_seconds_in_json_verbose_json_and_the_streams_done_event(client):
+    jfk = (SPEECH_DIR / "jfk.flac").read_bytes()
+    duration_s = len(load_audio_file(SPEECH_DIR / "jfk.flac")) / SAMPLE_RATE
+    usages = {
+        "json": _transcribe(client, "jfk.flac", jfk).usage,
+        "json-logprobs": _transcribe(client, "jfk.flac", jfk, include=["logprobs"]).usage,
+        "verbose_json": _transcribe(client, "jfk.flac", jfk, response_format="verbose_json").usage,
+        "stream": list(_transcribe(client, "jfk.flac", jfk, stream=True))[-1].usage,
+    }
+    for name, usage in usages.items():
+        assert usage.type == "duration" and abs(usage.seconds - duration_s) < 0.1, (name, usage)
+
+
+def test_the_audio_seconds_counter_grows_by_each_answered_requests_seconds_for_its_model(client, server_url):
+    jfk = (SPEECH_DIR / "jfk.flac").read_bytes()
+    duration_s = len(load_audio_file(SPEECH_DIR / "jfk.flac")) / SAMPLE_RATE
+
+    def billed_s() -> dict[str, float]:
+        # No API keys on this server: every request is billed to the anonymous label.
+        return {
+            model: labelled_sum(server_url, "whisper_audio_seconds_total", model=model, api_key="anonymous")
+            for model in ("whisper-1", "tiny.en")
+        }
+
+    before = billed_s()
+    _transcribe(client, "jfk.flac", jfk)
+    client.audio.transcriptions.create(
+        model="tiny.en", file=("jfk.flac", jfk), response_format="verbose_json"
+    )
+    with pytest.raises(openai.BadRequestError):  # refused: nothing transcribed, nothing billed
+        _transcribe(client, "jfk.flac", jfk, timestamp_granularities=["word"])
+    after = billed_s()
+    assert after["whisper-1"] - before["whisper-1"] == pytest.approx(duration_s, abs=0.1)
+    assert after["tiny.en"] - before["tiny.en"] == pytest.approx(duration_s, abs=0.1)

@@ -84,10 +84,14 @@ def _utterances(clip_ids: list[str]) -> list[bytes]:
 
 
 def _file_text(client: openai.OpenAI, pcm16: bytes) -> str:
-    """The file endpoint's text for exactly the audio a stream sent."""
+    """The file endpoint's text for exactly the audio a stream sent, all of it decoded as a turn's
+    final pass decodes it: without speech detection (chunking_strategy=none; the shipped config
+    would otherwise pack windows from the speech it finds)."""
     wav = io.BytesIO()
     soundfile.write(wav, np.frombuffer(pcm16, dtype="<i2"), REALTIME_RATE_HZ, format="WAV", subtype="PCM_16")
-    return client.audio.transcriptions.create(model="whisper-1", file=("clip.wav", wav.getvalue())).text
+    return client.audio.transcriptions.create(
+        model="whisper-1", file=("clip.wav", wav.getvalue()), chunking_strategy="none"
+    ).text
 
 
 def _words_apart(live_text: str, file_text: str) -> int:

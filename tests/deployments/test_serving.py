@@ -3,6 +3,7 @@ the official openai client: same text as the offline API, 32 concurrent requests
 
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import socket
@@ -24,7 +25,7 @@ from engine.model.audio import load_audio_file
 from engine.model.loading import LoadedModel, load_model
 from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions, FallbackOptions
-from tests.support.app_metrics import metric_sum, scrape, server_timing_ms, steady_figures
+from tests.support.app_metrics import labelled_sum, metric_sum, scrape, server_timing_ms, steady_figures
 from tests.support.load import run_load
 from tests.support.serving import (
     default_app_args,
@@ -55,6 +56,10 @@ def server_url():
         "max_windows_in_flight": 1,
         "inline_window_kb": INLINE_WINDOW_KB,
         "benchmark_fields": True,  # fixed_output_tokens is tested here; refused by default (test_colocated)
+        # No speech detection (the shipped default detects it): the tests compare with the offline
+        # API's text and count windows, both of audio cut at quiet points. Speech detection over
+        # HTTP is tests/deployments/test_ingest.py's.
+        "vad_by_default": False,
     }
     # Unclaimed K/V staging expires after 10 s instead of 120 s, so the fault tests can watch it go.
     transfer = {**args["transfer"], "unclaimed_timeout_s": 10}
@@ -266,6 +271,16 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
     # One forward, one window: the window is handed on within its forward, once staged.
     assert 0 < figures["encoder_forward_s"] <= figures["forward_s"]
     assert math.isnan(figures["forward_gpu_wait_s"])
+
+
+def test_the_audio_seconds_counter_labels_an_api_keys_usage_by_a_hash_never_by_the_key(server_url, client):
+    label = hashlib.sha256(API_KEY.encode()).hexdigest()[:8]
+    before = labelled_sum(server_url, "whisper_audio_seconds_total", model="whisper-1", api_key=label)
+    verbose = _transcribe(client, SPEECH_DIR / "jfk.flac", response_format="verbose_json")
+    after = labelled_sum(server_url, "whisper_audio_seconds_total", model="whisper-1", api_key=label)
+    assert verbose.usage.seconds == pytest.approx(verbose.duration, abs=0.01)
+    assert after - before == pytest.approx(verbose.usage.seconds, abs=0.01), "the response's usage, billed"
+    assert API_KEY not in httpx.get(f"{server_url}/metrics", timeout=30).text
 
 
 def test_ready_is_503_until_a_warm_up_window_has_gone_through_encoder_and_decoder_then_200(server_url):

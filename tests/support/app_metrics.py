@@ -29,8 +29,22 @@ def scrape(url: str) -> dict[str, float]:
     return sums
 
 
+def labelled_sum(url: str, name: str, **labels: str) -> float:
+    """The sum of one metric's samples whose labels include ``labels``, e.g. the audio seconds
+    billed to a model: ``labelled_sum(url, "whisper_audio_seconds_total", model="whisper-1")``."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    total = 0.0
+    for sample in _SAMPLE.finditer(text):
+        sample_name, sample_labels, value = sample.groups()
+        found = dict(_LABEL.findall(sample_labels))
+        if sample_name == name and all(found.get(key) == wanted for key, wanted in labels.items()):
+            total += float(value)
+    return total
+
+
 _SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$", re.MULTILINE)
 _STAGE = re.compile(r'stage="(\w+)"')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
 def server_timing_ms(headers) -> dict[str, float]:

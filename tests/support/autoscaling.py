@@ -80,6 +80,9 @@ def scenario_config(upscale_delay_s: float = 2.0, downscale_delay_s: float = 6.0
             "max_ongoing_requests": 1024,
             "resources": {NODE_RESOURCE["ingress"]: 1},
         },
+        # Every clip decoded whole, windows cut at quiet points: with speech detection (the shipped
+        # default) the burst's near-silent clips would never reach an encoder.
+        "http": {"vad_by_default": False},
     }
 
 
