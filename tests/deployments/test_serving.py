@@ -193,9 +193,15 @@ def test_sequential_long_form_over_http_matches_the_offline_sequential_transcrip
 def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     _transcribe(client, SPEECH_DIR / "osr72_02.flac")
     metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
-    assert 'whisper_transfer_info{connector="nixl",payload="cross_kv",replica="0"} 1.0' in metrics
+    assert (
+        'whisper_transfer_info{connector="nixl",model="tiny.en",payload="cross_kv",replica="0"} 1.0'
+        in metrics
+    )
     precision = EngineConfig.model_validate(default_app_args()["engine"]).encoder_precision
-    assert f'whisper_encoder_precision_info{{precision="{precision}",replica="0"}} 1.0' in metrics
+    assert (
+        f'whisper_encoder_precision_info{{model="tiny.en",precision="{precision}",replica="0"}} 1.0'
+        in metrics
+    )
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
