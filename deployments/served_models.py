@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ray.exceptions import RayTaskError
+from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
@@ -43,6 +44,11 @@ class ServedModel:
         encoder: DeploymentHandle | None,
         decoder: DeploymentHandle,
     ) -> ServedModel:
+        # Each handle starts following its deployment now rather than at its first call: a call made
+        # before a handle knows its deployment failed to start waits for a replica forever, while one
+        # made after fails at once (DeploymentUnavailableError), which answers as this model's 503.
+        encoder = encoder.options() if encoder is not None else None
+        decoder = decoder.options()
         pipeline = WindowPipeline(encoder, decoder, config.http.max_windows_in_flight)
         return cls(
             name=model.name,
@@ -59,6 +65,16 @@ class ServedModel:
         model is the client's choice of model, so the answer names the model."""
         try:
             await self.accepted_options.check(options)
+        except DeploymentUnavailableError:
+            raise APIError(
+                503,
+                f"The model '{self.name}' is unavailable: its replicas failed to start (the server's "
+                "other models still serve). Retry later.",
+                param="model",
+                code="model_unavailable",
+                error_type="server_error",
+                retry_after_s=30,
+            ) from None
         except Exception as error:
             cause = error.cause if isinstance(error, RayTaskError) else error
             english_only = isinstance(cause, RequestRejectedError) and cause.param == "task"

@@ -26,6 +26,9 @@ from engine.types import DecodeOptions, Priority
 logger = logging.getLogger("ray.serve")
 
 WARM_UP_AUDIO_S = 1.0
+# A warm-up that waits longer is given up and tried again at the next probe: a call sent while its
+# deployment is failing to start may wait for a replica forever, where a fresh one fails at once.
+WARM_UP_TIMEOUT_S = 30.0
 
 
 class Readiness:
@@ -48,10 +51,15 @@ class Readiness:
     async def _warm_up(self) -> None:
         started = time.perf_counter()
         silence = np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
+        warm_up = self.pipeline.decode_window(
+            f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
+        )
         try:
-            await self.pipeline.decode_window(
-                f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
-            )
+            await asyncio.wait_for(warm_up, WARM_UP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.last_error = f"no answer within {WARM_UP_TIMEOUT_S:g} s; its replicas may still be starting"
+            logger.warning("warm-up window: %s; the next readiness probe tries again", self.last_error)
+            return
         except Exception as error:
             self.last_error = str(error) or type(error).__name__
             logger.warning(

@@ -29,7 +29,9 @@ def test_a_model_that_cannot_warm_up_is_named_not_ready_while_the_other_is_ready
         models = {"tiny.en": Readiness(serving), "base": Readiness(failing)}
         first = models_readiness(models)  # starts both warm-ups; neither has gone through yet
         await asyncio.sleep(0.05)
-        return first, models_readiness(models), serving, failing
+        second = models_readiness(models)  # base's failed warm-up starts again; tiny.en's is done
+        await asyncio.sleep(0.05)
+        return first, second, serving, failing
 
     first, (ready, states), serving, failing = asyncio.run(probe_twice())
     assert first[0] is False and not any(state["ready"] for state in first[1].values())
@@ -51,3 +53,34 @@ def test_every_model_ready_makes_the_app_ready():
 
     ready, states = asyncio.run(probe_twice())
     assert ready and all(state["ready"] for state in states.values())
+
+
+class SilentPipeline:
+    """A model whose deployment never answers: a call made before its handle knew the deployment
+    failed to start waits for a replica forever."""
+
+    def __init__(self):
+        self.windows = 0
+
+    async def decode_window(self, window_id, samples, options, priority) -> None:
+        self.windows += 1
+        await asyncio.Event().wait()
+
+
+def test_a_warm_up_that_never_answers_is_given_up_and_the_next_probe_sends_a_fresh_one(monkeypatch):
+    import deployments.http.readiness as readiness
+
+    monkeypatch.setattr(readiness, "WARM_UP_TIMEOUT_S", 0.05)
+
+    async def probe_twice():
+        silent = SilentPipeline()
+        models = {"base": Readiness(silent)}
+        models_readiness(models)
+        await asyncio.sleep(0.2)
+        states = models_readiness(models)[1]
+        await asyncio.sleep(0.02)
+        return states, silent.windows
+
+    states, windows = asyncio.run(probe_twice())
+    assert states["base"]["ready"] is False and "no answer within 0.05 s" in states["base"]["last_error"]
+    assert windows == 2
