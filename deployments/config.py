@@ -176,7 +176,8 @@ class AppConfig(BaseModel):
 
     served_model_names: list[str] = Field(
         default_factory=lambda: ["whisper-1"],
-        description="names clients may send as `model`; the engine's model is always accepted too",
+        description="names clients may send as `model`; the engine's model is always accepted too (with "
+        "`models:`, each model's `name` and `aliases` instead)",
     )
     placement: Placement = Field("disaggregated", description=PLACEMENT_DESCRIPTION)
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
@@ -248,7 +249,7 @@ class AppConfig(BaseModel):
             )
         if len(defaults) > 1:
             raise ValueError(
-                f"{' and '.join(defaults)} are both marked `default: true`; exactly one model is the default"
+                f"{', '.join(defaults)} are each marked `default: true`; mark exactly one model the default"
             )
         return models
 

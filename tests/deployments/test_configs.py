@@ -316,7 +316,7 @@ def test_each_model_gets_an_encoder_and_a_decoder_deployment_of_its_own_with_its
         ([TWO_MODELS[0], {**TWO_MODELS[1], "name": "tiny.en"}], "the id 'tiny.en' is given twice"),
         ([TWO_MODELS[0], {**TWO_MODELS[1], "aliases": ["whisper-1"]}], "the id 'whisper-1' is given twice"),
         ([{**TWO_MODELS[0], "default": False}, TWO_MODELS[1]], "no model is the default"),
-        ([TWO_MODELS[0], {**TWO_MODELS[1], "default": True}], "tiny.en and base are both marked"),
+        ([TWO_MODELS[0], {**TWO_MODELS[1], "default": True}], "tiny.en, base are each marked"),
         ([{**TWO_MODELS[0], "name": "org/x"}, {**TWO_MODELS[1], "name": "org-x"}], "same deployment name"),
         ([TWO_MODELS[0], {**TWO_MODELS[1], "name": ""}], "at least 1 character"),
     ],
