@@ -12,6 +12,7 @@ writes benchmarks/results/models.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import sys
 import threading
@@ -32,23 +33,35 @@ MODELS = ("tiny.en", "base")
 
 def replica_rss_mb() -> dict[str, float]:
     """Resident memory of each Serve replica this process's Ray started (with the processes each
-    replica started), by the replica's process title; other sessions' apps on the machine are not
-    this process's descendants."""
+    replica started), by deployment; other sessions' apps on the machine are not this process's
+    descendants."""
     import psutil
+
+    from deployments.config import parse_app_config
+
+    config = parse_app_config(shipped_default_args())
+    deployments = ["WhisperIngress"] + [
+        f"Whisper{side}-{model.deployment_suffix}"
+        for model in config.models
+        for side in ("Encoder", "Decoder")
+    ]
+
+    def rss(process) -> int:
+        with contextlib.suppress(psutil.Error):  # a process may end while it is read
+            return process.memory_info().rss
+        return 0
 
     found: dict[str, float] = {}
     for process in psutil.Process().children(recursive=True):
-        try:
-            command = " ".join(process.cmdline())
-            if "ServeReplica:" not in command:
-                continue
-            name = command.split("ServeReplica:", 1)[1].split()[0].split(".")[0]
-            rss = process.memory_info().rss + sum(
-                child.memory_info().rss for child in process.children(recursive=True)
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(process.cmdline())
+            # The longest deployment name the title holds (Ray may add the method it runs).
+            name = max(
+                (d for d in deployments if f"ServeReplica:whisper:{d}" in title), key=len, default=None
             )
-        except psutil.Error:
-            continue
-        found[name.removeprefix("whisper:")] = rss / 2**20
+            if name is not None:
+                started = process.children(recursive=True)
+                found[name] = (rss(process) + sum(rss(child) for child in started)) / 2**20
     return dict(sorted(found.items()))
 
 
