@@ -7,7 +7,8 @@ appends them to the results log (benchmarks/recording.py) and writes benchmarks/
     .venv/bin/python benchmarks/bench_load.py [--clients 64] [--processes 1] [--duration-s 300] [--record]
         [--fixed-output-tokens N] [--no-fallback] [--priority interactive|batch]
 
-Starts a local Ray and the default app (configs/default.yaml) unless --url points at a running one.
+Starts a local Ray and the default model of configs/default.yaml (tiny.en) as a one-model app unless
+--url points at a running one.
 The vendor fields let random weights be measured: ``--fixed-output-tokens`` makes every window
 decode exactly N tokens (the server's benchmark-only ``fixed_output_tokens``, which a server accepts
 only with ``http.benchmark_fields: true``: the app started here has it on; a server at --url needs
@@ -27,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from tests.support.load import LoadReport, run_load  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
+from tests.support.serving import default_app_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,23 +85,22 @@ def server_phase_rows(report: LoadReport) -> list[list]:
 
 def start_default_app(cpu_dtype: str | None = None, benchmark_fields: bool = False) -> str:
     import ray
-    import yaml
     from ray import serve
 
     from deployments.app import build_app
 
-    spec = yaml.safe_load((ROOT / "configs" / "default.yaml").read_text())["applications"][0]
+    args = default_app_args()
     if cpu_dtype:
-        spec["args"]["engine"]["cpu_dtype"] = cpu_dtype
+        args["engine"]["cpu_dtype"] = cpu_dtype
     if benchmark_fields:  # the server accepts the benchmark-only request fields
-        spec["args"]["http"] = {**spec["args"].get("http", {}), "benchmark_fields": True}
+        args["http"] = {**args.get("http", {}), "benchmark_fields": True}
     port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False)
     # Before Ray's own shutdown at exit (registered earlier, so it runs later): Serve stops what it
     # started outside Ray's workers, such as HAProxy (README, "Behind HAProxy").
     atexit.register(serve.shutdown)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run(build_app(spec["args"]), name=spec["name"], route_prefix=spec["route_prefix"])
+    serve.run(build_app(args), name="whisper", route_prefix="/")
     return f"http://127.0.0.1:{port}"
 
 

@@ -13,7 +13,8 @@ millisecond on both sides). Reported per N concurrent streams:
 - the largest N whose p95 final latency stays under 1 s.
 
     python benchmarks/bench_realtime.py --streams 1 2 4 8 --baseline-streams 1 2 4
-(starts the default app on a local Ray; --url uses a running one instead).
+(starts the default model of configs/default.yaml, tiny.en, as a one-model app on a local Ray; --url
+uses a running one instead).
 
 Prints a JSON row per system and stream count as it ends, and writes them all to --out
 (benchmarks/results/realtime.json by default).
@@ -206,18 +207,18 @@ def run_faster_whisper(model_folder: Path, n_streams: int, audio: dict[str, byte
 
 def _start_app(api_key: str):
     import ray
-    import yaml
     from ray import serve
 
     from deployments.app import build_app
     from tests.support.ports import free_port
+    from tests.support.serving import default_app_args
 
-    spec = yaml.safe_load((REPO / "configs" / "default.yaml").read_text())["applications"][0]
     port = free_port()
     ray.init(include_dashboard=False, log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    args = {**spec["args"], "http": {**spec["args"]["http"], "api_keys": [api_key]}}
-    serve.run(build_app(args), name=spec["name"], route_prefix=spec["route_prefix"])
+    args = default_app_args()
+    args["http"] = {**args["http"], "api_keys": [api_key]}
+    serve.run(build_app(args), name="whisper", route_prefix="/")
     return f"http://127.0.0.1:{port}"
 
 

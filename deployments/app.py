@@ -14,6 +14,7 @@ from deployments.config import AppConfig, parse_app_config
 from deployments.decoder import DecoderDeployment
 from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
+from deployments.model_config import ModelConfig
 from deployments.replica_options import ReplicaOptions
 from deployments.routing import MostFreeKVBlocksRouter
 
@@ -58,41 +59,51 @@ def _deployment_options(
     return deployment
 
 
-def build_whisper_app(config: AppConfig) -> Application:
+def _model_deployments(config: AppConfig, model: ModelConfig) -> tuple[Application | None, Application]:
+    """One model's encoder and decoder deployments (no encoder when colocated), bound to the
+    model's view of the config. With several models, their names carry the model's."""
+    served = config.serving(model)
+    suffix = f"-{model.deployment_suffix}" if len(config.models) > 1 else ""
     encoder = serve.deployment(EncoderDeployment).options(
         **_deployment_options(
-            "WhisperEncoder",
-            config.encoder,
+            f"WhisperEncoder{suffix}",
+            served.encoder,
             EncoderPolicy,
-            {"target_pending_windows": config.encoder.target_pending_windows},
+            {"target_pending_windows": served.encoder.target_pending_windows},
         )
     )
     decoder = serve.deployment(DecoderDeployment).options(
         **_deployment_options(
-            "WhisperDecoder",
-            config.decoder,
+            f"WhisperDecoder{suffix}",
+            served.decoder,
             DecoderPolicy,
             {
-                "target_kv_utilization": config.decoder.target_kv_utilization,
-                "interactive_slots_reserved": config.engine.interactive_reserved_seqs > 0,
+                "target_kv_utilization": served.decoder.target_kv_utilization,
+                "interactive_slots_reserved": served.engine.interactive_reserved_seqs > 0,
             },
         ),
         request_router_config=RequestRouterConfig(
             request_router_class=MostFreeKVBlocksRouter,
-            request_routing_stats_period_s=config.decoder.routing_stats_period_s,
+            request_routing_stats_period_s=served.decoder.routing_stats_period_s,
         ),
         # The check is whether the engine's process lives: cheap, and a replica without one
         # answers nothing but errors until it is replaced.
         health_check_period_s=2.0,
     )
+    decoders = decoder.bind(served)
+    if served.colocated:  # the decoder replicas encode their own windows
+        return None, decoders
+    return encoder.bind(served, decoders), decoders
+
+
+def build_whisper_app(config: AppConfig) -> Application:
+    """The ingress, bound to every model's encoder and decoder deployments by model name. Each
+    model's deployments are Serve deployments of their own: they start, scale and fail apart."""
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
     if runtime_env := config.http.ingress_runtime_env():
         ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
     ingress = serve.deployment(Ingress).options(**ingress_options)
-    decoders = decoder.bind(config)
-    if config.colocated:  # the decoder replicas encode their own windows
-        return ingress.bind(config, None, decoders)
-    return ingress.bind(config, encoder.bind(config, decoders), decoders)
+    return ingress.bind(config, {model.name: _model_deployments(config, model) for model in config.models})
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

@@ -7,10 +7,19 @@ field instead of failing the first request.
 from __future__ import annotations
 
 import os
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from deployments.model_config import MODEL_SECTIONS, PLACEMENT_DESCRIPTION, ModelConfig, Placement
 from deployments.replica_options import DecoderOptions, EncoderOptions, ReplicaOptions
 from engine.config import EngineConfig
 from kv_transfer.config import TransferConfig
@@ -161,23 +170,28 @@ class RealtimeOptions(BaseModel):
 
 
 class AppConfig(BaseModel):
+    """The app's configuration. One model: the sections `engine`, `transfer`, `encoder`, `decoder`
+    (and `placement`, `served_model_names`) describe it. Several: `models` lists them, each with
+    those sections of its own; the top-level ones then read as the default model's."""
+
     model_config = ConfigDict(extra="forbid")
 
     served_model_names: list[str] = Field(
         default_factory=lambda: ["whisper-1"],
-        description="names clients may send as `model`; the engine's model is always accepted too",
+        description="names clients may send as `model`; the engine's model is always accepted too (with "
+        "`models:`, each model's `name` and `aliases` instead)",
     )
-    placement: Literal["disaggregated", "colocated"] = Field(
-        "disaggregated",
-        description="disaggregated: encoder and decoder replicas are deployments of their own, scaled "
-        "apart, the K/V moving between them (`transfer`); colocated: each decoder replica encodes its own "
-        "windows, in one process on two CUDA streams (on one GPU two processes' kernels take turns: "
-        "docs/gpu.md, 'One GPU'); `encoder` then sets only its batching, `decoder` the replicas",
-    )
+    placement: Placement = Field("disaggregated", description=PLACEMENT_DESCRIPTION)
     engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
     transfer: TransferConfig = Field(default_factory=TransferConfig, description="how the K/V travels")
     encoder: EncoderOptions = Field(default_factory=EncoderOptions, description="the encoder deployment")
     decoder: DecoderOptions = Field(default_factory=DecoderOptions, description="the decoder deployment")
+    models: list[ModelConfig] = Field(
+        default_factory=list,
+        description="several models in one app, each with its own engine, transfer, placement, encoder and "
+        "decoder; requests choose one by `model` (a name or an alias). Empty: the app serves the one model "
+        "the top-level sections describe. Not together with those sections",
+    )
     # The ingress is async and mostly waits: let it hold many requests, and shed load itself
     # (http.max_in_flight_requests) so overload answers in OpenAI's error format.
     ingress: ReplicaOptions = Field(
@@ -187,12 +201,84 @@ class AppConfig(BaseModel):
     http: HTTPLimits = Field(default_factory=HTTPLimits, description="the HTTP API's limits and keys")
     realtime: RealtimeOptions = Field(default_factory=RealtimeOptions, description="live transcription")
 
+    _views: dict[str, AppConfig] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _models_or_one_model(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("models"):
+            given = [name for name in MODEL_SECTIONS if name in data]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} cannot stand beside `models:`: each model has its own "
+                    "sections; move them into the model they describe"
+                )
+        return data
+
     @field_validator("served_model_names")
     @classmethod
     def _at_least_one_name(cls, names: list[str]) -> list[str]:
         if not names:
             raise ValueError("served_model_names needs at least one name")
         return names
+
+    @field_validator("models")
+    @classmethod
+    def _names_are_unique_and_one_is_the_default(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        if not models:
+            return models
+        owners: dict[str, str] = {}
+        for index, model in enumerate(models):
+            for position, model_id in enumerate(model.ids):
+                where = f"models[{index}]." + ("name" if position == 0 else "aliases")
+                if model_id in owners:
+                    raise ValueError(
+                        f"the id '{model_id}' is given twice ({owners[model_id]} and {where}); "
+                        "every model name and alias must choose one model"
+                    )
+                owners[model_id] = where
+        suffixes = [model.deployment_suffix for model in models]
+        if len(set(suffixes)) < len(suffixes):
+            raise ValueError(
+                f"the names {', '.join(model.name for model in models)} give the same deployment name "
+                "once characters other than letters, digits, '.', '_' and '-' are replaced; rename one"
+            )
+        defaults = [model.name for model in models if model.default]
+        if len(models) > 1 and not defaults:
+            raise ValueError(
+                f"no model is the default; mark one of {', '.join(model.name for model in models)} "
+                "with `default: true`"
+            )
+        if len(defaults) > 1:
+            raise ValueError(
+                f"{', '.join(defaults)} are each marked `default: true`; mark exactly one model the default"
+            )
+        return models
+
+    @model_validator(mode="after")
+    def _one_list_of_models(self) -> "AppConfig":
+        """After this, ``models`` lists every model served and the top-level sections are the default
+        model's, whichever shape the config had."""
+        if not self.models:
+            self.models = [
+                ModelConfig(
+                    name=self.engine.model,
+                    aliases=[name for name in self.served_model_names if name != self.engine.model],
+                    default=True,
+                    placement=self.placement,
+                    engine=self.engine,
+                    transfer=self.transfer,
+                    encoder=self.encoder,
+                    decoder=self.decoder,
+                )
+            ]
+            return self
+        default = next((model for model in self.models if model.default), self.models[0])
+        default.default = True
+        self.served_model_names = default.ids
+        for section in MODEL_SECTIONS[1:]:
+            setattr(self, section, getattr(default, section))
+        return self
 
     @model_validator(mode="after")
     def _ingress_sheds_load_before_serve_does(self) -> "AppConfig":
@@ -206,23 +292,27 @@ class AppConfig(BaseModel):
 
     @model_validator(mode="after")
     def _default_beams_fit_the_decoder(self) -> "AppConfig":
-        largest = min(self.http.max_beam_size, self.engine.max_num_seqs)
-        if self.realtime.final_beam_size > largest:
-            raise ValueError(
-                f"realtime.final_beam_size ({self.realtime.final_beam_size}) exceeds http.max_beam_size "
-                f"({self.http.max_beam_size}) or engine.max_num_seqs ({self.engine.max_num_seqs})"
-            )
-        if self.http.default_beam_size > largest:
-            raise ValueError(
-                f"http.default_beam_size ({self.http.default_beam_size}) exceeds the largest beam this "
-                f"app decodes: http.max_beam_size ({self.http.max_beam_size}) and engine.max_num_seqs "
-                f"({self.engine.max_num_seqs}), since each beam runs as a sequence"
-            )
+        several = len(self.models) > 1
+        for index, model in enumerate(self.models):
+            max_num_seqs = model.engine.max_num_seqs
+            seqs = f"models[{index}].engine.max_num_seqs" if several else "engine.max_num_seqs"
+            if self.realtime.final_beam_size > min(self.http.max_beam_size, max_num_seqs):
+                raise ValueError(
+                    f"realtime.final_beam_size ({self.realtime.final_beam_size}) exceeds http.max_beam_size "
+                    f"({self.http.max_beam_size}) or {seqs} ({max_num_seqs})"
+                )
+            if self.http.default_beam_size > min(self.http.max_beam_size, max_num_seqs):
+                raise ValueError(
+                    f"http.default_beam_size ({self.http.default_beam_size}) exceeds the largest beam "
+                    f"this app decodes: http.max_beam_size ({self.http.max_beam_size}) and {seqs} "
+                    f"({max_num_seqs}), since each beam runs as a sequence"
+                )
         return self
 
     @property
     def largest_beam_size(self) -> int:
-        """The largest beam_size (or best_of) a request may ask for: each beam is a decoder sequence."""
+        """The largest beam_size (or best_of) a request may ask for: each beam is a decoder sequence
+        (of the default model; of the model served, in ``serving(model)``'s view)."""
         return min(self.http.max_beam_size, self.engine.max_num_seqs)
 
     @property
@@ -230,8 +320,37 @@ class AppConfig(BaseModel):
         return self.placement == "colocated"
 
     @property
-    def accepted_model_names(self) -> set[str]:
-        return {*self.served_model_names, self.engine.model}
+    def default_model(self) -> ModelConfig:
+        return next(model for model in self.models if model.default)
+
+    @property
+    def accepted_model_names(self) -> list[str]:
+        """Every id a request may send as `model`, model by model: each name, then its aliases."""
+        return [model_id for model in self.models for model_id in model.ids]
+
+    def model_named(self, model_id: str) -> ModelConfig | None:
+        """The model a request's `model` chooses (a name or an alias), or None."""
+        return next((model for model in self.models if model_id in model.ids), None)
+
+    def serving(self, model: ModelConfig) -> AppConfig:
+        """This config as one model's replicas see it: the one-model shape, with that model's
+        sections and the app's own (http, realtime, ingress)."""
+        view = self._views.get(model.name)
+        if view is None:
+            view = self.model_copy(
+                update={
+                    "served_model_names": model.ids,
+                    "placement": model.placement,
+                    "engine": model.engine,
+                    "transfer": model.transfer,
+                    "encoder": model.encoder,
+                    "decoder": model.decoder,
+                    "models": [model.model_copy(update={"default": True})],
+                }
+            )
+            view._views = {}
+            self._views[model.name] = view
+        return view
 
 
 class ConfigError(ValueError):

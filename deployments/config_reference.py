@@ -44,6 +44,17 @@ applications:
       decoder: {{num_replicas: 1}}
 ```
 
+That app serves one model. An app that serves several lists them under `models:`, each with its own
+`engine`, `transfer`, `placement`, `encoder` and `decoder` (its own deployments), its name and
+aliases; requests choose one by `model` (`configs/default.yaml` serves two):
+
+```yaml
+    args:
+      models:
+        - {{name: tiny.en, aliases: [whisper-1], default: true, engine: {{model: tiny.en, device: cpu}}}}
+        - {{name: base, engine: {{model: base, device: cpu}}, decoder: {{num_replicas: 2}}}}
+```
+
 Some defaults read `auto` or `None` and are resolved at start-up (against the device, the CPU's
 instructions or an installed package); the description says how.
 """
@@ -63,6 +74,13 @@ def _nested_model(annotation: Any) -> type[BaseModel] | None:
         if isinstance(candidate, type) and issubclass(candidate, BaseModel):
             return candidate
     return None
+
+
+def _listed_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a list field holds items of (``list[Model]``), or None."""
+    if typing.get_origin(annotation) is not list:
+        return None
+    return _nested_model(typing.get_args(annotation)[0])
 
 
 def _is_union(annotation: Any) -> bool:
@@ -168,14 +186,37 @@ def _section(
     return lines
 
 
+def _list_section(item: type[BaseModel], path: str, top_level: dict[type, str]) -> list[str]:
+    """A list's items: their own fields, and the sections they share with the top level by name."""
+    lines = [f"## `{path}[]`", "", _sentence(item.__doc__.strip()), ""]
+    lines += _table(item, {})
+    shared = [
+        f"`{name}`"
+        for name, field in item.model_fields.items()
+        if top_level.get(_nested_model(field.annotation)) == name
+    ]
+    if shared:
+        lines += [
+            f"Each item's {', '.join(shared)} take the fields of the top-level sections of those names.",
+            "",
+        ]
+    return lines
+
+
 def render(model: type[BaseModel] = AppConfig) -> str:
     """The whole page for ``model`` (the app config), as Markdown."""
     lines = [INTRO, "## Top level", ""]
     lines += _table(model, {})
+    top_level = {}
     for name, field in model.model_fields.items():
         nested = _nested_model(field.annotation)
         if nested is not None:
+            top_level[nested] = name
             lines += _section(nested, name, 2, _section_defaults(field), field.description)
+    for name, field in model.model_fields.items():
+        item = _listed_model(field.annotation)
+        if item is not None:
+            lines += _list_section(item, name, top_level)
     return "\n".join(lines).rstrip() + "\n"
 
 

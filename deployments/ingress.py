@@ -1,6 +1,7 @@
 """The HTTP front door, as a Serve deployment: OpenAI's audio routes, API keys, load shedding and
-metrics. What a request's fields mean (deployments/http/forms.py), how its windows reach the
-encoder and decoder (deployments/orchestration/pipeline.py), how it answers (deployments/http/formats.py,
+metrics, and each request sent to the model its `model` field names (deployments/served_models.py).
+What a request's fields mean (deployments/http/forms.py), how its windows reach the encoder and
+decoder (deployments/orchestration/pipeline.py), how it answers (deployments/http/formats.py,
 streaming.py) and which status each error gets (deployments/http/errors.py) live in deployments/http.
 """
 
@@ -26,18 +27,18 @@ from deployments.http.errors import (
     api_error_of,
     at_capacity,
     error_response,
+    model_not_found,
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
-from deployments.http.option_checks import AcceptedOptions
-from deployments.http.readiness import Readiness
+from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
 from deployments.http.streaming import transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.live_turn import PartialPassSlots
-from deployments.orchestration.pipeline import WindowPipeline
+from deployments.served_models import ServedModel, ServedModels
 from engine import SAMPLE_RATE, AudioWindow, decode_audio, detect_speech, long_form_cursor, speech_windows
 from engine.types import Priority
 
@@ -56,14 +57,13 @@ def _model_object(name: str) -> dict:
 
 @serve.ingress(app)
 class Ingress:
-    def __init__(self, config: AppConfig, encoder: DeploymentHandle | None, decoder: DeploymentHandle):
-        """``encoder`` None: colocated, the decoder replicas encode their own windows."""
+    def __init__(
+        self, config: AppConfig, handles: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]]
+    ):
+        """``handles``: each model's (encoder, decoder) deployments by model name; an encoder None:
+        colocated, the model's decoder replicas encode their own windows."""
         self.config = config
-        self.encoder = encoder
-        self.decoder = decoder
-        self.pipeline = WindowPipeline(encoder, decoder, config.http.max_windows_in_flight)
-        self.readiness = Readiness(self.pipeline)
-        self.accepted_options = AcceptedOptions(lambda options: self.decoder.check_options.remote(options))
+        self.models = ServedModels.of(config, handles)
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
@@ -80,22 +80,14 @@ class Ingress:
         return await self._handle(request, task="translate")
 
     @app.get("/v1/models")
-    async def models(self, request: Request) -> Response:
+    async def list_models(self, request: Request) -> Response:
         self._authorize(request)
-        names = sorted(self.config.accepted_model_names)
-        return JSONResponse({"object": "list", "data": [_model_object(name) for name in names]})
+        return JSONResponse({"object": "list", "data": [_model_object(name) for name in self.models.ids]})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(self, model_id: str, request: Request) -> Response:
         self._authorize(request)
-        if model_id not in self.config.accepted_model_names:
-            raise APIError(
-                404,
-                f"The model '{model_id}' does not exist; this server serves "
-                f"{', '.join(sorted(self.config.accepted_model_names))}.",
-                param="model",
-                code="model_not_found",
-            )
+        self._served(model_id)
         return JSONResponse(_model_object(model_id))
 
     @app.websocket("/v1/realtime")
@@ -132,13 +124,7 @@ class Ingress:
         self.metrics.realtime_sessions.inc()
         try:
             session = RealtimeSession(
-                websocket,
-                self.config.realtime,
-                self.config.accepted_model_names,
-                self.pipeline,
-                self.metrics,
-                self.partial_pass_slots,
-                self.decoder.check_options.remote,
+                websocket, self.config.realtime, self.models, self.metrics, self.partial_pass_slots
             )
             await session.run()
         except Exception:
@@ -158,35 +144,31 @@ class Ingress:
         return JSONResponse({"status": "ok"})
 
     @app.get("/ready")
-    async def ready(self) -> Response:
-        if not self.readiness.check():
-            detail = f" (last warm-up: {self.readiness.last_error})" if self.readiness.last_error else ""
-            raise APIError(
-                503,
-                f"The server is warming up: no window has gone through its encoder and decoder yet{detail}.",
-                error_type="server_error",
-                code="not_ready",
-                retry_after_s=1,
-            )
-        return JSONResponse({"status": "ready", "warm_up_s": round(self.readiness.warm_up_s, 3)})
+    async def ready(self, model: str | None = None) -> Response:
+        """Every model's readiness, or with `?model=` that one model's."""
+        chosen = self.models if model is None else [self._served(model)]
+        ready, states = models_readiness({served.name: served.readiness for served in chosen})
+        if not ready:
+            error = not_ready(states)
+            headers = {"Retry-After": str(error.retry_after_s)}
+            return JSONResponse({"error": error.body(), "models": states}, status_code=503, headers=headers)
+        warm_up_s = max(state["warm_up_s"] for state in states.values())
+        return JSONResponse({"status": "ready", "warm_up_s": warm_up_s, "models": states})
 
     @app.get("/metrics")
     async def metrics(self) -> Response:
-        # Colocated, the decoder replicas report their encoders' figures too.
-        encoders, method = (
-            (self.decoder, "encoder_stats") if self.encoder is None else (self.encoder, "stats")
-        )
-        encoder_stats = await encoders.broadcast(method).results_async(timeout_s=5, return_exceptions=True)
-        decoder_stats = await self.decoder.broadcast("stats").results_async(
-            timeout_s=5, return_exceptions=True
-        )
-        body = self.metrics.render(
-            [s for s in encoder_stats if not isinstance(s, Exception)],
-            [s for s in decoder_stats if not isinstance(s, Exception)],
-        )
+        figures = await asyncio.gather(*(served.replica_stats() for served in self.models))
+        body = self.metrics.render({served.name: stats for served, stats in zip(self.models, figures)})
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
 
     # ---- the work -----------------------------------------------------------------------------
+
+    def _served(self, model_id: str) -> ServedModel:
+        """The model a request's `model` names; an unknown one is a 404."""
+        served = self.models.named(model_id)
+        if served is None:
+            raise model_not_found(model_id, self.models.ids)
+        return served
 
     async def _handle(self, request: Request, task: str) -> Response:
         route = "translations" if task == "translate" else "transcriptions"
@@ -194,7 +176,7 @@ class Ingress:
         if self.in_flight >= self.config.http.max_in_flight_requests:
             # Shed load before reading the body: memory stays bounded and admitted requests keep
             # their latency, instead of every request slowing down together.
-            self._observe(route, started, 503)
+            self._observe(route, None, started, 503)
             return error_response(at_capacity())
         self.in_flight += 1
         try:
@@ -206,11 +188,13 @@ class Ingress:
         self, request: Request, task: str, route: str, started: float
     ) -> Response:
         phases = ServerTiming()
+        served = None  # the model, once the form names one
         try:
             api_key = self._authorize(request)
             form = await parse_transcription_form(request, task, self.config)
             phases.mark("upload")
-            await self.accepted_options.check(form.options)
+            served = self._served(form.model)
+            await served.check_options(form.options)
             phases.mark("options")
             samples, windows = await asyncio.to_thread(self._ingest, form)
             phases.mark("audio")
@@ -221,12 +205,12 @@ class Ingress:
                 # not to its end: a generator that a vanished client never starts could not give
                 # its place back.
                 events = transcription_events(
-                    self.pipeline.decoded(cursor, form.priority),
+                    served.pipeline.decoded(cursor, form.priority),
                     cursor,
-                    partial(self._observe, route, started, model=form.model, api_key=api_key),
+                    partial(self._observe, route, served.name, started, api_key=api_key),
                 )
                 return StreamingResponse(events, media_type="text/event-stream")
-            transcription = await self.pipeline.transcribe(cursor, form.priority)
+            transcription = await served.pipeline.transcribe(cursor, form.priority)
             phases.mark("windows")
             response = to_response(
                 transcription,
@@ -239,9 +223,9 @@ class Ingress:
             response.headers["server-timing"] = phases.header()
         except Exception as error:  # every failure answers, in OpenAI's error format
             api_error = api_error_of(error)
-            self._observe(route, started, api_error.status)
+            self._observe(route, served and served.name, started, api_error.status)
             return error_response(api_error)
-        self._observe(route, started, 200, transcription.duration_s, model=form.model, api_key=api_key)
+        self._observe(route, served.name, started, 200, transcription.duration_s, api_key=api_key)
         return response
 
     def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
@@ -271,15 +255,17 @@ class Ingress:
     def _observe(
         self,
         route: str,
+        model: str | None,
         started: float,
         status: int,
         audio_s: float = 0.0,
-        model: str | None = None,
         api_key: str | None = None,
     ) -> None:
-        """A request answered; one answered 200 adds its audio seconds to its model's and API key
-        label's usage (the figure its response reported)."""
-        self.metrics.observe_request(route, status, time.perf_counter() - started)
+        """A request answered. ``model``: the served model's name; None before a request names one
+        (never a name a client made up: the label's values stay the configured models). One answered
+        200 adds its audio seconds to its model's and API key label's usage (the figure its response
+        reported)."""
+        self.metrics.observe_request(route, model or "", status, time.perf_counter() - started)
         if status == 200 and model is not None and api_key is not None:
             self.metrics.observe_usage(model, api_key, audio_s)
 

@@ -28,14 +28,14 @@ class ServingMetrics:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "whisper_requests",
-            "HTTP requests by route and status",
-            ["route", "status"],
+            "HTTP requests by route, model (empty before a request names one) and status",
+            ["route", "model", "status"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "whisper_request_latency_seconds",
             "end-to-end request latency",
-            ["route"],
+            ["route", "model"],
             buckets=LATENCY_BUCKETS_S,
             registry=self.registry,
         )
@@ -47,69 +47,72 @@ class ServingMetrics:
             registry=self.registry,
         )
         self.kv_blocks_used = Gauge(
-            "whisper_decoder_kv_blocks_used", "KV blocks in use", ["replica"], registry=self.registry
+            "whisper_decoder_kv_blocks_used", "KV blocks in use", ["model", "replica"], registry=self.registry
         )
         self.kv_blocks_free = Gauge(
-            "whisper_decoder_kv_blocks_free", "KV blocks free", ["replica"], registry=self.registry
+            "whisper_decoder_kv_blocks_free", "KV blocks free", ["model", "replica"], registry=self.registry
         )
         self.decoder_running = Gauge(
-            "whisper_decoder_running", "windows decoding", ["replica"], registry=self.registry
+            "whisper_decoder_running", "windows decoding", ["model", "replica"], registry=self.registry
         )
         self.decoder_waiting = Gauge(
-            "whisper_decoder_waiting", "windows waiting for KV blocks", ["replica"], registry=self.registry
+            "whisper_decoder_waiting",
+            "windows waiting for KV blocks",
+            ["model", "replica"],
+            registry=self.registry,
         )
         self.decoder_tokens = Gauge(
             "whisper_decoder_tokens_generated",
             "tokens decoded since start (the decoder's own count, fallback retries excluded)",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.kv_loads = Gauge(
             "whisper_decoder_kv_loads",
             "cross-attention K/V pulls landed in the decoder",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.kv_load_seconds = Gauge(
             "whisper_decoder_kv_load_seconds",
             "recent cross-attention K/V pull times, start to landing, by quantile",
-            ["replica", "quantile"],
+            ["model", "replica", "quantile"],
             registry=self.registry,
         )
         self.decoder_aborted = Gauge(
             "whisper_decoder_windows_aborted",
             "windows aborted because their caller went away",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.encoder_batch_size = Gauge(
             "whisper_encoder_mean_batch_size",
             "mean windows per encoder forward",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.encoder_windows = Gauge(
             "whisper_encoder_windows_encoded",
             "windows encoded since start",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.transfer = Gauge(
             "whisper_transfer_info",
             "the transfer connector and payload in use",
-            ["replica", "connector", "payload"],
+            ["model", "replica", "connector", "payload"],
             registry=self.registry,
         )
         self.encoder_precision = Gauge(
             "whisper_encoder_precision_info",
             "the precision the encoder runs in (engine.dtype, engine.cpu_dtype, FP8 products)",
-            ["replica", "precision"],
+            ["model", "replica", "precision"],
             registry=self.registry,
         )
         self.encoder_staged = Gauge(
             "whisper_encoder_staged",
             "windows whose K/V awaits a decoder pull",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
 
@@ -120,16 +123,19 @@ class ServingMetrics:
             "whisper_encoder_window_seconds",
             "windows' time in the encoder by stage (queued: arrival to forward; forward: its batch's "
             "encode and the staging up to its own), summed since start",
-            ["replica", "stage"],
+            ["model", "replica", "stage"],
             registry=self.registry,
         )
         self.encoder_batches = Gauge(
-            "whisper_encoder_batches", "encoder forwards since start", ["replica"], registry=self.registry
+            "whisper_encoder_batches",
+            "encoder forwards since start",
+            ["model", "replica"],
+            registry=self.registry,
         )
         self.encoder_busy_seconds = Gauge(
             "whisper_encoder_busy_seconds",
             "time spent in forwards since start",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.encoder_forward_seconds = Gauge(
@@ -137,51 +143,51 @@ class ServingMetrics:
             "of the forwards' time, the part by stage (worker: on the worker thread, the rest being the "
             "hand-over to it and back; gpu_wait: of that, waiting for the kernels, where measured), "
             "summed since start",
-            ["replica", "stage"],
+            ["model", "replica", "stage"],
             registry=self.registry,
         )
         self.decoder_window_seconds = Gauge(
             "whisper_decoder_window_seconds",
             "decoded windows' time in the decoder by stage (queued: to admission; loading: to the K/V "
             "landing; decoding: to the end), summed since start",
-            ["replica", "stage"],
+            ["model", "replica", "stage"],
             registry=self.registry,
         )
         self.decoder_load_seconds = Gauge(
             "whisper_decoder_kv_load_stage_seconds",
             "decoded windows' loading stage in parts, summed since start (worker_queue: to a loader worker "
             "starting the pull; pull: the pull and its copy; pickup: to the decode loop seeing it landed)",
-            ["replica", "stage"],
+            ["model", "replica", "stage"],
             registry=self.registry,
         )
         self.decoder_windows_timed = Gauge(
             "whisper_decoder_windows_timed",
             "decoded windows whose stages whisper_decoder_window_seconds sums",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.decoder_steps = Gauge(
             "whisper_decoder_steps",
             "decoder forwards launched since start",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.decoder_rows = Gauge(
             "whisper_decoder_rows_stepped",
             "sequences those forwards ran, summed: over whisper_decoder_steps, the mean decode batch",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.decoder_read_wait_seconds = Gauge(
             "whisper_decoder_read_wait_seconds",
             "of the loop's time in steps, reading steps' tokens back (mostly waiting for the device)",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
         self.decoder_busy_seconds = Gauge(
             "whisper_decoder_loop_busy_seconds",
             "time the decode loop spent in steps since start: over whisper_decoder_steps, the mean step",
-            ["replica"],
+            ["model", "replica"],
             registry=self.registry,
         )
 
@@ -213,15 +219,17 @@ class ServingMetrics:
     def observe_final(self, latency_s: float) -> None:
         self.final_latency.observe(latency_s)
 
-    def observe_request(self, route: str, status: int, latency_s: float) -> None:
-        self.requests.labels(route, str(status)).inc()
-        self.latency.labels(route).observe(latency_s)
+    def observe_request(self, route: str, model: str, status: int, latency_s: float) -> None:
+        self.requests.labels(route, model, str(status)).inc()
+        self.latency.labels(route, model).observe(latency_s)
 
     def observe_usage(self, model: str, api_key: str, audio_s: float) -> None:
         """A transcribed request's audio seconds; ``api_key`` is its ``api_key_label``."""
         self.audio_seconds.labels(model, api_key).inc(audio_s)
 
-    def render(self, encoder_stats: Sequence, decoder_stats: Sequence) -> bytes:
+    def render(self, stats_by_model: dict[str, tuple[Sequence, Sequence]]) -> bytes:
+        """``stats_by_model``: each model's encoder and decoder replicas' figures; a replica's labels
+        are its model and its index among that model's replicas that answered this scrape."""
         for gauge in (
             self.kv_blocks_used,
             self.kv_blocks_free,
@@ -249,41 +257,42 @@ class ServingMetrics:
             self.decoder_read_wait_seconds,
         ):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
-        for index, stats in enumerate(decoder_stats):
-            replica = str(index)
-            self.kv_blocks_used.labels(replica).set(stats.num_used_blocks)
-            self.kv_blocks_free.labels(replica).set(stats.num_free_blocks)
-            self.decoder_running.labels(replica).set(stats.num_running)
-            self.decoder_waiting.labels(replica).set(stats.num_waiting)
-            self.decoder_aborted.labels(replica).set(stats.windows_aborted)
-            self.decoder_tokens.labels(replica).set(stats.tokens_generated)
-            self.kv_loads.labels(replica).set(stats.kv_loads)
-            self.kv_load_seconds.labels(replica, "0.5").set(stats.kv_load_p50_s)
-            self.kv_load_seconds.labels(replica, "0.95").set(stats.kv_load_p95_s)
-            timings = stats.timings
-            self.decoder_window_seconds.labels(replica, "queued").set(timings.queued_s)
-            self.decoder_window_seconds.labels(replica, "loading").set(timings.loading_s)
-            self.decoder_window_seconds.labels(replica, "decoding").set(timings.decoding_s)
-            self.decoder_load_seconds.labels(replica, "worker_queue").set(timings.load_queued_s)
-            self.decoder_load_seconds.labels(replica, "pull").set(timings.load_pulling_s)
-            self.decoder_load_seconds.labels(replica, "pickup").set(timings.load_landed_s)
-            self.decoder_windows_timed.labels(replica).set(timings.windows)
-            self.decoder_steps.labels(replica).set(timings.steps)
-            self.decoder_rows.labels(replica).set(timings.rows)
-            self.decoder_busy_seconds.labels(replica).set(stats.loop_busy_s)
-            self.decoder_read_wait_seconds.labels(replica).set(timings.read_wait_s)
-        for index, stats in enumerate(encoder_stats):
-            replica = str(index)
-            self.encoder_batch_size.labels(replica).set(stats.mean_batch_size)
-            self.encoder_windows.labels(replica).set(stats.windows_encoded)
-            self.encoder_staged.labels(replica).set(stats.num_staged)
-            self.transfer.labels(replica, stats.connector, stats.payload).set(1)
-            self.encoder_precision.labels(replica, stats.precision).set(1)
-            self.encoder_window_seconds.labels(replica, "queued").set(stats.queued_s)
-            self.encoder_window_seconds.labels(replica, "forward").set(stats.window_forward_s)
-            self.encoder_busy_seconds.labels(replica).set(stats.busy_s)
-            self.encoder_forward_seconds.labels(replica, "worker").set(stats.worker_s)
-            if stats.gpu_wait_s is not None:
-                self.encoder_forward_seconds.labels(replica, "gpu_wait").set(stats.gpu_wait_s)
-            self.encoder_batches.labels(replica).set(stats.batches)
+        for model, (encoder_stats, decoder_stats) in stats_by_model.items():
+            for index, stats in enumerate(decoder_stats):
+                replica = str(index)
+                self.kv_blocks_used.labels(model, replica).set(stats.num_used_blocks)
+                self.kv_blocks_free.labels(model, replica).set(stats.num_free_blocks)
+                self.decoder_running.labels(model, replica).set(stats.num_running)
+                self.decoder_waiting.labels(model, replica).set(stats.num_waiting)
+                self.decoder_aborted.labels(model, replica).set(stats.windows_aborted)
+                self.decoder_tokens.labels(model, replica).set(stats.tokens_generated)
+                self.kv_loads.labels(model, replica).set(stats.kv_loads)
+                self.kv_load_seconds.labels(model, replica, "0.5").set(stats.kv_load_p50_s)
+                self.kv_load_seconds.labels(model, replica, "0.95").set(stats.kv_load_p95_s)
+                timings = stats.timings
+                self.decoder_window_seconds.labels(model, replica, "queued").set(timings.queued_s)
+                self.decoder_window_seconds.labels(model, replica, "loading").set(timings.loading_s)
+                self.decoder_window_seconds.labels(model, replica, "decoding").set(timings.decoding_s)
+                self.decoder_load_seconds.labels(model, replica, "worker_queue").set(timings.load_queued_s)
+                self.decoder_load_seconds.labels(model, replica, "pull").set(timings.load_pulling_s)
+                self.decoder_load_seconds.labels(model, replica, "pickup").set(timings.load_landed_s)
+                self.decoder_windows_timed.labels(model, replica).set(timings.windows)
+                self.decoder_steps.labels(model, replica).set(timings.steps)
+                self.decoder_rows.labels(model, replica).set(timings.rows)
+                self.decoder_busy_seconds.labels(model, replica).set(stats.loop_busy_s)
+                self.decoder_read_wait_seconds.labels(model, replica).set(timings.read_wait_s)
+            for index, stats in enumerate(encoder_stats):
+                replica = str(index)
+                self.encoder_batch_size.labels(model, replica).set(stats.mean_batch_size)
+                self.encoder_windows.labels(model, replica).set(stats.windows_encoded)
+                self.encoder_staged.labels(model, replica).set(stats.num_staged)
+                self.transfer.labels(model, replica, stats.connector, stats.payload).set(1)
+                self.encoder_precision.labels(model, replica, stats.precision).set(1)
+                self.encoder_window_seconds.labels(model, replica, "queued").set(stats.queued_s)
+                self.encoder_window_seconds.labels(model, replica, "forward").set(stats.window_forward_s)
+                self.encoder_busy_seconds.labels(model, replica).set(stats.busy_s)
+                self.encoder_forward_seconds.labels(model, replica, "worker").set(stats.worker_s)
+                if stats.gpu_wait_s is not None:
+                    self.encoder_forward_seconds.labels(model, replica, "gpu_wait").set(stats.gpu_wait_s)
+                self.encoder_batches.labels(model, replica).set(stats.batches)
         return generate_latest(self.registry)

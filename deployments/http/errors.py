@@ -40,6 +40,15 @@ class APIError(Exception):
         return {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}
 
 
+def unknown_model_message(model_id: str, served_ids: list[str]) -> str:
+    return f"The model '{model_id}' does not exist; this server serves {', '.join(served_ids)}."
+
+
+def model_not_found(model_id: str, served_ids: list[str]) -> APIError:
+    """A `model` no configured model answers to (OpenAI's 404 `model_not_found`)."""
+    return APIError(404, unknown_model_message(model_id, served_ids), param="model", code="model_not_found")
+
+
 def at_capacity() -> APIError:
     return APIError(
         503,

@@ -10,7 +10,7 @@ from fastapi import Request
 from starlette.datastructures import FormData
 
 from deployments.config import AppConfig
-from deployments.http.errors import APIError
+from deployments.http.errors import APIError, model_not_found
 from deployments.http.formats import RESPONSE_FORMATS
 from deployments.http.uploads import read_upload
 from engine import LongFormMode, SpeechOptions
@@ -22,7 +22,6 @@ class TranscriptionForm:
     """The multipart fields of a transcription or translation request, validated."""
 
     data: bytes
-    model: str  # the name the request asked for, one of config.accepted_model_names
     options: DecodeOptions
     response_format: str
     timestamp_granularities: tuple[str, ...]
@@ -30,6 +29,7 @@ class TranscriptionForm:
     stream: bool
     priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
     speech: SpeechOptions | None  # chunking_strategy (or the server's default): windows from speech
+    model: str  # the name of the model its `model` field chooses (by that name or an alias)
 
 
 def _parse_flag(raw, name: str, default: bool) -> bool:
@@ -273,14 +273,10 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     model = form.get("model")
     if not model:
         raise APIError(400, "Missing required field 'model'.", param="model")
-    if model not in config.accepted_model_names:
-        raise APIError(
-            404,
-            f"The model '{model}' does not exist; this server serves "
-            f"{', '.join(sorted(config.accepted_model_names))}.",
-            param="model",
-            code="model_not_found",
-        )
+    served = config.model_named(model)
+    if served is None:
+        raise model_not_found(model, config.accepted_model_names)
+    config = config.serving(served)  # the model's limits: its beams fit its decoders' sequences
 
     _refuse_benchmark_fields(form, config)
     response_format = form.get("response_format") or "json"
@@ -351,7 +347,6 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     )
     return TranscriptionForm(
         data,
-        model,
         options,
         response_format,
         granularities,
@@ -359,4 +354,5 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         stream,
         _parse_priority(form.get("priority")),
         speech,
+        served.name,
     )

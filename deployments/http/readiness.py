@@ -1,5 +1,6 @@
 """Readiness, as Kubernetes probes expect it: ``/ready`` answers 503 until a warm-up window has gone
-through the whole path (an encoder replica, a K/V transfer, a decoder replica) and 200 after.
+through the whole path (an encoder replica, a K/V transfer, a decoder replica) and 200 after; with
+several models, each model's own path, each warmed up on its own (``models_readiness``).
 
 ``/health`` says only that the ingress answers (liveness). A replica is constructed with its
 preparation done (weights loaded, the encoder compiled, decode CUDA graphs captured: each logs
@@ -17,6 +18,7 @@ import uuid
 
 import numpy as np
 
+from deployments.http.errors import APIError
 from deployments.orchestration.pipeline import WindowPipeline
 from engine import SAMPLE_RATE
 from engine.types import DecodeOptions, Priority
@@ -24,6 +26,9 @@ from engine.types import DecodeOptions, Priority
 logger = logging.getLogger("ray.serve")
 
 WARM_UP_AUDIO_S = 1.0
+# A warm-up that waits longer is given up and tried again at the next probe: a call sent while its
+# deployment is failing to start may wait for a replica forever, where a fresh one fails at once.
+WARM_UP_TIMEOUT_S = 30.0
 
 
 class Readiness:
@@ -46,10 +51,15 @@ class Readiness:
     async def _warm_up(self) -> None:
         started = time.perf_counter()
         silence = np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
+        warm_up = self.pipeline.decode_window(
+            f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
+        )
         try:
-            await self.pipeline.decode_window(
-                f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
-            )
+            await asyncio.wait_for(warm_up, WARM_UP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            self.last_error = f"no answer within {WARM_UP_TIMEOUT_S:g} s; its replicas may still be starting"
+            logger.warning("warm-up window: %s; the next readiness probe tries again", self.last_error)
+            return
         except Exception as error:
             self.last_error = str(error) or type(error).__name__
             logger.warning(
@@ -61,3 +71,33 @@ class Readiness:
             "ready: a warm-up window went through an encoder, a transfer and a decoder in %.2f s",
             self.warm_up_s,
         )
+
+
+def models_readiness(models: dict[str, Readiness]) -> tuple[bool, dict[str, dict]]:
+    """Whether every model is ready, and each one's state (`ready`, then `warm_up_s` or the last
+    warm-up's error); a model that is not starts a warm-up. One model's warm-up never waits on another's."""
+    states = {}
+    for name, readiness in models.items():
+        if readiness.check():
+            states[name] = {"ready": True, "warm_up_s": round(readiness.warm_up_s, 3)}
+        else:
+            states[name] = {"ready": False, "last_error": readiness.last_error}
+    return all(state["ready"] for state in states.values()), states
+
+
+def not_ready(states: dict[str, dict]) -> APIError:
+    """The 503 for models not ready yet (``models_readiness``'s states), naming them and those ready."""
+    waiting = [name for name, state in states.items() if not state["ready"]]
+    errors = [f"{name}: {states[name]['last_error']}" for name in waiting if states[name]["last_error"]]
+    ready = [name for name, state in states.items() if state["ready"]]
+    return APIError(
+        503,
+        f"The server is warming up: no window has gone through the encoder and decoder of "
+        f"{', '.join(waiting)} yet"
+        + (f" (last warm-up: {'; '.join(errors)})" if errors else "")
+        + "."
+        + (f" Ready: {', '.join(ready)}." if ready else ""),
+        error_type="server_error",
+        code="not_ready",
+        retry_after_s=1,
+    )

@@ -1,7 +1,9 @@
 """A realtime transcription session on `GET /v1/realtime?intent=transcription`: OpenAI's Realtime
 API events over one WebSocket (deployments/http/realtime_events.py), audio cut into turns by the
 server's VAD (engine/transcribe/turn_detection.py) or by the client's commits, and each turn's
-passes run by a ``LiveTurn`` (deployments/orchestration/live_turn.py).
+passes run by a ``LiveTurn`` (deployments/orchestration/live_turn.py) through the model the session
+chose (`transcription.model`; until it chooses, the app's default model). A turn keeps the model it
+opened with.
 
 The session reads client events in one loop and never waits for a pass there: passes run as tasks
 beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
@@ -36,7 +38,7 @@ from deployments.http.realtime_events import (
 )
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
-from deployments.orchestration.pipeline import WindowPipeline
+from deployments.served_models import ServedModel, ServedModels
 from engine import SAMPLE_RATE, SpeechStarted, StreamResampler, TurnDetector, load_silero_vad
 from engine.types import DecodeOptions
 
@@ -52,19 +54,15 @@ class RealtimeSession:
         self,
         websocket: WebSocket,
         options: RealtimeOptions,
-        model_names: set[str],
-        pipeline: WindowPipeline,
+        models: ServedModels,
         metrics: ServingMetrics,
         slots: PartialPassSlots,
-        check_options,  # async (DecodeOptions) -> None; raises RequestRejectedError
     ):
         self.slots = slots
         self.websocket = websocket
         self.options = options
-        self.model_names = model_names
-        self.pipeline = pipeline
+        self.models = models
         self.metrics = metrics
-        self.check_options = check_options
         self.session_id = new_id("sess")
         self.settings = SessionSettings()
         self.detector: TurnDetector | None = None
@@ -135,16 +133,16 @@ class RealtimeSession:
             await self.emit(error_event(error, client_event_id))
 
     async def _update(self, event: dict[str, Any]) -> None:
-        settings = updated_settings(self.settings, event, self.model_names)
+        settings = updated_settings(self.settings, event, self.models.ids)
         if self.turn is not None and settings.audio_format != self.settings.audio_format:
             raise RealtimeEventError(
                 "invalid_value",
                 "The audio format cannot change while a turn is open; commit or clear the buffer first.",
                 "session.input_audio_format",
             )
-        if settings.language != self.settings.language:
-            try:
-                await self.check_options(DecodeOptions(language=settings.language))
+        if (settings.language, settings.model) != (self.settings.language, self.settings.model):
+            try:  # the language must be one the (new) model decodes
+                await self._model(settings).check_options(DecodeOptions(language=settings.language))
             except Exception as error:
                 raise RealtimeEventError(
                     "invalid_value", api_error_of(error).message, "session.input_audio_transcription.language"
@@ -208,6 +206,11 @@ class RealtimeSession:
     }
 
     # ---- turns --------------------------------------------------------------------------------
+
+    def _model(self, settings: SessionSettings) -> ServedModel:
+        """The model the settings name (checked by every update); the session's initial name
+        (`whisper-1`, OpenAI's) may be no id of this app's, and then means its default model."""
+        return self.models.named(settings.model) or self.models.default
 
     def _configure_turn_detection(self) -> None:
         vad = self.settings.turn_detection
@@ -285,9 +288,8 @@ class RealtimeSession:
             )
 
         settings = TurnSettings(self.settings.sample_rate_hz, self.settings.language, self.settings.prompt)
-        self.turn = LiveTurn(
-            item_id, settings, self.pipeline, send_delta, self.metrics, self.slots, self.options
-        )
+        pipeline = self._model(self.settings).pipeline
+        self.turn = LiveTurn(item_id, settings, pipeline, send_delta, self.metrics, self.slots, self.options)
 
     async def _commit(self, speech_ended_s: float) -> None:
         turn, self.turn = self.turn, None

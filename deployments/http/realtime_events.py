@@ -10,6 +10,7 @@ import base64
 import binascii
 import dataclasses
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -108,7 +109,7 @@ class _BetaSession(_Lenient):
 
 
 def updated_settings(
-    settings: SessionSettings, event: dict[str, Any], model_names: set[str]
+    settings: SessionSettings, event: dict[str, Any], model_names: Collection[str]
 ) -> SessionSettings:
     """The settings after a `session.update` or `transcription_session.update`: fields it gives
     replace the current ones; `turn_detection: null` switches to manual commits."""
@@ -140,7 +141,7 @@ def updated_settings(
         if transcription.model is not None and transcription.model not in model_names:
             raise RealtimeEventError(
                 "model_not_found",
-                f"The model '{transcription.model}' is not served here; use one of {sorted(model_names)}.",
+                f"The model '{transcription.model}' is not served here; use one of {', '.join(model_names)}.",
                 param="session.input_audio_transcription.model",
             )
         fields = transcription.model_fields_set & {"model", "language", "prompt"}

@@ -101,7 +101,10 @@ def test_concurrent_requests_get_the_offline_engines_text_and_the_encoder_report
     assert 0 < worker_s <= forwards_s
     assert after["whisper_encoder_forward_seconds[gpu_wait]"] == 0
     metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
-    assert 'whisper_transfer_info{connector="none",payload="encoder_states",replica="0"} 1.0' in metrics
+    assert (
+        'whisper_transfer_info{connector="none",model="tiny.en",payload="encoder_states",replica="0"} 1.0'
+        in metrics
+    )
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
 
 

@@ -10,6 +10,7 @@ import yaml
 
 from deployments.config import ConfigError, parse_app_config
 from tests.support.paths import CONFIGS_DIR
+from tests.support.serving import default_app_args, shipped_default_args
 
 CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
 
@@ -30,14 +31,16 @@ def test_every_shipped_config_decodes_only_speech_for_requests_without_a_chunkin
     assert config.http.vad_by_default
 
 
-def _disaggregated(path) -> bool:
-    return parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"]).placement == (
-        "disaggregated"
-    )
+def _disaggregated_models(path) -> list:
+    """A shipped config's disaggregated models, each as its replicas see the config."""
+    config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    return [config.serving(model) for model in config.models if model.placement == "disaggregated"]
 
 
 @pytest.mark.parametrize(
-    "path", [p for p in CONFIGS if _disaggregated(p)], ids=[p.stem for p in CONFIGS if _disaggregated(p)]
+    "path",
+    [p for p in CONFIGS if _disaggregated_models(p)],
+    ids=[p.stem for p in CONFIGS if _disaggregated_models(p)],
 )
 def test_every_shipped_disaggregated_config_stages_a_whole_encoder_batch(path):
     """A batch larger than its staging is handed on window by window, but its later windows wait for
@@ -48,28 +51,42 @@ def test_every_shipped_disaggregated_config_stages_a_whole_encoder_batch(path):
     from kv_transfer import sender_class
     from tests.support.gpu_models import SHAPES
 
-    config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
-    model = config.engine.model
-    if model.startswith("openai/whisper-"):
-        shape = {**SHAPES[model.removeprefix("openai/whisper-")], "max_source_positions": 1500}
-        dims = hugging_face_dims({**shape, "max_target_positions": 448})
-    else:
-        dims = load_weights(model).dims
-    window = window_layout(dims, config.engine, config.transfer.resolved_mode())
-    batch_bytes = config.encoder.max_batch_size * sender_class(config.transfer).staged_bytes(window)
-    assert batch_bytes <= config.transfer.staging_memory_mb * 2**20, (
-        f"{path.name}: {config.encoder.max_batch_size} windows of {window.nbytes / 2**20:.1f} MB "
-        f"exceed {config.transfer.staging_memory_mb} MB of staging"
-    )
+    for config in _disaggregated_models(path):
+        model = config.engine.model
+        if model.startswith("openai/whisper-"):
+            shape = {**SHAPES[model.removeprefix("openai/whisper-")], "max_source_positions": 1500}
+            dims = hugging_face_dims({**shape, "max_target_positions": 448})
+        else:
+            dims = load_weights(model).dims
+        window = window_layout(dims, config.engine, config.transfer.resolved_mode())
+        batch_bytes = config.encoder.max_batch_size * sender_class(config.transfer).staged_bytes(window)
+        assert batch_bytes <= config.transfer.staging_memory_mb * 2**20, (
+            f"{path.name}, {model}: {config.encoder.max_batch_size} windows of "
+            f"{window.nbytes / 2**20:.1f} MB exceed {config.transfer.staging_memory_mb} MB of staging"
+        )
 
 
-def test_the_default_config_is_cpu_tiny_en_one_encoder_one_decoder_on_port_8000():
+def test_the_default_config_serves_tiny_en_by_default_and_base_each_on_its_own_cpu_replicas_on_port_8000():
     spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
     config = parse_app_config(spec["applications"][0]["args"])
     assert spec["http_options"]["port"] == 8000
-    assert (config.engine.model, config.engine.device) == ("tiny.en", "cpu")
-    assert (config.encoder.num_replicas, config.decoder.num_replicas) == (1, 1)
-    assert config.transfer.connector == "nixl"
+    assert [model.ids for model in config.models] == [["tiny.en", "whisper-1"], ["base"]]
+    assert config.default_model.name == "tiny.en" and config.model_named("whisper-1").name == "tiny.en"
+    for model in config.models:
+        assert model.engine.device == "cpu" and model.placement == "disaggregated"
+        assert (model.encoder.num_replicas, model.decoder.num_replicas) == (1, 1)
+        assert model.transfer.connector == "nixl"
+    # Ray's logical CPUs: every replica of the app fits a 2-core machine.
+    replicas = [config.ingress] + [side for model in config.models for side in (model.encoder, model.decoder)]
+    assert sum(options.num_cpus * options.num_replicas for options in replicas) <= 2
+
+
+def test_the_one_model_app_tests_start_is_the_default_configs_default_model():
+    one_model = parse_app_config(default_app_args())
+    shipped = parse_app_config(shipped_default_args())
+    assert len(one_model.models) == 1
+    assert one_model.models[0].model_dump() == shipped.default_model.model_dump()
+    assert (one_model.http, one_model.ingress) == (shipped.http, shipped.ingress)
 
 
 @pytest.mark.parametrize(
@@ -114,8 +131,7 @@ def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason)
 
 
 def test_an_fp8_kv_cache_is_set_in_the_engine_section_that_encoders_and_decoders_share():
-    spec = yaml.safe_load((CONFIGS[0].parent / "default.yaml").read_text())
-    args = spec["applications"][0]["args"]
+    args = default_app_args()
     assert parse_app_config(args).engine.kv_cache_torch_dtype == torch.float32  # auto: the model's dtype
     args["engine"]["kv_cache_dtype"] = "fp8_e4m3"
     config = parse_app_config(args)  # deployments/app.py binds this one config to both deployments
@@ -210,7 +226,8 @@ def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_ra
     def actor_options(http: dict) -> dict[str, dict]:
         app = build_whisper_app(AppConfig(http=http))
         ingress = app._bound_deployment
-        bound = [ingress, *(arg._bound_deployment for arg in ingress.init_args[1:] if arg is not None)]
+        (encoder, decoder), *_ = ingress.init_args[1].values()  # one model's deployments
+        bound = [ingress, encoder._bound_deployment, decoder._bound_deployment]
         return {deployment.name: deployment.ray_actor_options for deployment in bound}
 
     options = actor_options({"inline_window_kb": 256})
@@ -248,3 +265,93 @@ def test_an_encoder_whose_staging_cannot_hold_one_window_refuses_to_start_and_sa
         assert deployment.sender.holds_at_once(window) == 1
     finally:
         deployment.sender.close()
+
+
+TWO_MODELS = [
+    {"engine": {"model": "tiny.en"}, "aliases": ["whisper-1"], "default": True},
+    {"name": "base", "engine": {"model": "base", "max_num_seqs": 4}},
+]
+
+
+def test_a_config_without_models_is_one_model_named_by_its_engine_and_answering_to_its_served_names():
+    config = parse_app_config(
+        {"engine": {"model": "tiny.en"}, "served_model_names": ["whisper-1", "tiny.en"]}
+    )
+    (model,) = config.models
+    assert (model.name, model.aliases, model.default) == ("tiny.en", ["whisper-1"], True)
+    assert config.model_named("whisper-1") is model and config.model_named("base") is None
+
+
+def test_each_model_is_served_with_its_own_engine_and_limits_and_the_top_level_reads_as_the_default():
+    config = parse_app_config({"models": TWO_MODELS, "http": {"max_beam_size": 8}})
+    assert config.accepted_model_names == ["tiny.en", "whisper-1", "base"]
+    assert config.engine.model == "tiny.en" and config.largest_beam_size == 8
+    base = config.serving(config.model_named("base"))
+    assert (base.engine.model, base.largest_beam_size, base.accepted_model_names) == ("base", 4, ["base"])
+
+
+def test_each_model_gets_an_encoder_and_a_decoder_deployment_of_its_own_with_its_own_replica_options():
+    from deployments.app import build_whisper_app
+
+    models = [
+        {**TWO_MODELS[0], "decoder": {"num_replicas": 2, "num_cpus": 0.25}},
+        {
+            **TWO_MODELS[1],
+            "encoder": {"resources": {"encoder_node": 1}},
+            "decoder": {"autoscaling": {"max_replicas": 3}},
+        },
+    ]
+    ingress = build_whisper_app(parse_app_config({"models": models}))._bound_deployment
+    bound = {name: [side._bound_deployment for side in sides] for name, sides in ingress.init_args[1].items()}
+    assert {name: [d.name for d in sides] for name, sides in bound.items()} == {
+        "tiny.en": ["WhisperEncoder-tiny.en", "WhisperDecoder-tiny.en"],
+        "base": ["WhisperEncoder-base", "WhisperDecoder-base"],
+    }
+    tiny_decoder, (base_encoder, base_decoder) = bound["tiny.en"][1], bound["base"]
+    assert (tiny_decoder._deployment_config.num_replicas, tiny_decoder.ray_actor_options["num_cpus"]) == (
+        2,
+        0.25,
+    )
+    assert base_encoder.ray_actor_options["resources"] == {"encoder_node": 1}
+    assert base_decoder._deployment_config.autoscaling_config.max_replicas == 3
+    assert base_decoder.init_args[0].engine.model == "base", "the decoder loads its own model"
+
+
+@pytest.mark.parametrize(
+    "models, reason",
+    [
+        ([TWO_MODELS[0], {**TWO_MODELS[1], "name": "tiny.en"}], "the id 'tiny.en' is given twice"),
+        ([TWO_MODELS[0], {**TWO_MODELS[1], "aliases": ["whisper-1"]}], "the id 'whisper-1' is given twice"),
+        ([{**TWO_MODELS[0], "default": False}, TWO_MODELS[1]], "no model is the default"),
+        ([TWO_MODELS[0], {**TWO_MODELS[1], "default": True}], "tiny.en, base are each marked"),
+        ([{**TWO_MODELS[0], "name": "org/x"}, {**TWO_MODELS[1], "name": "org-x"}], "same deployment name"),
+        ([TWO_MODELS[0], {**TWO_MODELS[1], "name": ""}], "at least 1 character"),
+    ],
+)
+def test_models_must_answer_to_distinct_ids_and_exactly_one_is_the_default(models, reason):
+    with pytest.raises(ConfigError) as failure:
+        parse_app_config({"models": models})
+    assert "models" in str(failure.value) and reason in str(failure.value)
+
+
+@pytest.mark.parametrize(
+    "args, field, reason",
+    [
+        ({"models": TWO_MODELS, "engine": {"model": "base"}}, "(top level)", "engine cannot stand beside"),
+        (
+            {"models": [TWO_MODELS[0], {**TWO_MODELS[1], "engine": {"block_size": 12}}]},
+            "models.1.engine.block_size",
+            "power of two",
+        ),
+        ({"models": [{**TWO_MODELS[0], "encoder": {"max_batch_size": 0}}]}, "models.0.encoder", "1"),
+        (
+            {"models": TWO_MODELS, "http": {"default_beam_size": 5}},
+            "http.default_beam_size",
+            "models[1].engine.max_num_seqs (4)",
+        ),
+    ],
+)
+def test_a_bad_models_section_fails_naming_the_model_and_the_field(args, field, reason):
+    with pytest.raises(ConfigError) as failure:
+        parse_app_config(args)
+    assert field in str(failure.value) and reason in str(failure.value), str(failure.value)

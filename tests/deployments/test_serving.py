@@ -198,9 +198,15 @@ def test_sequential_long_form_over_http_matches_the_offline_sequential_transcrip
 def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     _transcribe(client, SPEECH_DIR / "osr72_02.flac")
     metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
-    assert 'whisper_transfer_info{connector="nixl",payload="cross_kv",replica="0"} 1.0' in metrics
+    assert (
+        'whisper_transfer_info{connector="nixl",model="tiny.en",payload="cross_kv",replica="0"} 1.0'
+        in metrics
+    )
     precision = EngineConfig.model_validate(default_app_args()["engine"]).encoder_precision
-    assert f'whisper_encoder_precision_info{{precision="{precision}",replica="0"}} 1.0' in metrics
+    assert (
+        f'whisper_encoder_precision_info{{model="tiny.en",precision="{precision}",replica="0"}} 1.0'
+        in metrics
+    )
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
     assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
@@ -275,9 +281,9 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
 
 def test_the_audio_seconds_counter_labels_an_api_keys_usage_by_a_hash_never_by_the_key(server_url, client):
     label = hashlib.sha256(API_KEY.encode()).hexdigest()[:8]
-    before = labelled_sum(server_url, "whisper_audio_seconds_total", model="whisper-1", api_key=label)
+    before = labelled_sum(server_url, "whisper_audio_seconds_total", model="tiny.en", api_key=label)
     verbose = _transcribe(client, SPEECH_DIR / "jfk.flac", response_format="verbose_json")
-    after = labelled_sum(server_url, "whisper_audio_seconds_total", model="whisper-1", api_key=label)
+    after = labelled_sum(server_url, "whisper_audio_seconds_total", model="tiny.en", api_key=label)
     assert verbose.usage.seconds == pytest.approx(verbose.duration, abs=0.01)
     assert after - before == pytest.approx(verbose.usage.seconds, abs=0.01), "the response's usage, billed"
     assert API_KEY not in httpx.get(f"{server_url}/metrics", timeout=30).text

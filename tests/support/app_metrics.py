@@ -31,7 +31,7 @@ def scrape(url: str) -> dict[str, float]:
 
 def labelled_sum(url: str, name: str, **labels: str) -> float:
     """The sum of one metric's samples whose labels include ``labels``, e.g. the audio seconds
-    billed to a model: ``labelled_sum(url, "whisper_audio_seconds_total", model="whisper-1")``."""
+    billed to a model: ``labelled_sum(url, "whisper_audio_seconds_total", model="tiny.en")``."""
     text = httpx.get(f"{url}/metrics", timeout=30).text
     total = 0.0
     for sample in _SAMPLE.finditer(text):

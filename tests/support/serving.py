@@ -21,9 +21,23 @@ from tests.support.ports import free_port
 from tests.support.speech import english_clips
 
 
-def default_app_args() -> dict[str, Any]:
-    """The args of `make serve`'s app (configs/default.yaml), for a test to override."""
+def shipped_default_args() -> dict[str, Any]:
+    """The args of `make serve`'s app (configs/default.yaml) as shipped: its models and all."""
     return yaml.safe_load((CONFIGS_DIR / "default.yaml").read_text())["applications"][0]["args"]
+
+
+def default_app_args() -> dict[str, Any]:
+    """A one-model app of `make serve`'s default model (tiny.en): configs/default.yaml's app with
+    only that model, in the one-model shape (`engine`, `encoder`, ... at the top), for a test to
+    override. Tests of other things start one model: each model costs the app's start-up time."""
+    args = shipped_default_args()
+    models = args.pop("models", None)
+    if not models:
+        return args
+    model = next((model for model in models if model.get("default")), models[0])
+    names = [model.get("name") or model["engine"]["model"], *model.get("aliases", [])]
+    sections = ("placement", "engine", "transfer", "encoder", "decoder")
+    return {"served_model_names": names, **{name: model[name] for name in sections if name in model}, **args}
 
 
 @contextlib.contextmanager

@@ -11,9 +11,11 @@ from starlette.testclient import TestClient
 from starlette.websockets import WebSocketDisconnect
 
 from deployments.config import RealtimeOptions
+from deployments.http.option_checks import AcceptedOptions
 from deployments.http.realtime import CLOSE_NORMAL, RealtimeSession
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import PartialPassSlots
+from deployments.served_models import ServedModel, ServedModels
 
 IDLE_TIMEOUT_S = 0.5
 
@@ -29,8 +31,9 @@ def session_app(options: RealtimeOptions, metrics: ServingMetrics) -> FastAPI:
     async def realtime(websocket: WebSocket) -> None:
         await websocket.accept()
         # No pipeline: these sessions never reach a pass (a pass would fail loudly on None).
+        model = ServedModel("whisper-1", ("whisper-1",), None, AcceptedOptions(accept_everything))
         session = RealtimeSession(
-            websocket, options, {"whisper-1"}, None, metrics, PartialPassSlots(1), accept_everything
+            websocket, options, ServedModels([model], "whisper-1"), metrics, PartialPassSlots(1)
         )
         await session.run()
 
