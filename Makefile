@@ -27,8 +27,9 @@ lint: install-test
 	$(VENV)/bin/ruff check .
 
 # Every test, as CI runs it (.ci/run), in one process. The slowest 30 tests are listed at the end:
-# the run must stay inside CI's 90 minutes. (Two pytest-xdist workers, `-n 2`, work for the modules
-# that start Ray but failed the fp16 precision tests in an order a single process never runs.)
+# the run must stay inside CI's 90 minutes. (`-n 2` keeps the modules that start Ray on one worker
+# and the rest, in this order, on the other (tests/conftest.py), but on two cores it took longer
+# than one process: the Ray tests' requests wait on a CPU the other worker keeps busy.)
 test: lint
 	$(PY) -m pytest -q --durations=30 tests
 

@@ -146,6 +146,7 @@ def test_a_child_that_cannot_start_says_why_in_words():
         EngineProcess(Probe, True)
 
 
+@pytest.mark.slow
 def test_the_child_does_not_outlive_a_killed_replica_process():
     """A replica killed outright (SIGKILL: no clean-up of its own runs) must not leave its engine
     holding the GPU: the child sees its pipe close and exits."""

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import numpy as np
+import pytest
 
 from deployments.config import parse_app_config
 from deployments.window_batcher import WindowBatcher, WindowJob
@@ -68,6 +69,7 @@ def test_a_forward_that_fails_midway_keeps_what_it_handed_on_and_fails_only_the_
     ]
 
 
+@pytest.mark.slow
 def test_an_encoder_batch_larger_than_its_staging_is_staged_whole_while_a_decoder_pulls_it():
     """tiny.en on the CPU, its staging holding fewer windows than its batch of 8. With a decoder
     pulling each window as it arrives the whole batch is staged in one forward; with none pulling,

@@ -81,6 +81,7 @@ def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOpti
     ],
     ids=["beam2", "beam5", "beam5-timestamps", "beam3-patience-length-penalty"],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("chooser", ["host", "device-torch", "device-triton"])
 def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
     tiny_en, cross_kvs, reference_tokens, beam_options, chooser
@@ -239,6 +240,7 @@ def test_once_the_device_chooses_it_chooses_to_the_end_each_beam_writing_into_a_
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
 def test_at_blocks_of_four_tokens_the_devices_spares_suffice_and_decode_as_the_hosts_choices(
     tiny_en, cross_kvs, use_triton

@@ -29,6 +29,7 @@ def cross_kvs(tiny_en) -> list[torch.Tensor]:
     return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:16]])
 
 
+@pytest.mark.slow
 def test_sixteen_staggered_requests_each_decode_exactly_as_alone(tiny_en, cross_kvs):
     alone_engine = engine_with(tiny_en, block_size=16)
     options = [DecodeOptions(max_tokens=8 + 5 * i) for i in range(16)]  # different lengths too

@@ -185,6 +185,7 @@ def test_what_the_kernel_does_not_take_goes_the_dense_way():
     assert not torch.isnan(layer[0, :, 1]).any()  # the dense path's write
 
 
+@pytest.mark.slow
 def test_a_decoder_with_every_product_through_the_kernel_decodes_transformers_tokens(random_whisper_folder):
     def through_the_kernel(decoder):
         for layer in decoder.layers:

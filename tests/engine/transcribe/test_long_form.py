@@ -63,6 +63,7 @@ def test_the_long_file_lasts_over_a_minute_and_is_cut_inside_its_silences(long_f
         )
 
 
+@pytest.mark.slow
 def test_parallel_long_form_wer_is_within_a_point_of_the_clips_transcribed_one_by_one(
     transcriber, long_file, parallel
 ):
