@@ -19,10 +19,8 @@ from pydantic import (
     model_validator,
 )
 
-from deployments.model_config import MODEL_SECTIONS, PLACEMENT_DESCRIPTION, ModelConfig, Placement
-from deployments.replica_options import DecoderOptions, EncoderOptions, ReplicaOptions
-from engine.config import EngineConfig
-from kv_transfer.config import TransferConfig
+from deployments.model_config import MODEL_SECTIONS, ModelConfig, ModelSections
+from deployments.replica_options import ReplicaOptions
 
 API_KEYS_ENV = "WHISPER_DISAGG_API_KEYS"
 
@@ -169,7 +167,7 @@ class RealtimeOptions(BaseModel):
     )
 
 
-class AppConfig(BaseModel):
+class AppConfig(ModelSections):
     """The app's configuration. One model: the sections `engine`, `transfer`, `encoder`, `decoder`
     (and `placement`, `served_model_names`) describe it. Several: `models` lists them, each with
     those sections of its own; the top-level ones then read as the default model's."""
@@ -181,11 +179,6 @@ class AppConfig(BaseModel):
         description="names clients may send as `model`; the engine's model is always accepted too (with "
         "`models:`, each model's `name` and `aliases` instead)",
     )
-    placement: Placement = Field("disaggregated", description=PLACEMENT_DESCRIPTION)
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
-    transfer: TransferConfig = Field(default_factory=TransferConfig, description="how the K/V travels")
-    encoder: EncoderOptions = Field(default_factory=EncoderOptions, description="the encoder deployment")
-    decoder: DecoderOptions = Field(default_factory=DecoderOptions, description="the decoder deployment")
     models: list[ModelConfig] = Field(
         default_factory=list,
         description="several models in one app, each with its own engine, transfer, placement, encoder and "

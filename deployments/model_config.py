@@ -24,7 +24,20 @@ PLACEMENT_DESCRIPTION = (
 MODEL_SECTIONS = ("served_model_names", "placement", "engine", "transfer", "encoder", "decoder")
 
 
-class ModelConfig(BaseModel):
+class ModelSections(BaseModel):
+    """How one model runs: its placement, engine, K/V transfer and its encoder and decoder
+    deployments (a one-model app config's top level, and each entry of `models:`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    placement: Placement = Field("disaggregated", description=PLACEMENT_DESCRIPTION)
+    engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
+    transfer: TransferConfig = Field(default_factory=TransferConfig, description="how the K/V travels")
+    encoder: EncoderOptions = Field(default_factory=EncoderOptions, description="the encoder deployment")
+    decoder: DecoderOptions = Field(default_factory=DecoderOptions, description="the decoder deployment")
+
+
+class ModelConfig(ModelSections):
     """One model of an app that serves several: its own engine settings and its own encoder and
     decoder deployments (replicas, autoscaling, placement), which start, scale and fail apart from
     the other models'. Requests choose it by their `model` field."""
@@ -44,11 +57,6 @@ class ModelConfig(BaseModel):
         description="the model a realtime session uses until it chooses one; exactly one model is the "
         "default (a lone model is, unmarked)",
     )
-    placement: Placement = Field("disaggregated", description=PLACEMENT_DESCRIPTION)
-    engine: EngineConfig = Field(default_factory=EngineConfig, description="the model and how it runs")
-    transfer: TransferConfig = Field(default_factory=TransferConfig, description="how the K/V travels")
-    encoder: EncoderOptions = Field(default_factory=EncoderOptions, description="the encoder deployment")
-    decoder: DecoderOptions = Field(default_factory=DecoderOptions, description="the decoder deployment")
 
     @model_validator(mode="after")
     def _named_by_its_engine_unless_named(self) -> "ModelConfig":
