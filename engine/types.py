@@ -31,6 +31,13 @@ class DecodeOptions:
     fallback: pass ``fallback=FallbackOptions()`` for transcribe()'s retries)."""
 
     language: str | None = None  # None: English for .en models, detected for multilingual ones
+    # The languages the audio may be in (codes as ``language``): detection chooses only among
+    # them, and one alone is decoded in as ``language`` is. With ``language`` too, that one must be
+    # among them; it is decoded in, nothing is detected.
+    languages: tuple[str, ...] | None = None
+    # Terms the text should spell as given (names, products, jargon), put before the previous text
+    # as faster-whisper puts its hotwords; they must fit the prompt's budget on their own.
+    keywords: tuple[str, ...] | None = None
     task: Literal["transcribe", "translate"] = "transcribe"
     timestamps: bool = False
     # Previous text, conditions the decoder (<|startofprev|> ...): words, or token ids as decoded

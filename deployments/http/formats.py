@@ -2,7 +2,8 @@
 
 Segment times are on the file's timeline: Whisper's timestamp tokens offset by the window's start
 (srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise. json and
-verbose_json carry the ``usage`` OpenAI's API reports for models billed by audio duration.
+verbose_json carry the ``usage`` OpenAI's API reports for models billed by audio duration; json
+carries OpenAI's ``languages``, verbose_json its ``language``.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def duration_usage(duration_s: float) -> dict:
     """OpenAI's usage object for models billed by the second: the seconds of audio the request sent
     (all of it, with or without speech), as a number."""
     return {"type": "duration", "seconds": round(duration_s, 3)}
+
+
+def languages_of(transcription: Transcription) -> list[dict]:
+    """OpenAI's ``languages``: those the text is in, each as ``{"code": ...}``; empty when there is
+    no text to have a language."""
+    return [{"code": code} for code in transcription.languages]
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -166,7 +173,7 @@ def to_response(
         with_words = "word" in timestamp_granularities
         with_segments = not timestamp_granularities or "segment" in timestamp_granularities
         return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
-    body = {"text": transcription.text}
+    body = {"text": transcription.text, "languages": languages_of(transcription)}
     if with_logprobs:
         # OpenAI's shape: the token's text, its log-probability, and the token's UTF-8 bytes.
         body["logprobs"] = [

@@ -229,12 +229,24 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
     return SpeechOptions(**values)
 
 
+def _list_field(form: FormData, name: str) -> list[str]:
+    """A list field as OpenAI's client sends it (``name[]`` once per item), or as ``name``."""
+    return form.getlist(f"{name}[]") or form.getlist(name)
+
+
+def _parse_words_list(form: FormData, name: str) -> tuple[str, ...] | None:
+    """``languages[]`` or ``keywords[]``: each item once, in the order sent; absent: None. Whether
+    the model can use them is the engine's to say (a 400 naming the field)."""
+    items = [str(item).strip() for item in _list_field(form, name)]
+    if any(not item for item in items):
+        raise APIError(400, f"Invalid {name}: an item is empty.", param=name)
+    return tuple(dict.fromkeys(items)) or None
+
+
 def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...]:
     """``timestamp_granularities[]``, as OpenAI's API takes them: 'segment' with any format (only
     verbose_json shows it), 'word' with verbose_json only, where the words have a place."""
-    granularities = tuple(
-        form.getlist("timestamp_granularities[]") or form.getlist("timestamp_granularities")
-    )
+    granularities = tuple(_list_field(form, "timestamp_granularities"))
     for granularity in granularities:
         if granularity not in ("segment", "word"):
             raise APIError(
@@ -254,7 +266,7 @@ def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...
 
 def _parse_include(form: FormData, response_format: str) -> bool:
     """``include[]``: only 'logprobs', which, as in OpenAI's API, needs response_format json."""
-    include = form.getlist("include[]") or form.getlist("include")
+    include = _list_field(form, "include")
     for item in include:
         if item != "logprobs":
             raise APIError(400, f"Invalid include value '{item}'; expected 'logprobs'.", param="include[]")
@@ -291,6 +303,8 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     language = form.get("language") or None
     if task == "translate":
         language = None  # translations detect the spoken language and always output English
+    # The languages the audio may be in: detection (a translation's too) chooses among them.
+    languages = _parse_words_list(form, "languages")
     stream = _parse_flag(form.get("stream"), "stream", False)
     if stream and response_format not in ("json", "text"):
         raise APIError(
@@ -334,8 +348,10 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         fallback = None  # a retry would decode the window again: the count would not be known
     options = DecodeOptions(
         language=language,
+        languages=languages,
         task=task,
         prompt=form.get("prompt") or None,
+        keywords=_parse_words_list(form, "keywords"),
         temperature=temperature,
         timestamps=timestamps,
         fallback=fallback,

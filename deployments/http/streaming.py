@@ -10,7 +10,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from deployments.http.errors import api_error_of
-from deployments.http.formats import duration_usage
+from deployments.http.formats import duration_usage, languages_of
 from engine import LongFormCursor
 from engine.types import DecodeResult
 
@@ -40,6 +40,7 @@ async def transcription_events(
             {
                 "type": "transcript.text.done",
                 "text": transcription.text,
+                "languages": languages_of(transcription),
                 "usage": duration_usage(transcription.duration_s),
             }
         )

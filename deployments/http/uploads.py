@@ -11,6 +11,10 @@ from starlette.types import Message, Receive
 from deployments.config import AppConfig
 from deployments.http.errors import APIError
 
+# A list field sends a part per item: room for the scalar fields, every language Whisper knows in
+# languages[], and as many keywords[] as the prompt's budget of tokens could hold, one token each.
+MAX_FORM_FIELDS = 512
+
 
 class _BodyStalled(Exception):
     """The client sent nothing of its body for the upload timeout."""
@@ -68,7 +72,7 @@ async def read_upload(request: Request, config: AppConfig) -> tuple[FormData, by
     min_rate = config.http.min_upload_bytes_per_s
     try:
         body = Request(request.scope, _receive_within_limits(request.receive, gap_s, min_rate))
-        form = await body.form(max_files=1, max_fields=32)
+        form = await body.form(max_files=1, max_fields=MAX_FORM_FIELDS)
     except _BodyStalled:
         raise APIError(
             408,

@@ -132,6 +132,8 @@ class Batch:
     table_rewrites: dict[int, list[int]]  # slot -> its self-attention blocks, changed since written
     sot_rows: list[int] = field(default_factory=list)  # rows that feed <|startoftranscript|>
     detect_rows: list[int] = field(default_factory=list)  # of those, rows whose language is detected
+    # Per detect row, the languages it may be detected as (its request's ``languages``); None: any.
+    detect_languages: list[tuple[str, ...] | None] = field(default_factory=list)
     host_rows: list[int] = field(default_factory=list)  # rows read token by token
     to_sample: RowsToSample = field(default_factory=RowsToSample)
     choosing: list[SearchRows] = field(default_factory=list)  # searches before the tail, chosen on the device

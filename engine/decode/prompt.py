@@ -1,8 +1,9 @@
 """Whisper's decoder prompt for a window, the request built around it, and how much of the prompt a
 step feeds.
 
-<|startofprev|> previous text, <|startoftranscript|>, the language (a placeholder while it is to
-be detected), the task, and <|notimestamps|> when timestamps are off; as openai-whisper builds it.
+<|startofprev|> keywords and previous text, <|startoftranscript|>, the language (a placeholder
+while it is to be detected), the task, and <|notimestamps|> when timestamps are off; as
+openai-whisper builds it, with faster-whisper's hotwords as the keywords.
 """
 
 from __future__ import annotations
@@ -25,41 +26,37 @@ class Prompt:
     sot_index: int
     max_tokens: int
     detect_language: bool
+    language: str | None  # decoded in; None while it is to be detected
 
 
 def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOptions) -> Prompt:
     special = tokenizer.special
     tokens: list[int] = []
+    # openai-whisper keeps at most half the context for the text before <|startoftranscript|>.
+    budget = dims.n_text_ctx // 2 - 1
+    keywords = _keyword_tokens(tokenizer, options.keywords, budget)
+    previous: list[int] = []
     if options.prompt:
-        # openai-whisper keeps at most half the context for previous text, most recent last.
         previous = (
             tokenizer.encode(" " + options.prompt.strip())
             if isinstance(options.prompt, str)
             else list(options.prompt)
         )
-        previous = previous[-(dims.n_text_ctx // 2 - 1) :]
-        tokens = [special.sot_prev, *previous]
+    # The keywords stay whole; the previous text gets what is left, its most recent tokens.
+    room = budget - len(keywords)
+    previous = previous[-room:] if room > 0 else []
+    if keywords or previous:
+        tokens = [special.sot_prev, *keywords, *previous]
     sot_index = len(tokens)
     tokens.append(special.sot)
+    language = _language_to_decode_in(tokenizer, dims, options)
     detect = False
     if dims.is_multilingual:
-        if options.language is None:
-            detect = True
-            tokens.append(tokenizer.language_tokens["en"])  # placeholder until detection
-        elif options.language not in tokenizer.language_tokens:
-            raise RequestRejectedError(
-                f"language {options.language!r} is not one this model knows", param="language"
-            )
-        else:
-            tokens.append(tokenizer.language_tokens[options.language])
+        detect = language is None
+        tokens.append(tokenizer.language_tokens[language or "en"])  # "en": a placeholder until detected
         tokens.append(special.translate if options.task == "translate" else special.transcribe)
-    else:
-        if options.language not in (None, "en"):
-            raise RequestRejectedError(
-                f"model is English-only; language {options.language!r} is not available", param="language"
-            )
-        if options.task == "translate":
-            raise RequestRejectedError("model is English-only; it cannot translate", param="task")
+    elif options.task == "translate":
+        raise RequestRejectedError("model is English-only; it cannot translate", param="task")
     if options.word_timestamps and not options.timestamps:
         raise RequestRejectedError(
             "word timestamps need segment timestamps (timestamps=True)", param="timestamp_granularities[]"
@@ -72,8 +69,69 @@ def build_prompt(tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOp
     if max_tokens < 1:
         raise RequestRejectedError(f"max_tokens must be at least 1, got {max_tokens}")
     return Prompt(
-        tokens=tokens, sot_index=sot_index, max_tokens=min(max_tokens, room), detect_language=detect
+        tokens=tokens,
+        sot_index=sot_index,
+        max_tokens=min(max_tokens, room),
+        detect_language=detect,
+        language=language,
     )
+
+
+def _keyword_tokens(tokenizer: WhisperTokenizer, keywords: tuple[str, ...] | None, budget: int) -> list[int]:
+    """The keywords as prompt text, as faster-whisper's hotwords: after <|startofprev|>, before any
+    previous text. Joined with commas, as a list of names reads in the text Whisper learned from:
+    each keyword kept apart from the next, its words together and its spelling untouched."""
+    if not keywords:
+        return []
+    if any(not keyword.strip() for keyword in keywords):
+        raise RequestRejectedError("keywords must not be empty", param="keywords")
+    tokens = tokenizer.encode(" " + ", ".join(keyword.strip() for keyword in keywords))
+    if len(tokens) > budget:
+        raise RequestRejectedError(
+            f"keywords take {len(tokens)} tokens, more than the {budget} the prompt holds; "
+            "send fewer or shorter keywords",
+            param="keywords",
+        )
+    return tokens
+
+
+def _language_to_decode_in(
+    tokenizer: WhisperTokenizer, dims: ModelDims, options: DecodeOptions
+) -> str | None:
+    """``language``, or the only one of ``languages``; None: detect it (among ``languages``, if
+    given). English-only models decode in English, so their ``languages`` must include it."""
+    known = tokenizer.language_tokens
+    languages = options.languages
+    if languages is not None:
+        unknown = [code for code in languages if code not in known]
+        if not languages or unknown:
+            named = ", ".join(f"'{code}'" for code in unknown) or "none"
+            raise RequestRejectedError(
+                f"languages must be language codes this model knows; not {named}", param="languages"
+            )
+        if not dims.is_multilingual and "en" not in languages:
+            raise RequestRejectedError(
+                "model is English-only; languages must include 'en'", param="languages"
+            )
+        if options.language is not None and options.language not in languages:
+            raise RequestRejectedError(
+                f"language '{options.language}' is not among languages ({', '.join(languages)}); "
+                "send one of them, or languages alone",
+                param="language",
+            )
+    if not dims.is_multilingual:
+        if options.language not in (None, "en"):
+            raise RequestRejectedError(
+                f"model is English-only; language {options.language!r} is not available", param="language"
+            )
+        return "en"
+    if options.language is not None and options.language not in known:
+        raise RequestRejectedError(
+            f"language {options.language!r} is not one this model knows", param="language"
+        )
+    if options.language is None and languages is not None and len(languages) == 1:
+        return languages[0]
+    return options.language
 
 
 def _check_beam_options(options: DecodeOptions) -> None:
@@ -134,7 +192,6 @@ def build_request(
     generator = None
     if seed is not None and max(options.temperatures()) > 0:
         generator = torch.Generator(device=device).manual_seed(seed)
-    language = "en" if not dims.is_multilingual else options.language
     return Request(
         request_id=request_id,
         prompt_tokens=prompt.tokens,
@@ -147,7 +204,7 @@ def build_request(
         pending_tokens=_prompt_tokens_to_feed(
             prompt.tokens, prompt.sot_index, prompt.detect_language, 0, stepped_prompt_tokens
         ),
-        language=language,
+        language=prompt.language,
         generator=generator,
         temperature=options.temperature,
         audio_duration_s=audio_duration_s,

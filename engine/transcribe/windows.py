@@ -104,6 +104,12 @@ class Transcription:
     timelines: list[WindowTimeline]  # where each window's audio lies in the file
 
     @property
+    def languages(self) -> list[str]:
+        """The languages its text is in: each window's with text, once, in the order they come."""
+        found = [window.language for window in self.windows if window.text.strip() and window.language]
+        return list(dict.fromkeys(found))
+
+    @property
     def window_starts_s(self) -> list[float]:
         """Where each window starts on the file's timeline."""
         return [timeline.start_s for timeline in self.timelines]

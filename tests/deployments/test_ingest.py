@@ -167,7 +167,12 @@ def test_45_s_of_silence_streams_a_single_done_event_with_empty_text(client, ser
     stream = client.audio.transcriptions.create(model="whisper-1", file=("silence.wav", silence), stream=True)
     events = [event.to_dict() for event in stream]
     assert events == [
-        {"type": "transcript.text.done", "text": "", "usage": {"type": "duration", "seconds": SILENCE_S}}
+        {
+            "type": "transcript.text.done",
+            "text": "",
+            "languages": [],
+            "usage": {"type": "duration", "seconds": SILENCE_S},
+        }
     ]
     # The same as server-sent events on the wire, as curl would see them.
     with httpx.stream(

@@ -134,6 +134,86 @@ def test_an_unknown_model_is_a_404_in_openais_error_json_naming_the_models_in_wo
     assert retrieved.status_code == 404 and retrieved.json() == body
 
 
+def test_languages_on_base_make_the_transcripts_language_one_of_them_in_every_shape(
+    client, server_url, clips
+):
+    """The multilingual clip's English stretch, asked to be German or French: verbose_json's
+    language, json's languages and the stream's are among them, where base finds English unasked."""
+    asked = ["de", "fr"]
+    with open(clips["english"], "rb") as audio:
+        verbose = client.audio.transcriptions.create(
+            model="base", file=audio, languages=asked, response_format="verbose_json"
+        )
+    assert verbose.language in asked
+    with open(clips["english"], "rb") as audio:
+        free = client.audio.transcriptions.create(model="base", file=audio)
+    with open(clips["english"], "rb") as audio:
+        restricted = client.audio.transcriptions.create(model="base", file=audio, languages=asked)
+    assert [language.code for language in free.languages] == ["en"]
+    assert restricted.languages and {language.code for language in restricted.languages} <= set(asked)
+    with open(clips["english"], "rb") as audio:
+        events = list(
+            client.audio.transcriptions.create(model="base", file=audio, languages=asked, stream=True)
+        )
+    assert events[-1].type == "transcript.text.done"
+    assert events[-1].languages and {language.code for language in events[-1].languages} <= set(asked)
+    # Spelled without brackets, as a form may send it; one language alone is decoded in.
+    with open(clips["english"], "rb") as audio:
+        response = httpx.post(
+            f"{server_url}/v1/audio/transcriptions",
+            data={"model": "base", "languages": ["fr"], "response_format": "verbose_json"},
+            files={"file": audio},
+            timeout=300,
+        )
+    assert response.status_code == 200 and response.json()["language"] == "fr"
+
+
+@pytest.mark.parametrize(
+    "model, fields, param, words",
+    [
+        ("base", {"languages": ["de", "xx"]}, "languages", "not 'xx'"),
+        ("tiny.en", {"languages": ["de", "fr"]}, "languages", "English-only"),
+        ("base", {"language": "it", "languages": ["de", "fr"]}, "language", "not among languages (de, fr)"),
+    ],
+    ids=["unknown-code", "english-only-without-en", "language-not-among-them"],
+)
+def test_languages_a_model_cannot_decode_in_are_a_400_naming_the_field(
+    client, clips, model, fields, param, words
+):
+    with pytest.raises(openai.BadRequestError) as refused, open(clips["english"], "rb") as audio:
+        client.audio.transcriptions.create(model=model, file=audio, **fields)
+    error = refused.value.response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert words in error["message"]
+
+
+def _keyword_clip() -> dict:
+    lines = (SPEECH_DIR / "keyword_manifest.jsonl").read_text().splitlines()
+    return next(clip for clip in map(json.loads, lines) if clip["id"] == "kw_siobhan")
+
+
+def test_keywords_make_whisper_1_spell_a_rare_name_as_given(client):
+    """The clip says "Shivawn" (as the name sounds); with the keyword the text spells it Siobhan."""
+    clip = _keyword_clip()
+    path = str(SPEECH_DIR / clip["audio"])
+    plain = _transcribe(client, "whisper-1", path)
+    guided = _transcribe(client, "whisper-1", path, keywords=clip["keywords"])
+    assert "Siobhan" not in plain and "Siobhan" in guided, (plain, guided)
+
+
+def test_keywords_over_the_prompts_budget_are_a_400_in_words_naming_keywords(client):
+    clip = _keyword_clip()
+    too_many = [f"Name{number}" for number in range(100)]  # some 300 tokens
+    with pytest.raises(openai.BadRequestError) as refused, open(SPEECH_DIR / clip["audio"], "rb") as audio:
+        client.audio.transcriptions.create(model="whisper-1", file=audio, keywords=too_many)
+    body = refused.value.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    error = body["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == "keywords"
+    assert error["message"].startswith("keywords take") and "fewer or shorter keywords" in error["message"]
+    assert not any(mark in error["message"] for mark in "[]()'\"")
+
+
 def test_the_models_route_lists_every_model_and_alias_as_openais_list(client):
     listed = client.models.list()
     assert [model.id for model in listed.data] == ["tiny.en", "whisper-1", "base"]

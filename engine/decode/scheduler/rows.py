@@ -206,6 +206,7 @@ class _Pass:
         if feeds_sot and request.detect_language:
             # The rest of the prompt starts with the language detected here, on the device.
             batch.detect_rows.append(row)
+            batch.detect_languages.append(request.options.languages)
             request.detect_language = False
             request.pending_tokens = next_prompt_tokens(request, self.owner.stepped_prompt_tokens)
             request.pending_tokens[0], request.pending_source_row = FROM_LAST_STEP, row

@@ -80,6 +80,7 @@ class StepPipeline:
             DeviceBeamChooser(runner, rules, runner.tables.pad_slot + 1) if async_steps else None
         )
         self._language_of_token = {token: code for code, token in tokenizer.language_tokens.items()}
+        self._language_index = {code: index for index, code in enumerate(tokenizer.language_tokens)}
 
     def steps_to_read(self, launched: LaunchedStep | None, overlap: bool = True) -> list[LaunchedStep]:
         """The steps whose tokens to read now, in launch order: the one just launched, or with async
@@ -122,7 +123,7 @@ class StepPipeline:
                 readback[_TOKEN].index_copy_(0, sampled.row_index[:count], sampled.tokens.float())
                 readback[_LOGPROB].index_copy_(0, sampled.row_index[:count], sampled.logprobs.float())
         if batch.sot_rows:
-            self._read_sot_logits(logits.at_sot, batch.sot_rows, batch.detect_rows, readback)
+            self._read_sot_logits(logits.at_sot, batch, readback)
         if sampled is not None and sampled.row_index is None and not batch.sot_rows:
             # Every row sampled, or the tail's device choice writes the rest: no conversion.
             self.runner.next_tokens[: len(sampled.tokens)] = sampled.tokens
@@ -152,23 +153,31 @@ class StepPipeline:
         benchmarks' way to a step's input; the scheduler makes it, as it makes a Batch)."""
         return self._describe_rows(requests)
 
-    def _read_sot_logits(
-        self,
-        at_sot: dict[int, torch.Tensor],
-        sot_rows: list[int],
-        detect_rows: list[int],
-        readback: torch.Tensor,
-    ) -> None:
+    def _read_sot_logits(self, at_sot: dict[int, torch.Tensor], batch: Batch, readback: torch.Tensor) -> None:
         """No-speech probabilities, and detected languages, from the logits at <|startoftranscript|>."""
         device = self.runner.device
+        sot_rows, detect_rows = batch.sot_rows, batch.detect_rows
         sot_logits = torch.stack([at_sot[row] for row in sot_rows])
         readback[_NO_SPEECH].index_copy_(
             0, upload(sot_rows, torch.long, device), no_speech_probability(self.tokenizer, sot_logits)
         )
         if detect_rows:
             local = upload([sot_rows.index(row) for row in detect_rows], torch.long, device)
-            languages = detect_language(self.tokenizer, sot_logits[local])
+            allowed = self._allowed_languages(batch.detect_languages)
+            languages = detect_language(self.tokenizer, sot_logits[local], allowed)
             readback[_TOKEN].index_copy_(0, upload(detect_rows, torch.long, device), languages.float())
+
+    def _allowed_languages(self, detect_languages: list[tuple[str, ...] | None]) -> torch.Tensor | None:
+        """The languages each detect row may be detected as, as detect_language's mask; None when
+        every row may be detected as any."""
+        if all(languages is None for languages in detect_languages):
+            return None
+        allowed = np.ones((len(detect_languages), len(self._language_index)), dtype=bool)
+        for row, languages in enumerate(detect_languages):
+            if languages is not None:
+                allowed[row] = False
+                allowed[row, [self._language_index[code] for code in languages]] = True
+        return upload(allowed, torch.bool, self.runner.device)
 
     def read(self, step: LaunchedStep) -> StepOutput:
         """Wait for a launched step's tokens."""
