@@ -1,19 +1,16 @@
 """Synthetic speech whose transcript hangs on spelling: rare names, product names and jargon,
 spoken by espeak-ng the way a person says them (``spoken``: a phonetic spelling) while the
-reference (``text``) spells them as their owners do. The keywords benchmark
-(benchmarks/bench_keywords.py) and the keywords tests read these clips.
+reference (``text``) spells them as their owners do.
 
-    python benchmarks/keyword_clips.py OUT_DIR [--only ID ...]
-
-writes OUT_DIR/<id>.flac (16 kHz mono) and OUT_DIR/keyword_manifest.jsonl (manifest.jsonl's
-fields, and each clip's ``keywords``). Needs espeak-ng and sox. tests/data/speech holds kw_siobhan,
-made this way, for the keywords tests: in a manifest of its own, since the tests and benchmarks
-that score the English clips of manifest.jsonl are not about spelling names.
+``write_clips`` makes FOLDER/<id>.flac (16 kHz mono) and FOLDER/keyword_manifest.jsonl
+(manifest.jsonl's fields, and each clip's ``keywords``); it needs espeak-ng and sox.
+benchmarks/bench_keywords.py runs it. tests/data/speech holds kw_siobhan, made this way, for the
+keywords tests: in a manifest of its own, since the tests and benchmarks that score the English
+clips of manifest.jsonl are not about spelling names.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import tempfile
@@ -183,7 +180,9 @@ def make_clip(clip: KeywordClip, folder: Path) -> Path:
             ["espeak-ng", "-v", clip.voice, "-s", str(clip.speed_wpm), "-w", wav.name, clip.spoken],
             check=True,
         )
-        subprocess.run(["sox", wav.name, "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
+        # -D: no dither, so the same clip comes out sample for sample on every run (dither's
+        # one-bit noise is enough to flip a borderline transcript).
+        subprocess.run(["sox", "-D", wav.name, "-r", "16000", "-c", "1", "-b", "16", str(path)], check=True)
     return path
 
 
@@ -191,18 +190,12 @@ def duration_s(path: Path) -> float:
     return float(subprocess.run(["soxi", "-D", str(path)], check=True, capture_output=True, text=True).stdout)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path)
-    parser.add_argument("--only", nargs="*", help="clip ids (default: all)")
-    args = parser.parse_args()
-    args.folder.mkdir(parents=True, exist_ok=True)
-    chosen = [clip for clip in CLIPS if not args.only or clip.id in args.only]
-    with (args.folder / "keyword_manifest.jsonl").open("w") as manifest:
+def write_clips(folder: Path, ids: list[str] | None = None) -> list[KeywordClip]:
+    """Make the clips (those of ``ids``, or all) and their manifest in ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    chosen = [clip for clip in CLIPS if not ids or clip.id in ids]
+    with (folder / "keyword_manifest.jsonl").open("w") as manifest:
         for clip in chosen:
-            path = make_clip(clip, args.folder)
+            path = make_clip(clip, folder)
             manifest.write(json.dumps(clip.manifest_entry(duration_s(path))) + "\n")
-
-
-if __name__ == "__main__":
-    main()
+    return chosen

@@ -103,11 +103,12 @@ def _language_to_decode_in(
     known = tokenizer.language_tokens
     languages = options.languages
     if languages is not None:
-        unknown = [code for code in languages if code not in known]
-        if not languages or unknown:
-            named = ", ".join(f"'{code}'" for code in unknown) or "none"
+        if not languages:
+            raise RequestRejectedError("languages must name at least one language", param="languages")
+        unknown = ", ".join(f"'{code}'" for code in languages if code not in known)
+        if unknown:
             raise RequestRejectedError(
-                f"languages must be language codes this model knows; not {named}", param="languages"
+                f"languages must be language codes this model knows; not {unknown}", param="languages"
             )
         if not dims.is_multilingual and "en" not in languages:
             raise RequestRejectedError(
