@@ -40,18 +40,25 @@ def keyword_clip() -> dict:
     return next(clip for clip in map(json.loads, lines) if clip["id"] == "kw_siobhan")
 
 
-def test_detection_chooses_only_among_each_requests_languages_in_one_batch(base, german_window):
+def test_detection_chooses_only_among_each_requests_languages_in_one_batch_translations_too(
+    base, german_window
+):
     encoder = EncoderRunner(base)
     engine = DecoderEngine(base)
     cross_kv = encoder.cross_kv(encoder.encode(german_window[None]))[0]
-    asked = {"free": None, "en-fr": ("en", "fr"), "es-fr": ("es", "fr")}
-    for request_id, languages in asked.items():
-        options = DecodeOptions(languages=languages, max_tokens=8)
+    asked = {
+        "free": DecodeOptions(max_tokens=8),
+        "en-fr": DecodeOptions(languages=("en", "fr"), max_tokens=8),
+        "es-fr": DecodeOptions(languages=("es", "fr"), max_tokens=8),
+        "translated-es-fr": DecodeOptions(task="translate", languages=("es", "fr"), max_tokens=8),
+    }
+    for request_id, options in asked.items():
         engine.submit(engine.make_request(options, CrossKVTensor(cross_kv), request_id=request_id))
     results = run_to_completion_by_id(engine)
     assert results["free"].language == "de"
     assert results["en-fr"].language in ("en", "fr")
     assert results["es-fr"].language in ("es", "fr")
+    assert results["translated-es-fr"].language in ("es", "fr")
 
 
 def test_one_language_is_decoded_in_without_detection(base):
