@@ -35,7 +35,7 @@ from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
-from deployments.http.streaming import transcription_events
+from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
@@ -208,6 +208,11 @@ class Ingress:
                     served.pipeline.decoded(cursor, form.priority),
                     cursor,
                     partial(self._observe, route, served.name, started, api_key=api_key),
+                    StreamContents(
+                        segments=form.response_format == "verbose_json",
+                        words="word" in form.timestamp_granularities,
+                        logprobs=form.options.token_logprobs,
+                    ),
                 )
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await served.pipeline.transcribe(cursor, form.priority)
