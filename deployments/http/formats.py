@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine import SAMPLE_RATE, Transcription, compression_ratio
-from engine.types import TimedText
+from engine.types import TimedText, TokenLogprob
 
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
 
@@ -42,6 +42,15 @@ def duration_usage(duration_s: float) -> dict:
     """OpenAI's usage object for models billed by the second: the seconds of audio the request sent
     (all of it, with or without speech), as a number."""
     return {"type": "duration", "seconds": round(duration_s, 3)}
+
+
+def logprobs_of(token_logprobs: list[TokenLogprob]) -> list[dict]:
+    """OpenAI's ``logprobs`` (of a transcription, or of a realtime turn's completed event): per
+    text token, its text, its log-probability and its UTF-8 bytes."""
+    return [
+        {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
+        for item in token_logprobs
+    ]
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -168,11 +177,8 @@ def to_response(
         return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
     body = {"text": transcription.text}
     if with_logprobs:
-        # OpenAI's shape: the token's text, its log-probability, and the token's UTF-8 bytes.
-        body["logprobs"] = [
-            {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
-            for window in transcription.windows
-            for item in window.token_logprobs or []
-        ]
+        body["logprobs"] = logprobs_of(
+            [item for window in transcription.windows for item in window.token_logprobs or []]
+        )
     body["usage"] = duration_usage(transcription.duration_s)
     return JSONResponse(body)
