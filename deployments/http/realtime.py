@@ -38,17 +38,11 @@ from deployments.http.realtime_events import (
     transcription_param,
     updated_settings,
 )
+from deployments.http.realtime_vad import ServerVadTurns
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
 from deployments.served_models import ServedModel, ServedModels
-from engine import (
-    SAMPLE_RATE,
-    IdleTimedOut,
-    SpeechStarted,
-    StreamResampler,
-    TurnDetector,
-    load_silero_vad,
-)
+from engine import IdleTimedOut, SpeechStarted
 from engine.types import DecodeOptions
 
 logger = logging.getLogger("ray.serve")
@@ -77,11 +71,9 @@ class RealtimeSession:
         self.metrics = metrics
         self.session_id = new_id("sess")
         self.settings = SessionSettings()
-        self.detector: TurnDetector | None = None
+        self.vad: ServerVadTurns | None = None  # None: the client commits each turn
         self.turn: LiveTurn | None = None
         self._received_samples = 0  # audio appended so far, at the client's rate
-        self._recent: list[np.ndarray] = []  # between turns: the last audio, for a turn's prefix padding
-        self._recent_start = 0  # sample index of _recent's first sample
         self._last_item_id: str | None = None
         self._final: asyncio.Task | None = None  # the newest turn's final pass; each awaits the one before
         self._tasks: set[asyncio.Task] = set()
@@ -188,7 +180,7 @@ class RealtimeSession:
                 "audio",
             )
         self._received_samples += len(samples)
-        if self.detector is None:
+        if self.vad is None:
             if self.turn is None:
                 self._open_turn()
             self.turn.append(samples)
@@ -233,52 +225,33 @@ class RealtimeSession:
 
     def _configure_turn_detection(self) -> None:
         vad = self.settings.turn_detection
-        self.detector = (
-            TurnDetector(
-                load_silero_vad(),
-                vad.threshold,
-                vad.prefix_padding_ms,
-                vad.silence_duration_ms,
-                vad.idle_timeout_ms,
-            )
-            if vad
-            else None
-        )
-        self._detector_audio = StreamResampler(self.settings.sample_rate_hz, SAMPLE_RATE)
-        self._recent, self._recent_start = [], self._received_samples
-        self._detector_origin = self._received_samples  # the detector's clock starts here
+        self.vad = ServerVadTurns(vad, self.settings.sample_rate_hz, self._received_samples) if vad else None
 
     async def _detect_turns(self, samples: np.ndarray) -> None:
-        rate = self.settings.sample_rate_hz
         if self.turn is not None:
             self.turn.append(samples)
-        else:
-            self._recent.append(samples)
-        for turn_event in self.detector.feed(self._detector_audio.feed(samples)):
+        for turn_event in self.vad.feed(samples, between_turns=self.turn is None):
             if isinstance(turn_event, SpeechStarted):
-                await self._start_detected_turn(
-                    self._detector_origin + round(turn_event.audio_start_s * rate)
-                )
+                await self._start_detected_turn(self.vad.sample_of(turn_event.audio_start_s))
             elif isinstance(turn_event, IdleTimedOut):
                 if self.turn is None:  # else a turn the client opened before detection was switched on
                     await self._commit_quiet(turn_event)
             elif self.turn is not None:
-                end_ms = round((self._detector_origin / rate + turn_event.audio_end_s) * 1000)
                 await self.emit(
                     server_event(
-                        "input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self.turn.item_id
+                        "input_audio_buffer.speech_stopped",
+                        audio_end_ms=self.vad.ms_of(turn_event.audio_end_s),
+                        item_id=self.turn.item_id,
                     )
                 )
                 await self._commit(speech_ended_s=time.perf_counter())
         if self.turn is None:
-            self._trim_recent()
+            self.vad.trim()
 
     async def _start_detected_turn(self, start: int) -> None:
-        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
-        start = min(max(start, self._recent_start), self._recent_start + len(recent))
+        start, padded_audio = self.vad.take(start)
         self._open_turn()
-        self.turn.append(recent[start - self._recent_start :])
-        self._recent, self._recent_start = [], self._received_samples
+        self.turn.append(padded_audio)
         audio_start_ms = round(start / self.settings.sample_rate_hz * 1000)
         await self.emit(
             server_event(
@@ -287,51 +260,29 @@ class RealtimeSession:
         )
 
     async def _commit_quiet(self, quiet: IdleTimedOut) -> None:
-        """No speech for `idle_timeout_ms`: `timeout_triggered`, then the quiet stretch is committed
-        as a turn of its own and transcribed, as OpenAI commits it (speech too soft for the VAD may
-        still be in it). The detector counts the quiet in audio time, not on the wall clock: the
-        event's audio_start_ms and audio_end_ms are offsets in the audio appended, whose difference
-        OpenAI says roughly matches the timeout, and a stream that arrives in bursts times out where
-        a steady one does. A client that sends nothing has no audio to commit; the session's own
-        `realtime.idle_timeout_s` closes it."""
+        """No speech for `idle_timeout_ms` (of audio, see IdleTimedOut): `timeout_triggered`, then
+        the quiet stretch is committed as a turn of its own and transcribed, as OpenAI commits it
+        (speech too soft for the VAD may still be in it)."""
         rate = self.settings.sample_rate_hz
-        start = self._detector_origin + round(quiet.audio_start_s * rate)
-        end = self._detector_origin + round(quiet.audio_end_s * rate)
-        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
-        first = min(max(start - self._recent_start, 0), len(recent))
-        last = min(max(end - self._recent_start, first), len(recent))
+        start, quiet_audio = self.vad.take(
+            self.vad.sample_of(quiet.audio_start_s), self.vad.sample_of(quiet.audio_end_s)
+        )
         turn = self._new_turn()
-        turn.append(recent[first:last])
-        # What came after the stretch is the start of the next one.
-        self._recent, self._recent_start = [recent[last:]], self._recent_start + last
+        turn.append(quiet_audio)
         await self.emit(
             server_event(
                 "input_audio_buffer.timeout_triggered",
                 audio_start_ms=round(start / rate * 1000),
-                audio_end_ms=round(end / rate * 1000),
+                audio_end_ms=round((start + len(quiet_audio)) / rate * 1000),
                 item_id=turn.item_id,
             )
         )
         await self._complete(turn, speech_ended_s=time.perf_counter())
 
-    def _trim_recent(self) -> None:
-        """Between turns keep only what a turn's prefix padding could reach back to, and with an
-        idle timeout the quiet stretch it may commit (never longer than the timeout)."""
-        vad = self.settings.turn_detection
-        keep_s = vad.prefix_padding_ms / 1000 + (vad.idle_timeout_ms or 0) / 1000 + 1
-        keep = int(self.settings.sample_rate_hz * keep_s)
-        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
-        if len(recent) > keep:
-            self._recent_start += len(recent) - keep
-            recent = recent[-keep:]
-        self._recent = [recent]
-
     def _end_detected_turn(self) -> None:
         """A turn ended (speech stopped, commit, clear): the next one's audio starts after it."""
-        self._recent, self._recent_start = [], self._received_samples
-        if self.detector is not None:
-            rate = self.settings.sample_rate_hz
-            self.detector.end_turn((self._received_samples - self._detector_origin) / rate)
+        if self.vad is not None:
+            self.vad.end_turn()
 
     def _open_turn(self) -> None:
         self.turn = self._new_turn()

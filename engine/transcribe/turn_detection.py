@@ -34,7 +34,12 @@ class SpeechStopped:
 @dataclass(frozen=True)
 class IdleTimedOut:
     """No speech for ``idle_timeout_ms``: the quiet stretch from ``audio_start_s`` to ``audio_end_s``.
-    The next stretch (and the next turn's audio) begins where this one ends."""
+    The next stretch (and the next turn's audio) begins where this one ends.
+
+    Counted in audio time, like every event here, not on the wall clock: OpenAI's
+    `timeout_triggered` gives the stretch as offsets in the audio appended, about the timeout
+    apart, and a stream that arrives in bursts times out where a steady one does. A client that
+    sends no audio at all has none to time out (a session's own idle limit covers it)."""
 
     audio_start_s: float  # where the quiet began: the stream's start, a turn's end or the last timeout
     audio_end_s: float  # where it had lasted idle_timeout_ms (to the next 32 ms frame)
