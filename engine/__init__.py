@@ -55,6 +55,7 @@ _PUBLIC = {
     "LocalAgreement": "engine.transcribe.agreement",
     "SpeechStarted": "engine.transcribe.turn_detection",
     "IdleTimedOut": "engine.transcribe.turn_detection",
+    "TurnEvent": "engine.transcribe.turn_detection",
     "TurnDetector": "engine.transcribe.turn_detection",
 }
 

@@ -30,6 +30,7 @@ GA_FORMATS: dict[str, AudioFormat] = {
 SAMPLE_RATES_HZ: dict[AudioFormat, int] = {"pcm16": 24000, "g711_ulaw": 8000, "g711_alaw": 8000}
 # The one `include` value of a transcription session: each completed turn's token log-probabilities.
 LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
+_Include = list[Literal["item.input_audio_transcription.logprobs"]] | None
 
 
 class RealtimeEventError(Exception):
@@ -106,14 +107,14 @@ class _GAAudio(_Lenient):
 class _GASession(_Lenient):
     type: Literal["transcription"]
     audio: _GAAudio | None = None
-    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
+    include: _Include = None
 
 
 class _BetaSession(_Lenient):
     input_audio_format: AudioFormat | None = None
     input_audio_transcription: _Transcription | None = None
     turn_detection: _TurnDetection | None = None
-    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = None
+    include: _Include = None
 
 
 def transcription_param(event_type: str, name: str) -> str:

@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from deployments.http.realtime_events import ServerVAD
-from engine import SAMPLE_RATE, StreamResampler, TurnDetector, load_silero_vad
-from engine.transcribe.turn_detection import TurnEvent
+from engine import SAMPLE_RATE, StreamResampler, TurnDetector, TurnEvent, load_silero_vad
 
 
 class ServerVadTurns:
