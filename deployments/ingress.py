@@ -93,7 +93,8 @@ class Ingress:
     @app.websocket("/v1/realtime")
     async def realtime(self, websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols") or []
-        if not self._key_accepted(websocket.headers.get("authorization", ""), offered):
+        authorization = websocket.headers.get("authorization", "")
+        if not self._key_accepted(authorization, offered):
             await websocket.close(code=1008)  # before the upgrade: the client gets HTTP 403
             return
         # Browsers authenticate with a subprotocol; the handshake must then echo one they offered.
@@ -124,7 +125,12 @@ class Ingress:
         self.metrics.realtime_sessions.inc()
         try:
             session = RealtimeSession(
-                websocket, self.config.realtime, self.models, self.metrics, self.partial_pass_slots
+                websocket,
+                self.config.realtime,
+                self.models,
+                self.metrics,
+                self.partial_pass_slots,
+                api_key_label(self._presented_key(authorization, offered)),
             )
             await session.run()
         except Exception:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine import SAMPLE_RATE, Transcription, compression_ratio
-from engine.types import DecodeResult, TimedText
+from engine.types import DecodeResult, TimedText, TokenLogprob
 
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
 
@@ -44,14 +44,18 @@ def duration_usage(duration_s: float) -> dict:
     return {"type": "duration", "seconds": round(duration_s, 3)}
 
 
-def logprobs_of(windows: list[DecodeResult]) -> list[dict]:
-    """OpenAI's ``logprobs`` (include[]=logprobs) of the windows' text tokens, in order: each token's
-    text, its log-probability, and its UTF-8 bytes."""
+def logprobs_of(token_logprobs: list[TokenLogprob]) -> list[dict]:
+    """OpenAI's ``logprobs`` (of a transcription, or of a realtime turn's completed event): per
+    text token, its text, its log-probability and its UTF-8 bytes."""
     return [
         {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
-        for window in windows
-        for item in window.token_logprobs or []
+        for item in token_logprobs
     ]
+
+
+def logprobs_of_windows(windows: list[DecodeResult]) -> list[dict]:
+    """``logprobs_of`` the windows' text tokens, in window order."""
+    return logprobs_of([item for window in windows for item in window.token_logprobs or []])
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -178,6 +182,6 @@ def to_response(
         return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
     body = {"text": transcription.text}
     if with_logprobs:
-        body["logprobs"] = logprobs_of(transcription.windows)
+        body["logprobs"] = logprobs_of_windows(transcription.windows)
     body["usage"] = duration_usage(transcription.duration_s)
     return JSONResponse(body)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from deployments.http.errors import api_error_of
-from deployments.http.formats import Segment, duration_usage, logprobs_of, segments_of
+from deployments.http.formats import Segment, duration_usage, logprobs_of_windows, segments_of
 from engine import LongFormCursor
 from engine.types import DecodeResult
 
@@ -66,7 +66,7 @@ async def transcription_events(
         async for result in results:
             texts.append(result.text)
             if contents.logprobs:
-                unsent_logprobs.extend(logprobs_of([result]))
+                unsent_logprobs.extend(logprobs_of_windows([result]))
             # The final text is the windows' text stripped at both ends; holding back trailing
             # spaces keeps every delta a piece of it.
             shown = "".join(texts).strip()
@@ -84,7 +84,7 @@ async def transcription_events(
         transcription = cursor.transcription()
         done = {"type": "transcript.text.done", "text": transcription.text}
         if contents.logprobs:
-            done["logprobs"] = logprobs_of(transcription.windows)
+            done["logprobs"] = logprobs_of_windows(transcription.windows)
         done["usage"] = duration_usage(transcription.duration_s)
         yield sse(done)
     except Exception as error:
