@@ -261,8 +261,9 @@ class RealtimeSession:
 
     async def _commit_quiet(self, quiet: IdleTimedOut) -> None:
         """No speech for `idle_timeout_ms` (of audio, see IdleTimedOut): `timeout_triggered`, then
-        the quiet stretch is committed as a turn of its own and transcribed, as OpenAI commits it
-        (speech too soft for the VAD may still be in it)."""
+        the quiet stretch is committed as a turn of its own, as OpenAI commits it, and transcribed
+        if the file endpoint's speech detection finds speech too soft for the session's VAD in it
+        (else its transcript is empty, as a file's silence is)."""
         rate = self.settings.sample_rate_hz
         start, quiet_audio = self.vad.take(
             self.vad.sample_of(quiet.audio_start_s), self.vad.sample_of(quiet.audio_end_s)
@@ -277,7 +278,7 @@ class RealtimeSession:
                 item_id=turn.item_id,
             )
         )
-        await self._complete(turn, speech_ended_s=time.perf_counter())
+        await self._complete(turn, speech_ended_s=time.perf_counter(), speech_only=True)
 
     def _end_detected_turn(self) -> None:
         """A turn ended (speech stopped, commit, clear): the next one's audio starts after it."""
@@ -325,19 +326,22 @@ class RealtimeSession:
         self._end_detected_turn()
         await self._complete(turn, speech_ended_s)
 
-    async def _complete(self, turn: LiveTurn, speech_ended_s: float) -> None:
-        """Announce the turn committed and chain its final pass after the previous turn's."""
+    async def _complete(self, turn: LiveTurn, speech_ended_s: float, speech_only: bool = False) -> None:
+        """Announce the turn committed and chain its final pass after the previous turn's
+        (``speech_only``: see LiveTurn.finish)."""
         await self.emit(
             server_event(
                 "input_audio_buffer.committed", previous_item_id=self._last_item_id, item_id=turn.item_id
             )
         )
         self._last_item_id = turn.item_id
-        self._final = self._spawn(self._finish(turn, self._final, speech_ended_s))
+        self._final = self._spawn(self._finish(turn, self._final, speech_ended_s, speech_only))
 
-    async def _finish(self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float) -> None:
+    async def _finish(
+        self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float, speech_only: bool
+    ) -> None:
         try:
-            transcript = await turn.finish()
+            transcript = await turn.finish(speech_only)
         except Exception as error:
             if previous is not None:
                 await asyncio.wait([previous])

@@ -28,7 +28,15 @@ import numpy as np
 from deployments.config import RealtimeOptions
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.pipeline import WindowPipeline
-from engine import N_SAMPLES, SAMPLE_RATE, LocalAgreement, resample, split_windows
+from engine import (
+    N_SAMPLES,
+    SAMPLE_RATE,
+    LocalAgreement,
+    SpeechOptions,
+    detect_speech,
+    resample,
+    split_windows,
+)
 from engine.types import DecodeOptions, FallbackOptions, Priority, TokenLogprob
 
 logger = logging.getLogger("ray.serve")
@@ -140,11 +148,18 @@ class LiveTurn:
         _PASSES.add(self._pass)
         self._pass.add_done_callback(_PASSES.discard)
 
-    async def finish(self) -> TurnTranscript:
+    async def finish(self, speech_only: bool = False) -> TurnTranscript:
         """The final pass: every delta not sent yet, then the turn's whole text (the deltas joined).
         A partial pass in flight is dropped (its text ignored), so it never delays the final one; a
-        carry-over in flight is part of the text and is awaited."""
+        carry-over in flight is part of the text and is awaited.
+
+        ``speech_only``: audio the session's VAD heard no speech in (an idle timeout's quiet
+        stretch). It is decoded only if the file endpoint's speech detection, more sensitive,
+        finds speech in it; else its text is empty, as a file's silence is, and nothing is decoded
+        (Whisper writes words such as "you" into silence)."""
         self._closed = True
+        if speech_only and not await asyncio.to_thread(self._has_speech):
+            return TurnTranscript("", [] if self.settings.token_logprobs else None)
         if self._carry_in_flight:
             await asyncio.wait([self._pass])
         while self._window_samples_16k_count() > N_SAMPLES:
@@ -155,6 +170,9 @@ class LiveTurn:
             await self._send_delta(self.agreement.finish_window(result.text))
         logprobs = self._final_logprobs if self.settings.token_logprobs else None
         return TurnTranscript(self.agreement.text, logprobs)
+
+    def _has_speech(self) -> bool:
+        return bool(detect_speech(self._window_samples_16k(), SpeechOptions()))
 
     def _free_slot(self, _: asyncio.Task) -> None:
         self.slots.in_use -= 1

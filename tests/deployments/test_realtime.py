@@ -295,11 +295,10 @@ def test_idle_timeout_fires_timeout_triggered_once_per_quiet_stretch_and_never_d
     speech_turn = completed[2]
     reference = next(c.text for c in english_clips() if c.id == "tts_01")
     assert word_error_rate([reference], [speech_turn["transcript"]]) <= 0.1, speech_turn["transcript"]
-    spoken = set(normalize_english(reference).split())
     for timeout, done in zip(timeouts, [completed[0], completed[1], completed[3]]):
-        # The quiet stretch itself is transcribed (and billed), none of the speech: tiny.en reads
-        # digital silence as nothing or as its usual "you".
-        assert not set(normalize_english(done["transcript"]).split()) & spoken, done["transcript"]
+        # A quiet stretch is billed, and without speech its text is empty, as a file's silence is
+        # (decoded, tiny.en would read digital silence as "you").
+        assert done["transcript"] == "", done["transcript"]
         assert done["usage"] == duration_usage((timeout["audio_end_ms"] - timeout["audio_start_ms"]) / 1000)
 
 
