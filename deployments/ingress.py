@@ -35,7 +35,7 @@ from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
-from deployments.http.streaming import transcription_events
+from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
@@ -93,7 +93,8 @@ class Ingress:
     @app.websocket("/v1/realtime")
     async def realtime(self, websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols") or []
-        if not self._key_accepted(websocket.headers.get("authorization", ""), offered):
+        authorization = websocket.headers.get("authorization", "")
+        if not self._key_accepted(authorization, offered):
             await websocket.close(code=1008)  # before the upgrade: the client gets HTTP 403
             return
         # Browsers authenticate with a subprotocol; the handshake must then echo one they offered.
@@ -124,7 +125,12 @@ class Ingress:
         self.metrics.realtime_sessions.inc()
         try:
             session = RealtimeSession(
-                websocket, self.config.realtime, self.models, self.metrics, self.partial_pass_slots
+                websocket,
+                self.config.realtime,
+                self.models,
+                self.metrics,
+                self.partial_pass_slots,
+                api_key_label(self._presented_key(authorization, offered)),
             )
             await session.run()
         except Exception:
@@ -208,6 +214,11 @@ class Ingress:
                     served.pipeline.decoded(cursor, form.priority),
                     cursor,
                     partial(self._observe, route, served.name, started, api_key=api_key),
+                    StreamContents(
+                        segments=form.response_format == "verbose_json",
+                        words="word" in form.timestamp_granularities,
+                        logprobs=form.options.token_logprobs,
+                    ),
                 )
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await served.pipeline.transcribe(cursor, form.priority)

@@ -54,6 +54,8 @@ _PUBLIC = {
     "split_windows": "engine.transcribe.windows",
     "LocalAgreement": "engine.transcribe.agreement",
     "SpeechStarted": "engine.transcribe.turn_detection",
+    "IdleTimedOut": "engine.transcribe.turn_detection",
+    "TurnEvent": "engine.transcribe.turn_detection",
     "TurnDetector": "engine.transcribe.turn_detection",
 }
 

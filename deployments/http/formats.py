@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from engine import SAMPLE_RATE, Transcription, compression_ratio
-from engine.types import TimedText
+from engine.types import DecodeResult, TimedText, TokenLogprob
 
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
 
@@ -49,6 +49,20 @@ def languages_of(transcription: Transcription) -> list[dict]:
     """OpenAI's ``languages``: those the text is in, each as ``{"code": ...}``; empty when there is
     no text to have a language."""
     return [{"code": code} for code in transcription.languages]
+
+
+def logprobs_of(token_logprobs: list[TokenLogprob]) -> list[dict]:
+    """OpenAI's ``logprobs`` (of a transcription, or of a realtime turn's completed event): per
+    text token, its text, its log-probability and its UTF-8 bytes."""
+    return [
+        {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
+        for item in token_logprobs
+    ]
+
+
+def logprobs_of_windows(windows: list[DecodeResult]) -> list[dict]:
+    """``logprobs_of`` the windows' text tokens, in window order."""
+    return logprobs_of([item for window in windows for item in window.token_logprobs or []])
 
 
 def segments_of(transcription: Transcription) -> list[Segment]:
@@ -175,11 +189,6 @@ def to_response(
         return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
     body = {"text": transcription.text, "languages": languages_of(transcription)}
     if with_logprobs:
-        # OpenAI's shape: the token's text, its log-probability, and the token's UTF-8 bytes.
-        body["logprobs"] = [
-            {"token": item.token, "logprob": item.logprob, "bytes": list(item.token.encode())}
-            for window in transcription.windows
-            for item in window.token_logprobs or []
-        ]
+        body["logprobs"] = logprobs_of_windows(transcription.windows)
     body["usage"] = duration_usage(transcription.duration_s)
     return JSONResponse(body)

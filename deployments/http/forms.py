@@ -70,6 +70,9 @@ def _parse_temperature(raw) -> float:
     return value
 
 
+# Formats a stream can carry: text deltas (json, text), and segment events too (verbose_json).
+STREAMED_FORMATS = ("json", "text", "verbose_json")
+
 # Request fields that exist for benchmarks only: accepted with `http.benchmark_fields: true`.
 BENCHMARK_FIELDS = ("fixed_output_tokens",)
 
@@ -306,11 +309,11 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     # The languages the audio may be in: detection (a translation's too) chooses among them.
     languages = _parse_words_list(form, "languages")
     stream = _parse_flag(form.get("stream"), "stream", False)
-    if stream and response_format not in ("json", "text"):
+    if stream and response_format not in STREAMED_FORMATS:
         raise APIError(
             400,
-            f"stream=true gives text events; response_format '{response_format}' cannot be "
-            "streamed (use json or text).",
+            f"stream=true gives text and segment events; response_format '{response_format}' cannot "
+            f"be streamed (use {', '.join(STREAMED_FORMATS)}).",
             param="stream",
         )
     long_form = form.get("long_form") or "parallel"  # vendor field

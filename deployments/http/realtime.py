@@ -3,7 +3,8 @@ API events over one WebSocket (deployments/http/realtime_events.py), audio cut i
 server's VAD (engine/transcribe/turn_detection.py) or by the client's commits, and each turn's
 passes run by a ``LiveTurn`` (deployments/orchestration/live_turn.py) through the model the session
 chose (`transcription.model`; until it chooses, the app's default model). A turn keeps the model it
-opened with.
+opened with, and its audio seconds count toward that model's usage under the session's API key label
+(as a file request's do).
 
 The session reads client events in one loop and never waits for a pass there: passes run as tasks
 beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
@@ -25,7 +26,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 
 from deployments.config import RealtimeOptions
 from deployments.http.errors import api_error_of
-from deployments.http.formats import duration_usage
+from deployments.http.formats import duration_usage, logprobs_of
 from deployments.http.realtime_events import (
     RealtimeEventError,
     SessionSettings,
@@ -34,12 +35,14 @@ from deployments.http.realtime_events import (
     new_id,
     server_event,
     session_event,
+    transcription_param,
     updated_settings,
 )
+from deployments.http.realtime_vad import ServerVadTurns
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
 from deployments.served_models import ServedModel, ServedModels
-from engine import SAMPLE_RATE, SpeechStarted, StreamResampler, TurnDetector, load_silero_vad
+from engine import IdleTimedOut, SpeechStarted
 from engine.types import DecodeOptions
 
 logger = logging.getLogger("ray.serve")
@@ -57,19 +60,20 @@ class RealtimeSession:
         models: ServedModels,
         metrics: ServingMetrics,
         slots: PartialPassSlots,
+        api_key: str,
     ):
+        """``api_key``: the label (metrics.api_key_label) of the key the client connected with."""
         self.slots = slots
+        self.api_key = api_key
         self.websocket = websocket
         self.options = options
         self.models = models
         self.metrics = metrics
         self.session_id = new_id("sess")
         self.settings = SessionSettings()
-        self.detector: TurnDetector | None = None
+        self.vad: ServerVadTurns | None = None  # None: the client commits each turn
         self.turn: LiveTurn | None = None
         self._received_samples = 0  # audio appended so far, at the client's rate
-        self._recent: list[np.ndarray] = []  # between turns: the last audio, for a turn's prefix padding
-        self._recent_start = 0  # sample index of _recent's first sample
         self._last_item_id: str | None = None
         self._final: asyncio.Task | None = None  # the newest turn's final pass; each awaits the one before
         self._tasks: set[asyncio.Task] = set()
@@ -79,7 +83,7 @@ class RealtimeSession:
 
     async def run(self) -> None:
         """Serve the session until the client goes away or is idle too long; then free everything."""
-        await self.emit(session_event("session.created", self.session_id, self.settings))
+        await self.emit(self._session_event("session.created"))
         ticker = asyncio.create_task(self._partial_passes())
         try:
             while True:
@@ -145,7 +149,9 @@ class RealtimeSession:
                 await self._model(settings).check_options(DecodeOptions(language=settings.language))
             except Exception as error:
                 raise RealtimeEventError(
-                    "invalid_value", api_error_of(error).message, "session.input_audio_transcription.language"
+                    "invalid_value",
+                    api_error_of(error).message,
+                    transcription_param(event["type"], "language"),
                 ) from None
         # The detector's resampler follows the audio format's rate.
         detection_changed = (settings.turn_detection, settings.audio_format) != (
@@ -160,7 +166,7 @@ class RealtimeSession:
             if event["type"].startswith("transcription")
             else "session.updated"
         )
-        await self.emit(session_event(reply, self.session_id, settings))
+        await self.emit(self._session_event(reply))
 
     async def _append(self, event: dict[str, Any]) -> None:
         samples = decode_audio_chunk(event, self.settings.audio_format)
@@ -174,7 +180,7 @@ class RealtimeSession:
                 "audio",
             )
         self._received_samples += len(samples)
-        if self.detector is None:
+        if self.vad is None:
             if self.turn is None:
                 self._open_turn()
             self.turn.append(samples)
@@ -208,49 +214,44 @@ class RealtimeSession:
     # ---- turns --------------------------------------------------------------------------------
 
     def _model(self, settings: SessionSettings) -> ServedModel:
-        """The model the settings name (checked by every update); the session's initial name
-        (`whisper-1`, OpenAI's) may be no id of this app's, and then means its default model."""
-        return self.models.named(settings.model) or self.models.default
+        """The model the settings name (every update checks that it is served), or the default one."""
+        return self.models.named(settings.model) if settings.model else self.models.default
+
+    def _session_event(self, event_type: str) -> dict[str, Any]:
+        """The settings in force, naming the model the next turn goes to as the client named it (or,
+        before it names one, by the default model's name)."""
+        model = self.settings.model or self.models.default.name
+        return session_event(event_type, self.session_id, self.settings, model)
 
     def _configure_turn_detection(self) -> None:
         vad = self.settings.turn_detection
-        self.detector = (
-            TurnDetector(load_silero_vad(), vad.threshold, vad.prefix_padding_ms, vad.silence_duration_ms)
-            if vad
-            else None
-        )
-        self._detector_audio = StreamResampler(self.settings.sample_rate_hz, SAMPLE_RATE)
-        self._recent, self._recent_start = [], self._received_samples
-        self._detector_origin = self._received_samples  # the detector's clock starts here
+        self.vad = ServerVadTurns(vad, self.settings.sample_rate_hz, self._received_samples) if vad else None
 
     async def _detect_turns(self, samples: np.ndarray) -> None:
-        rate = self.settings.sample_rate_hz
         if self.turn is not None:
             self.turn.append(samples)
-        else:
-            self._recent.append(samples)
-        for turn_event in self.detector.feed(self._detector_audio.feed(samples)):
+        for turn_event in self.vad.feed(samples, between_turns=self.turn is None):
             if isinstance(turn_event, SpeechStarted):
-                await self._start_detected_turn(
-                    self._detector_origin + round(turn_event.audio_start_s * rate)
-                )
+                await self._start_detected_turn(self.vad.sample_of(turn_event.audio_start_s))
+            elif isinstance(turn_event, IdleTimedOut):
+                if self.turn is None:  # else a turn the client opened before detection was switched on
+                    await self._commit_quiet(turn_event)
             elif self.turn is not None:
-                end_ms = round((self._detector_origin / rate + turn_event.audio_end_s) * 1000)
                 await self.emit(
                     server_event(
-                        "input_audio_buffer.speech_stopped", audio_end_ms=end_ms, item_id=self.turn.item_id
+                        "input_audio_buffer.speech_stopped",
+                        audio_end_ms=self.vad.ms_of(turn_event.audio_end_s),
+                        item_id=self.turn.item_id,
                     )
                 )
                 await self._commit(speech_ended_s=time.perf_counter())
         if self.turn is None:
-            self._trim_recent()
+            self.vad.trim()
 
     async def _start_detected_turn(self, start: int) -> None:
-        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
-        start = min(max(start, self._recent_start), self._recent_start + len(recent))
+        start, padded_audio = self.vad.take(start)
         self._open_turn()
-        self.turn.append(recent[start - self._recent_start :])
-        self._recent, self._recent_start = [], self._received_samples
+        self.turn.append(padded_audio)
         audio_start_ms = round(start / self.settings.sample_rate_hz * 1000)
         await self.emit(
             server_event(
@@ -258,23 +259,37 @@ class RealtimeSession:
             )
         )
 
-    def _trim_recent(self) -> None:
-        """Between turns keep only what a turn's prefix padding could reach back to."""
-        keep = int(self.settings.sample_rate_hz * (self.settings.turn_detection.prefix_padding_ms / 1000 + 1))
-        recent = np.concatenate(self._recent) if self._recent else np.zeros(0, dtype=np.float32)
-        if len(recent) > keep:
-            self._recent_start += len(recent) - keep
-            recent = recent[-keep:]
-        self._recent = [recent]
+    async def _commit_quiet(self, quiet: IdleTimedOut) -> None:
+        """No speech for `idle_timeout_ms` (of audio, see IdleTimedOut): `timeout_triggered`, then
+        the quiet stretch is committed as a turn of its own, as OpenAI commits it, and transcribed
+        if the file endpoint's speech detection finds speech too soft for the session's VAD in it
+        (else its transcript is empty, as a file's silence is)."""
+        rate = self.settings.sample_rate_hz
+        start, quiet_audio = self.vad.take(
+            self.vad.sample_of(quiet.audio_start_s), self.vad.sample_of(quiet.audio_end_s)
+        )
+        turn = self._new_turn()
+        turn.append(quiet_audio)
+        await self.emit(
+            server_event(
+                "input_audio_buffer.timeout_triggered",
+                audio_start_ms=round(start / rate * 1000),
+                audio_end_ms=round((start + len(quiet_audio)) / rate * 1000),
+                item_id=turn.item_id,
+            )
+        )
+        await self._complete(turn, speech_ended_s=time.perf_counter(), speech_only=True)
 
     def _end_detected_turn(self) -> None:
         """A turn ended (speech stopped, commit, clear): the next one's audio starts after it."""
-        self._recent, self._recent_start = [], self._received_samples
-        if self.detector is not None:
-            rate = self.settings.sample_rate_hz
-            self.detector.end_turn((self._received_samples - self._detector_origin) / rate)
+        if self.vad is not None:
+            self.vad.end_turn()
 
     def _open_turn(self) -> None:
+        self.turn = self._new_turn()
+
+    def _new_turn(self) -> LiveTurn:
+        """A turn with the session's settings now, on the model the session now names."""
         item_id = new_id("item")
 
         async def send_delta(delta: str) -> None:
@@ -287,24 +302,46 @@ class RealtimeSession:
                 )
             )
 
-        settings = TurnSettings(self.settings.sample_rate_hz, self.settings.language, self.settings.prompt)
-        pipeline = self._model(self.settings).pipeline
-        self.turn = LiveTurn(item_id, settings, pipeline, send_delta, self.metrics, self.slots, self.options)
+        settings = TurnSettings(
+            self.settings.sample_rate_hz,
+            self.settings.language,
+            self.settings.prompt,
+            self.settings.include_logprobs,
+        )
+        served = self._model(self.settings)
+        return LiveTurn(
+            item_id,
+            served.name,
+            settings,
+            served.pipeline,
+            send_delta,
+            self.metrics,
+            self.slots,
+            self.options,
+        )
 
     async def _commit(self, speech_ended_s: float) -> None:
+        """Close the open turn (speech stopped, the client committed, or it reached max_turn_s)."""
         turn, self.turn = self.turn, None
         self._end_detected_turn()
+        await self._complete(turn, speech_ended_s)
+
+    async def _complete(self, turn: LiveTurn, speech_ended_s: float, speech_only: bool = False) -> None:
+        """Announce the turn committed and chain its final pass after the previous turn's
+        (``speech_only``: see LiveTurn.finish)."""
         await self.emit(
             server_event(
                 "input_audio_buffer.committed", previous_item_id=self._last_item_id, item_id=turn.item_id
             )
         )
         self._last_item_id = turn.item_id
-        self._final = self._spawn(self._finish(turn, self._final, speech_ended_s))
+        self._final = self._spawn(self._finish(turn, self._final, speech_ended_s, speech_only))
 
-    async def _finish(self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float) -> None:
+    async def _finish(
+        self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float, speech_only: bool
+    ) -> None:
         try:
-            text = await turn.finish()
+            transcript = await turn.finish(speech_only)
         except Exception as error:
             if previous is not None:
                 await asyncio.wait([previous])
@@ -319,15 +356,20 @@ class RealtimeSession:
             return
         if previous is not None:
             await asyncio.wait([previous])  # turns complete in the order they were spoken
-        await self.emit(
-            server_event(
-                "conversation.item.input_audio_transcription.completed",
-                item_id=turn.item_id,
-                content_index=0,
-                transcript=text,
-                usage=duration_usage(turn.duration_s),
-            )
+        # Counted before the client hears of it: once it has the event, /metrics has the seconds.
+        self.metrics.observe_usage(turn.model_name, self.api_key, turn.duration_s)
+        completed = server_event(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=turn.item_id,
+            content_index=0,
+            transcript=transcript.text,
+            usage=duration_usage(turn.duration_s),
         )
+        if transcript.token_logprobs is not None:
+            # The final passes' tokens: the transcript's, but for words partial passes committed
+            # earlier and the final pass heard differently (deltas are never taken back).
+            completed["logprobs"] = logprobs_of(transcript.token_logprobs)
+        await self.emit(completed)
         self.metrics.observe_final(time.perf_counter() - speech_ended_s)
 
     async def _partial_passes(self) -> None:

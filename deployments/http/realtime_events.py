@@ -28,6 +28,9 @@ GA_FORMATS: dict[str, AudioFormat] = {
     "audio/pcma": "g711_alaw",
 }
 SAMPLE_RATES_HZ: dict[AudioFormat, int] = {"pcm16": 24000, "g711_ulaw": 8000, "g711_alaw": 8000}
+# The one `include` value of a transcription session: each completed turn's token log-probabilities.
+LOGPROBS_INCLUDE = "item.input_audio_transcription.logprobs"
+_Include = list[Literal["item.input_audio_transcription.logprobs"]] | None
 
 
 class RealtimeEventError(Exception):
@@ -45,15 +48,17 @@ class ServerVAD:
     threshold: float = 0.5  # speech probability above which a frame is speech
     prefix_padding_ms: int = 300  # audio kept before the detected start of speech
     silence_duration_ms: int = 500  # silence that ends a turn
+    idle_timeout_ms: int | None = None  # no speech for this long commits the quiet stretch as a turn
 
 
 @dataclass(frozen=True)
 class SessionSettings:
     audio_format: AudioFormat = "pcm16"
-    model: str = "whisper-1"
+    model: str | None = None  # the id the client chose (a name or an alias); None: the default model
     language: str | None = None
     prompt: str | None = None
     turn_detection: ServerVAD | None = ServerVAD()  # None: the client commits each turn
+    include_logprobs: bool = False  # `include: ["item.input_audio_transcription.logprobs"]`
 
     @property
     def sample_rate_hz(self) -> int:
@@ -64,7 +69,7 @@ class SessionSettings:
 
 
 class _Lenient(BaseModel):
-    # Fields this server does not use (noise_reduction, include, ...) are accepted and ignored, as
+    # Fields this server does not use (noise_reduction, create_response, ...) are accepted and ignored, as
     # a client written for OpenAI sends them.
     model_config = ConfigDict(extra="ignore")
 
@@ -80,6 +85,8 @@ class _TurnDetection(_Lenient):
     threshold: float | None = Field(None, ge=0, le=1)
     prefix_padding_ms: int | None = Field(None, ge=0, le=10_000)
     silence_duration_ms: int | None = Field(None, ge=0, le=10_000)
+    # At most two minutes: the quiet stretch is held to be transcribed when it times out.
+    idle_timeout_ms: int | None = Field(None, ge=100, le=120_000)
 
 
 class _GAFormat(_Lenient):
@@ -100,12 +107,22 @@ class _GAAudio(_Lenient):
 class _GASession(_Lenient):
     type: Literal["transcription"]
     audio: _GAAudio | None = None
+    include: _Include = None
 
 
 class _BetaSession(_Lenient):
     input_audio_format: AudioFormat | None = None
     input_audio_transcription: _Transcription | None = None
     turn_detection: _TurnDetection | None = None
+    include: _Include = None
+
+
+def transcription_param(event_type: str, name: str) -> str:
+    """Where a transcription field (model, language, prompt) sits in the update event's dialect,
+    for an error's `param`."""
+    if event_type == "session.update":
+        return f"session.audio.input.transcription.{name}"
+    return f"session.input_audio_transcription.{name}"
 
 
 def updated_settings(
@@ -123,11 +140,12 @@ def updated_settings(
             given = _given(session, "audio", "input")
             audio_format = GA_FORMATS[audio_input.format.type] if audio_input.format else None
             transcription, turn_detection = audio_input.transcription, audio_input.turn_detection
+            include = parsed.include
         else:
             beta = _BetaSession.model_validate(session)
             given = session
             audio_format, transcription = beta.input_audio_format, beta.input_audio_transcription
-            turn_detection = beta.turn_detection
+            turn_detection, include = beta.turn_detection, beta.include
     except ValidationError as error:
         first = error.errors()[0]
         param = ".".join(["session", *(str(part) for part in first["loc"])])
@@ -142,7 +160,7 @@ def updated_settings(
             raise RealtimeEventError(
                 "model_not_found",
                 f"The model '{transcription.model}' is not served here; use one of {', '.join(model_names)}.",
-                param="session.input_audio_transcription.model",
+                param=transcription_param(event["type"], "model"),
             )
         fields = transcription.model_fields_set & {"model", "language", "prompt"}
         changes.update({name: getattr(transcription, name) or None for name in fields if name != "model"})
@@ -150,6 +168,8 @@ def updated_settings(
             changes["model"] = transcription.model
     if "turn_detection" in given:
         changes["turn_detection"] = _server_vad(turn_detection) if turn_detection else None
+    if "include" in session:
+        changes["include_logprobs"] = LOGPROBS_INCLUDE in (include or [])
     return dataclasses.replace(settings, **changes)
 
 
@@ -164,7 +184,7 @@ def _server_vad(given: _TurnDetection) -> ServerVAD:
     return ServerVAD(
         **{
             name: getattr(given, name) if getattr(given, name) is not None else getattr(defaults, name)
-            for name in ("threshold", "prefix_padding_ms", "silence_duration_ms")
+            for name in ("threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms")
         }
     )
 
@@ -212,9 +232,12 @@ def error_event(error: RealtimeEventError, client_event_id: str | None = None) -
     )
 
 
-def session_event(event_type: str, session_id: str, settings: SessionSettings) -> dict[str, Any]:
-    """`session.created`/`.updated` (GA shape) or `transcription_session.updated` (beta shape)."""
-    transcription = {"model": settings.model, "language": settings.language, "prompt": settings.prompt or ""}
+def session_event(event_type: str, session_id: str, settings: SessionSettings, model: str) -> dict[str, Any]:
+    """`session.created`/`.updated` (GA shape) or `transcription_session.updated` (beta shape).
+    ``model``: the id of the model the session's next turn goes to (the one it chose, or the
+    default model's name)."""
+    transcription = {"model": model, "language": settings.language, "prompt": settings.prompt or ""}
+    include = [LOGPROBS_INCLUDE] if settings.include_logprobs else None
     vad = settings.turn_detection
     turn_detection = {"type": "server_vad", **dataclasses.asdict(vad)} if vad else None
     if event_type.startswith("transcription_session."):
@@ -225,7 +248,7 @@ def session_event(event_type: str, session_id: str, settings: SessionSettings) -
             "input_audio_transcription": transcription,
             "turn_detection": turn_detection,
             "input_audio_noise_reduction": None,
-            "include": None,
+            "include": include,
         }
     else:
         ga_format = {name: mime for mime, name in GA_FORMATS.items()}[settings.audio_format]
@@ -242,6 +265,6 @@ def session_event(event_type: str, session_id: str, settings: SessionSettings) -
                     "noise_reduction": None,
                 }
             },
-            "include": None,
+            "include": include,
         }
     return server_event(event_type, session=session)

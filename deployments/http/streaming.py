@@ -1,49 +1,96 @@
 """OpenAI's transcription stream as server-sent events: a ``transcript.text.delta`` as each
-window's text is ready, in order, then ``transcript.text.done`` with the usage in seconds of
-audio; the deltas join to the final text. The status line has gone out before the first window is
-decoded, so a failure travels as an ``error`` event carrying OpenAI's error object.
+window's text is ready, in order, then ``transcript.text.done`` with its languages and the usage
+in seconds of audio; the deltas join to the final text. A stream asked for with segments (verbose_json) also
+gets a ``transcript.text.segment`` for each of a window's segments once the window is decoded; one
+asked for with include[]=logprobs gets each delta's token log-probabilities on the delta and all of
+them on done. The status line has gone out before the first window is decoded, so a failure
+travels as an ``error`` event carrying OpenAI's error object.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 from deployments.http.errors import api_error_of
-from deployments.http.formats import duration_usage, languages_of
+from deployments.http.formats import Segment, duration_usage, languages_of, logprobs_of_windows, segments_of
 from engine import LongFormCursor
 from engine.types import DecodeResult
+
+
+@dataclass(frozen=True)
+class StreamContents:
+    """What a stream carries beyond the text: from the request's format and include[]."""
+
+    segments: bool = False  # a transcript.text.segment event per segment (verbose_json)
+    words: bool = False  # the segment events carry their words (timestamp_granularities[]=word)
+    logprobs: bool = False  # include[]=logprobs
 
 
 def sse(event: dict) -> str:
     return f"data: {json.dumps(event)}\n\n"
 
 
+def segment_event(segment: Segment, with_words: bool) -> dict:
+    """OpenAI's ``transcript.text.segment``: the segment's id, times on the file's timeline and
+    text (a speaker only where the audio was diarized), and with word timestamps its words."""
+    event = {
+        "type": "transcript.text.segment",
+        "id": f"seg_{segment.id}",
+        "start": segment.start_s,
+        "end": segment.end_s,
+        "text": segment.text,
+    }
+    if with_words:
+        event["words"] = [
+            {"word": word.word.strip(), "start": word.start_s, "end": word.end_s}
+            for word in segment.words or []
+        ]
+    return event
+
+
 async def transcription_events(
-    results: AsyncIterator[DecodeResult], cursor: LongFormCursor, finished: Callable[[int, float], None]
+    results: AsyncIterator[DecodeResult],
+    cursor: LongFormCursor,
+    finished: Callable[[int, float], None],
+    contents: StreamContents = StreamContents(),
 ) -> AsyncIterator[str]:
     """The events of ``results``, the windows of ``cursor`` as they are decoded. ``finished`` is
     told, once, the status the stream ended with and the seconds of audio it transcribed."""
     texts: list[str] = []
     streamed = ""
+    unsent_logprobs: list[dict] = []  # of windows whose text added nothing to show yet
+    segments_sent = 0
     try:
         async for result in results:
             texts.append(result.text)
+            if contents.logprobs:
+                unsent_logprobs.extend(logprobs_of_windows([result]))
             # The final text is the windows' text stripped at both ends; holding back trailing
             # spaces keeps every delta a piece of it.
             shown = "".join(texts).strip()
             if len(shown) > len(streamed):
-                yield sse({"type": "transcript.text.delta", "delta": shown[len(streamed) :]})
+                delta = {"type": "transcript.text.delta", "delta": shown[len(streamed) :]}
+                if contents.logprobs:
+                    delta["logprobs"], unsent_logprobs = unsent_logprobs, []
+                yield sse(delta)
                 streamed = shown
+            if contents.segments:
+                segments = segments_of(cursor.transcription())
+                for segment in segments[segments_sent:]:
+                    yield sse(segment_event(segment, contents.words))
+                segments_sent = len(segments)
         transcription = cursor.transcription()
-        yield sse(
-            {
-                "type": "transcript.text.done",
-                "text": transcription.text,
-                "languages": languages_of(transcription),
-                "usage": duration_usage(transcription.duration_s),
-            }
-        )
+        done = {
+            "type": "transcript.text.done",
+            "text": transcription.text,
+            "languages": languages_of(transcription),
+        }
+        if contents.logprobs:
+            done["logprobs"] = logprobs_of_windows(transcription.windows)
+        done["usage"] = duration_usage(transcription.duration_s)
+        yield sse(done)
     except Exception as error:
         api_error = api_error_of(error)
         finished(api_error.status, 0.0)

@@ -28,8 +28,16 @@ import numpy as np
 from deployments.config import RealtimeOptions
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.pipeline import WindowPipeline
-from engine import N_SAMPLES, SAMPLE_RATE, LocalAgreement, resample, split_windows
-from engine.types import DecodeOptions, FallbackOptions, Priority
+from engine import (
+    N_SAMPLES,
+    SAMPLE_RATE,
+    LocalAgreement,
+    SpeechOptions,
+    detect_speech,
+    resample,
+    split_windows,
+)
+from engine.types import DecodeOptions, FallbackOptions, Priority, TokenLogprob
 
 logger = logging.getLogger("ray.serve")
 
@@ -48,8 +56,18 @@ class TurnSettings:
     """What a turn's passes need of its session's settings."""
 
     sample_rate_hz: int  # the client's audio rate; each pass resamples to 16 kHz
-    language: str | None = None
-    prompt: str | None = None
+    language: str | None = None  # every pass's, partial and final
+    prompt: str | None = None  # the first window's prompt; later windows are prompted with the text before
+    token_logprobs: bool = False  # final passes return each text token's log-probability
+
+
+@dataclass(frozen=True)
+class TurnTranscript:
+    """A finished turn: its whole text (the deltas joined) and, when the settings asked for them,
+    the text tokens of its final passes (each window's, in order) with their log-probabilities."""
+
+    text: str
+    token_logprobs: list[TokenLogprob] | None = None
 
 
 class PartialPassSlots:
@@ -70,6 +88,7 @@ class LiveTurn:
     def __init__(
         self,
         item_id: str,
+        model_name: str,
         settings: TurnSettings,
         pipeline: WindowPipeline,
         on_delta: OnDelta,
@@ -78,6 +97,7 @@ class LiveTurn:
         options: RealtimeOptions,
     ):
         self.item_id = item_id
+        self.model_name = model_name  # the served model whose pipeline runs the passes (and bills them)
         self.options = options
         self.slots = slots
         self.settings = settings
@@ -95,6 +115,7 @@ class LiveTurn:
         self._passes = 0
         self._carry_in_flight = False  # a carry-over's text is part of the turn's: finish() awaits it
         self._closed = False  # finished or cancelled: partial passes still out are ignored
+        self._final_logprobs: list[TokenLogprob] = []  # the final passes' so far, window by window
 
     @property
     def duration_s(self) -> float:
@@ -127,11 +148,18 @@ class LiveTurn:
         _PASSES.add(self._pass)
         self._pass.add_done_callback(_PASSES.discard)
 
-    async def finish(self) -> str:
+    async def finish(self, speech_only: bool = False) -> TurnTranscript:
         """The final pass: every delta not sent yet, then the turn's whole text (the deltas joined).
         A partial pass in flight is dropped (its text ignored), so it never delays the final one; a
-        carry-over in flight is part of the text and is awaited."""
+        carry-over in flight is part of the text and is awaited.
+
+        ``speech_only``: audio the session's VAD heard no speech in (an idle timeout's quiet
+        stretch). It is decoded only if the file endpoint's speech detection, more sensitive,
+        finds speech in it; else its text is empty, as a file's silence is, and nothing is decoded
+        (Whisper writes words such as "you" into silence)."""
         self._closed = True
+        if speech_only and not await asyncio.to_thread(self._has_speech):
+            return TurnTranscript("", [] if self.settings.token_logprobs else None)
         if self._carry_in_flight:
             await asyncio.wait([self._pass])
         while self._window_samples_16k_count() > N_SAMPLES:
@@ -140,7 +168,11 @@ class LiveTurn:
         if len(samples):
             result = await self._decode("f", samples, final=True)
             await self._send_delta(self.agreement.finish_window(result.text))
-        return self.agreement.text
+        logprobs = self._final_logprobs if self.settings.token_logprobs else None
+        return TurnTranscript(self.agreement.text, logprobs)
+
+    def _has_speech(self) -> bool:
+        return bool(detect_speech(self._window_samples_16k(), SpeechOptions()))
 
     def _free_slot(self, _: asyncio.Task) -> None:
         self.slots.in_use -= 1
@@ -193,12 +225,16 @@ class LiveTurn:
             or (None if final else min(224, int(PARTIAL_TOKENS_BASE + PARTIAL_TOKENS_PER_S * duration_s))),
             ignore_eot=fixed is not None,
             beam_size=self.options.final_beam_size if final else 1,
+            token_logprobs=final and self.settings.token_logprobs,
         )
         window_id = f"{self.item_id}-{kind}{self._passes}"
         # A final pass is what the speaker waits for: interactive, ahead of every partial pass
         # queued in the encoders and decoders (they rank as batch work and age as it does).
         priority = Priority.INTERACTIVE if final else Priority.BATCH
-        return await self.pipeline.decode_window(window_id, samples, options, priority)
+        result = await self.pipeline.decode_window(window_id, samples, options, priority)
+        if final:
+            self._final_logprobs += result.token_logprobs or []
+        return result
 
     async def _send_delta(self, delta: str) -> None:
         if delta:

@@ -285,6 +285,44 @@ def test_include_logprobs_gives_each_text_tokens_log_probability(client):
     assert all(bytes(int(b) for b in item.bytes).decode() == item.token for item in result.logprobs)
 
 
+def test_a_streamed_verbose_json_gets_each_segment_of_the_verbose_json_as_an_event_after_its_text(client):
+    long_file = (SPEECH_DIR / "osr_list72.flac").read_bytes()  # 35.5 s: two windows
+    verbose = _transcribe(client, "list72.flac", long_file, response_format="verbose_json")
+    events = list(_transcribe(client, "list72.flac", long_file, response_format="verbose_json", stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[-1] == "transcript.text.done" and kinds.count("transcript.text.done") == 1
+    segments = [event for event in events if event.type == "transcript.text.segment"]
+    assert [(s.start, s.end, s.text) for s in segments] == [
+        (s.start, s.end, s.text) for s in verbose.segments
+    ]
+    assert len({s.id for s in segments}) == len(segments) >= 2
+    # A segment's event comes after the delta that carries its window's text.
+    streamed = ""
+    for event in events[:-1]:
+        if event.type == "transcript.text.delta":
+            streamed += event.delta
+        else:
+            assert event.text.strip() in streamed
+    assert streamed == events[-1].text == verbose.text
+
+
+def test_a_streamed_include_logprobs_puts_each_deltas_on_it_and_all_of_them_on_done(client):
+    long_file = (SPEECH_DIR / "osr_list72.flac").read_bytes()
+    whole = _transcribe(client, "list72.flac", long_file, include=["logprobs"])
+    events = list(_transcribe(client, "list72.flac", long_file, include=["logprobs"], stream=True))
+    deltas, done = events[:-1], events[-1]
+    assert len(deltas) >= 2 and all(event.type == "transcript.text.delta" for event in deltas)
+    for delta in deltas:
+        assert "".join(item.token for item in delta.logprobs).strip() == delta.delta.strip()
+    assert [item.token for item in done.logprobs] == [item.token for item in whole.logprobs]
+    assert [item.logprob for item in done.logprobs] == pytest.approx(
+        [item.logprob for item in whole.logprobs], abs=0.05
+    )
+    assert [item.token for delta in deltas for item in delta.logprobs] == [
+        item.token for item in done.logprobs
+    ]
+
+
 # ---- usage --------------------------------------------------------------------------------------
 
 

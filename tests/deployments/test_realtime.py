@@ -19,9 +19,11 @@ import pytest
 import soundfile
 import websockets.sync.client
 
+from deployments.http.formats import duration_usage
+from deployments.metrics import api_key_label
 from engine.model.audio import load_audio_file
 from engine.transcribe.evaluation import normalize_english, word_error_rate
-from tests.support.app_metrics import metric_sum
+from tests.support.app_metrics import labelled_sum, metric_sum
 from tests.support.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from tests.support.serving import default_app_args, replica_actor, running_app
 from tests.support.speech import english_clips
@@ -36,6 +38,7 @@ SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, 
 # error from the file: so live and file texts can be compared word for word.
 CLIP_IDS = ["tts_01", "osr72_04", "tts_11", "tts_28"]
 ONE_NEAR_TIE = 2  # word edits (see _words_apart)
+COMPLETED = "conversation.item.input_audio_transcription.completed"
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +76,7 @@ def _open(client: openai.OpenAI, turn_detection: dict | None):
     updated = _recv(connection)
     assert updated["type"] == "session.updated", updated
     assert updated["session"]["audio"]["input"]["turn_detection"] == (
-        {**SERVER_VAD} if turn_detection else None
+        {"idle_timeout_ms": None, **turn_detection} if turn_detection else None
     )
     return connection
 
@@ -235,6 +238,100 @@ def test_a_connection_without_the_api_key_is_refused_and_one_with_it_works(serve
         assert json.loads(browser.recv(timeout=30))["type"] == "session.created"
     with _connect(openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)) as connection:
         assert _recv(connection)["type"] == "session.created"
+
+
+def _send_paced(connection, pcm16: bytes, pace: float, chunk_ms: int = 100) -> None:
+    """Append the audio in chunks, ``pace`` seconds of audio per second of wall clock."""
+    chunk_bytes = REALTIME_RATE_HZ * 2 * chunk_ms // 1000
+    started = time.perf_counter()
+    for offset in range(0, len(pcm16), chunk_bytes):
+        delay_s = started + offset / (2 * REALTIME_RATE_HZ) / pace - time.perf_counter()
+        if delay_s > 0:
+            time.sleep(delay_s)
+        connection.input_audio_buffer.append(
+            audio=base64.b64encode(pcm16[offset : offset + chunk_bytes]).decode()
+        )
+
+
+def test_idle_timeout_fires_timeout_triggered_once_per_quiet_stretch_and_never_during_a_turn(client):
+    """Quiet counts in audio time, so the stream goes at three times real time: 2.5 s of silence
+    (two stretches of 1 s), a 3 s utterance (longer than the timeout), 2 s of silence (one more)."""
+    idle_vad = {**SERVER_VAD, "idle_timeout_ms": 1000}
+    connection = _open(client, idle_vad)
+    utterance = _utterances(["tts_01"])[0]
+    try:
+        silence_s = 2.5
+        _send_paced(connection, bytes(int(REALTIME_RATE_HZ * silence_s) * 2) + utterance, pace=3.0)
+        _send_paced(connection, bytes(REALTIME_RATE_HZ * 2 * 2), pace=3.0)
+        events = []
+        while sum(e["type"].endswith("transcription.completed") for e in events) < 4:
+            events.append(_recv(connection))
+    finally:
+        connection.close()
+
+    def of_type(kind: str) -> list[dict]:
+        return [e for e in events if e["type"] == kind]
+
+    timeouts = of_type("input_audio_buffer.timeout_triggered")
+    (started,), (stopped,) = (
+        of_type("input_audio_buffer.speech_started"),
+        of_type("input_audio_buffer.speech_stopped"),
+    )
+    committed, completed = of_type("input_audio_buffer.committed"), of_type(COMPLETED)
+    assert len(timeouts) == 3, [e["type"] for e in events]
+    assert [e["item_id"] for e in committed] == [
+        timeouts[0]["item_id"],
+        timeouts[1]["item_id"],
+        started["item_id"],
+        timeouts[2]["item_id"],
+    ]
+    assert [e["item_id"] for e in completed] == [e["item_id"] for e in committed], "in the order committed"
+    assert timeouts[0]["audio_start_ms"] == 0 and timeouts[1]["audio_start_ms"] == timeouts[0]["audio_end_ms"]
+    for timeout in timeouts:
+        assert 1000 <= timeout["audio_end_ms"] - timeout["audio_start_ms"] <= 1040, timeout
+    # None inside the turn: the third stretch starts once speech has stopped.
+    assert timeouts[1]["audio_end_ms"] <= started["audio_start_ms"]
+    assert timeouts[2]["audio_start_ms"] >= stopped["audio_end_ms"]
+    speech_turn = completed[2]
+    reference = next(c.text for c in english_clips() if c.id == "tts_01")
+    assert word_error_rate([reference], [speech_turn["transcript"]]) <= 0.1, speech_turn["transcript"]
+    for timeout, done in zip(timeouts, [completed[0], completed[1], completed[3]]):
+        # A quiet stretch is billed, and without speech its text is empty, as a file's silence is
+        # (decoded, tiny.en would read digital silence as "you").
+        assert done["transcript"] == "", done["transcript"]
+        assert done["usage"] == duration_usage((timeout["audio_end_ms"] - timeout["audio_start_ms"]) / 1000)
+
+
+def test_a_completed_turn_has_usage_and_with_include_its_logprobs_and_bills_the_models_audio_seconds(
+    client, server_url
+):
+    utterance = _utterances(["osr72_05"])[0]
+    billed = dict(model="tiny.en", api_key=api_key_label(API_KEY))
+    billed_before = labelled_sum(server_url, "whisper_audio_seconds_total", **billed)
+    connection = _connect(client).enter()
+    try:
+        created = _recv(connection)
+        assert created["session"]["audio"]["input"]["transcription"]["model"] == "tiny.en", (
+            "the default model"
+        )
+        session = transcription_session(None, transcription={"model": "whisper-1", "language": "en"})
+        connection.session.update(session={**session, "include": ["item.input_audio_transcription.logprobs"]})
+        updated = _recv(connection)
+        assert updated["session"]["include"] == ["item.input_audio_transcription.logprobs"], updated
+        connection.input_audio_buffer.append(audio=base64.b64encode(utterance).decode())
+        connection.input_audio_buffer.commit()
+        while (completed := _recv(connection))["type"] != COMPLETED:
+            pass
+    finally:
+        connection.close()
+    audio_s = len(utterance) / 2 / REALTIME_RATE_HZ
+    assert completed["transcript"] == "Small children came to see him."
+    assert completed["usage"] == {"type": "duration", "seconds": round(audio_s, 3)}
+    logprobs = completed["logprobs"]
+    assert "".join(item["token"] for item in logprobs).strip() == completed["transcript"]
+    assert all(item["logprob"] <= 0 and item["bytes"] == list(item["token"].encode()) for item in logprobs)
+    billed_after = labelled_sum(server_url, "whisper_audio_seconds_total", **billed)
+    assert billed_after - billed_before == pytest.approx(audio_s, abs=1e-6), "the turn's seconds, to tiny.en"
 
 
 def test_each_bad_event_gets_an_error_event_and_the_session_survives(client):

@@ -8,7 +8,7 @@ import numpy as np
 from engine.model.audio import SAMPLE_RATE
 from engine.model.vad import load_silero_vad
 from engine.transcribe.evaluation import concatenate_clips
-from engine.transcribe.turn_detection import SpeechStarted, SpeechStopped, TurnDetector
+from engine.transcribe.turn_detection import IdleTimedOut, SpeechStarted, SpeechStopped, TurnDetector
 from tests.support.speech import english_clips
 
 CLIP_IDS = ["osr72_04", "tts_01", "osr72_08", "tts_11"]
@@ -68,3 +68,31 @@ def test_silence_and_quiet_noise_start_no_turn():
     settings = dict(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500)
     assert _turns(np.zeros(SAMPLE_RATE * 5, dtype=np.float32), 40, **settings) == []
     assert _turns(noise, 40, **settings) == []
+
+
+IDLE_SETTINGS = dict(threshold=0.5, prefix_padding_ms=300, silence_duration_ms=500, idle_timeout_ms=1000)
+
+
+def test_quiet_times_out_once_per_idle_timeout_of_audio_each_stretch_starting_where_the_last_ended():
+    silence = np.zeros(int(SAMPLE_RATE * 3.5), dtype=np.float32)
+    events = _turns(silence, 40, **IDLE_SETTINGS)
+    assert [type(event) for event in events] == [IdleTimedOut] * 3
+    assert events[0].audio_start_s == 0.0
+    for before, after in zip(events, events[1:]):
+        assert after.audio_start_s == before.audio_end_s, "stretches follow each other, none twice"
+    for event in events:
+        assert 1.0 <= event.audio_end_s - event.audio_start_s < 1.0 + 0.032  # to the next VAD frame
+    assert _turns(silence, 1000, **IDLE_SETTINGS) == events, "audio time: chunking changes nothing"
+    assert _turns(silence, 40, **{**IDLE_SETTINGS, "idle_timeout_ms": None}) == []
+
+
+def test_speech_longer_than_the_idle_timeout_never_times_out_and_the_quiet_counts_from_its_end():
+    clips = {clip.id: clip for clip in english_clips()}
+    speech = concatenate_clips([clips["osr72_04"]], silence_s=1.6).samples
+    samples = np.concatenate([np.zeros(SAMPLE_RATE // 2, dtype=np.float32), speech])
+    events = _turns(samples, 40, **IDLE_SETTINGS)
+    assert [type(event) for event in events] == [SpeechStarted, SpeechStopped, IdleTimedOut], events
+    started, stopped, quiet = events
+    assert stopped.audio_end_s - started.audio_start_s > 2.0, "a turn longer than the idle timeout"
+    assert quiet.audio_start_s == stopped.detected_s
+    assert 1.0 <= quiet.audio_end_s - quiet.audio_start_s < 1.0 + 0.032
