@@ -8,7 +8,8 @@ silence around them. Ending regions at every 0.1 s breath (Silero's default, sen
 fragments shorter than a window, each embedded with the audio before it; on our conversations those
 windows split single voices into several clusters (docs/diarization.md).
 
-Windows of 1.5 s every 0.6 s are 3D-Speaker's CAM++ recipe (which senko follows): long enough for a stable embedding, short enough to catch quick exchanges.
+Windows of 1.5 s every 0.6 s are 3D-Speaker's CAM++ recipe (which senko follows): long enough for
+a stable embedding, short enough to catch quick exchanges.
 """
 
 from __future__ import annotations
