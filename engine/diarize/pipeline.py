@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.diarize.clustering import cluster_speakers
-from engine.diarize.embeddings import EncoderOptions, RecordingWindows, SpeakerEncoder
+from engine.diarize.embeddings import RecordingWindows, SpeakerEncoder, SpeakerEncoderOptions
 from engine.diarize.segmentation import SubsegmentOptions, diarization_regions, subsegments
 from engine.diarize.turns import speaker_centroids, speaker_turns
 from engine.diarize.types import Diarization, DiarizationRequest
@@ -22,7 +22,7 @@ class Diarizer:
 
     def __init__(
         self,
-        encoder_options: EncoderOptions = EncoderOptions(),
+        encoder_options: SpeakerEncoderOptions = SpeakerEncoderOptions(),
         subsegment_options: SubsegmentOptions = SubsegmentOptions(),
     ):
         self.encoder = SpeakerEncoder(encoder_options)

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pyannote.core import Annotation, Segment
 
-from engine.diarize import Diarization, DiarizationRequest, Diarizer, EncoderOptions
+from engine.diarize import Diarization, DiarizationRequest, Diarizer, SpeakerEncoderOptions
 from tests.support.conversations import Conversation, standard_conversations
 
 THREADS = 2
@@ -54,7 +54,7 @@ class Runs:
 
 @pytest.fixture(scope="session")
 def diarizer() -> Diarizer:
-    return Diarizer(EncoderOptions(threads=THREADS))
+    return Diarizer(SpeakerEncoderOptions(threads=THREADS))
 
 
 @pytest.fixture(scope="session")
