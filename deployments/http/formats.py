@@ -11,36 +11,14 @@ segment and word.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from deployments.http.segments import Segment, segments_of
 from deployments.http.speakers import Speakers, SpokenSegment
-from engine import SAMPLE_RATE, Transcription, compression_ratio
-from engine.types import DecodeResult, TimedText, TokenLogprob
+from engine import Transcription
+from engine.types import DecodeResult, TokenLogprob
 
 RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
-
-
-@dataclass(frozen=True)
-class Word:
-    word: str
-    start_s: float
-    end_s: float
-
-
-@dataclass(frozen=True)
-class Segment:
-    id: int
-    start_s: float
-    end_s: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
-    words: list[Word] | None  # with word timestamps: on the file's timeline, inside the segment
 
 
 def duration_usage(duration_s: float) -> dict:
@@ -67,50 +45,6 @@ def logprobs_of(token_logprobs: list[TokenLogprob]) -> list[dict]:
 def logprobs_of_windows(windows: list[DecodeResult]) -> list[dict]:
     """``logprobs_of`` the windows' text tokens, in window order."""
     return logprobs_of([item for window in windows for item in window.token_logprobs or []])
-
-
-def segments_of(transcription: Transcription) -> list[Segment]:
-    """The transcript's segments on the file's timeline: Whisper's timestamp segments when the
-    windows were decoded with timestamps, else one segment per window."""
-    segments: list[Segment] = []
-    for window, timeline in zip(transcription.windows, transcription.timelines):
-        window_s = timeline.num_samples / SAMPLE_RATE
-        pieces = window.segments
-        if pieces is None:
-            pieces = [TimedText(0.0, window_s, window.text, window.tokens)]
-        for piece in pieces:
-            if not piece.text.strip():
-                continue
-            # Clamped to the window's audio (Whisper may time text into the padding after it),
-            # then placed on the file's timeline.
-            piece_start_s = min(piece.start_s, window_s)
-            piece_end_s = min(max(piece.end_s, piece_start_s), window_s)
-            start_s, end_s = timeline.file_span_s(piece_start_s, piece_end_s)
-            words = None
-            if piece.words is not None:
-                words = []
-                for word in piece.words:
-                    word_start_s = min(max(word.start_s, piece_start_s), piece_end_s)
-                    word_end_s = min(max(word.end_s, word_start_s), piece_end_s)
-                    file_start_s, file_end_s = timeline.file_span_s(word_start_s, word_end_s)
-                    file_start_s, file_end_s = max(file_start_s, start_s), min(file_end_s, end_s)
-                    file_end_s = max(file_end_s, file_start_s)
-                    words.append(Word(word.word, round(file_start_s, 3), round(file_end_s, 3)))
-            segments.append(
-                Segment(
-                    id=len(segments),
-                    start_s=round(start_s, 3),
-                    end_s=round(end_s, 3),
-                    text=piece.text,
-                    tokens=piece.tokens,
-                    temperature=window.temperature,
-                    avg_logprob=window.avg_logprob,
-                    compression_ratio=compression_ratio(piece.text),
-                    no_speech_prob=window.no_speech_prob,
-                    words=words,
-                )
-            )
-    return segments
 
 
 def _clock(seconds: float, decimal_marker: str) -> str:

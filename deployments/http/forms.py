@@ -11,8 +11,9 @@ from starlette.datastructures import FormData
 
 from deployments.config import AppConfig
 from deployments.http.errors import APIError, model_not_found
+from deployments.http.fields import list_field, parse_flag, parse_number
 from deployments.http.formats import RESPONSE_FORMATS
-from deployments.http.speakers import MAX_SPEAKERS, SpeakerOptions, parse_known_speakers
+from deployments.http.speakers import SpeakerOptions, parse_speaker_fields
 from deployments.http.uploads import read_upload
 from engine import LongFormMode, SpeechOptions
 from engine.types import DecodeOptions, FallbackOptions, Priority
@@ -32,16 +33,6 @@ class TranscriptionForm:
     speech: SpeechOptions | None  # chunking_strategy (or the server's default): windows from speech
     model: str  # the name of the model its `model` field chooses (by that name or an alias)
     speakers: SpeakerOptions | None = None  # diarized_json or diarize=true: who speaks, too
-
-
-def _parse_flag(raw, name: str, default: bool) -> bool:
-    if raw in (None, ""):
-        return default
-    if str(raw).lower() in ("true", "1"):
-        return True
-    if str(raw).lower() in ("false", "0"):
-        return False
-    raise APIError(400, f"Invalid {name} '{raw}'; expected true or false.", param=name)
 
 
 def _parse_threshold(raw, name: str, default: float | None) -> float | None:
@@ -112,33 +103,17 @@ def _parse_fixed_output_tokens(raw) -> int | None:
     return value
 
 
-def _parse_number(raw, name: str, kind: type, low: float, high: float, default):
-    """A numeric vendor field within [low, high]; absent: ``default``."""
-    if raw in (None, ""):
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        expected = "a whole number" if kind is int else "a number"
-        raise APIError(
-            400, f"Invalid {name} '{raw}'; expected {expected} from {low:g} to {high:g}.", param=name
-        )
-    return value
-
-
 def _parse_beam_options(form: FormData, config: AppConfig) -> dict:
     """The vendor fields `beam_size`, `patience`, `length_penalty` and `best_of` (openai-whisper's
     meaning: beams at temperature 0, the best of `best_of` samples at the fallback's higher ones)."""
-    beam_size = _parse_number(
+    beam_size = parse_number(
         form.get("beam_size"), "beam_size", int, 1, config.largest_beam_size, config.http.default_beam_size
     )
-    patience = _parse_number(form.get("patience"), "patience", float, 0.1, 10.0, None)
+    patience = parse_number(form.get("patience"), "patience", float, 0.1, 10.0, None)
     if patience is not None and beam_size == 1:
         raise APIError(400, "patience needs beam_size greater than 1.", param="patience")
-    length_penalty = _parse_number(form.get("length_penalty"), "length_penalty", float, 0.0, 1.0, None)
-    best_of = _parse_number(form.get("best_of"), "best_of", int, 1, config.largest_beam_size, 1)
+    length_penalty = parse_number(form.get("length_penalty"), "length_penalty", float, 0.0, 1.0, None)
+    best_of = parse_number(form.get("best_of"), "best_of", int, 1, config.largest_beam_size, 1)
     return dict(beam_size=beam_size, patience=patience, length_penalty=length_penalty, best_of=best_of)
 
 
@@ -234,15 +209,10 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
     return SpeechOptions(**values)
 
 
-def _list_field(form: FormData, name: str) -> list[str]:
-    """A list field as OpenAI's client sends it (``name[]`` once per item), or as ``name``."""
-    return form.getlist(f"{name}[]") or form.getlist(name)
-
-
 def _parse_words_list(form: FormData, name: str) -> tuple[str, ...] | None:
     """``languages[]`` or ``keywords[]``: each item once, in the order sent; absent: None. Whether
     the model can use them is the engine's to say (a 400 naming the field)."""
-    items = [str(item).strip() for item in _list_field(form, name)]
+    items = [str(item).strip() for item in list_field(form, name)]
     if any(not item for item in items):
         raise APIError(400, f"Invalid {name}: an item is empty.", param=name)
     return tuple(dict.fromkeys(items)) or None
@@ -251,7 +221,7 @@ def _parse_words_list(form: FormData, name: str) -> tuple[str, ...] | None:
 def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...]:
     """``timestamp_granularities[]``, as OpenAI's API takes them: 'segment' with any format (only
     verbose_json shows it), 'word' with verbose_json only, where the words have a place."""
-    granularities = tuple(_list_field(form, "timestamp_granularities"))
+    granularities = tuple(list_field(form, "timestamp_granularities"))
     for granularity in granularities:
         if granularity not in ("segment", "word"):
             raise APIError(
@@ -271,7 +241,7 @@ def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...
 
 def _parse_include(form: FormData, response_format: str) -> bool:
     """``include[]``: only 'logprobs', which, as in OpenAI's API, needs response_format json."""
-    include = _list_field(form, "include")
+    include = list_field(form, "include")
     for item in include:
         if item != "logprobs":
             raise APIError(400, f"Invalid include value '{item}'; expected 'logprobs'.", param="include[]")
@@ -282,78 +252,6 @@ def _parse_include(form: FormData, response_format: str) -> bool:
             param="include[]",
         )
     return bool(include)
-
-
-_SPEAKER_FIELDS = ("known_speaker_names[]", "known_speaker_references[]", "min_speakers", "max_speakers")
-
-
-def _parse_speakers(
-    form: FormData, response_format: str, task: str, granularities: tuple[str, ...], config: AppConfig
-) -> SpeakerOptions | None:
-    """The speaker fields: OpenAI's diarized_json with ``known_speaker_names[]`` and
-    ``known_speaker_references[]``, and the vendor fields ``diarize`` (speakers on verbose_json),
-    ``min_speakers`` and ``max_speakers``. None: the request is not diarized. OpenAI's diarizing
-    model refuses a prompt and timestamp_granularities; so does diarized_json here."""
-    diarize = _parse_flag(form.get("diarize"), "diarize", False)
-    names, references = (
-        _list_field(form, "known_speaker_names"),
-        _list_field(form, "known_speaker_references"),
-    )
-    given = {
-        "known_speaker_names[]": bool(names),
-        "known_speaker_references[]": bool(references),
-        "min_speakers": form.get("min_speakers") not in (None, ""),
-        "max_speakers": form.get("max_speakers") not in (None, ""),
-    }
-    if response_format != "diarized_json" and not diarize:
-        for name in _SPEAKER_FIELDS:
-            if given[name]:
-                raise APIError(
-                    400,
-                    f"{name} is for diarized requests: send response_format diarized_json (or diarize=true "
-                    "with verbose_json).",
-                    param=name,
-                )
-        return None
-    if diarize and response_format not in ("verbose_json", "diarized_json"):
-        raise APIError(
-            400,
-            f"diarize=true puts speakers on verbose_json segments and words, not on '{response_format}'; "
-            "send response_format verbose_json, or diarized_json for OpenAI's diarized format.",
-            param="diarize",
-        )
-    if config.diarizer is None:
-        raise APIError(
-            400,
-            "This server does not diarize: its config has no `diarizer` section. Send another "
-            "response_format.",
-            param="response_format",
-            code="diarization_unavailable",
-        )
-    if task == "translate":
-        raise APIError(
-            400,
-            "Translations cannot be diarized; send diarized requests to /v1/audio/transcriptions.",
-            param="response_format",
-        )
-    if response_format == "diarized_json":
-        if granularities:
-            raise APIError(
-                400,
-                "timestamp_granularities[] is not supported with response_format diarized_json.",
-                param="timestamp_granularities[]",
-            )
-        if form.get("prompt"):
-            raise APIError(400, "prompt is not supported with response_format diarized_json.", param="prompt")
-    min_speakers = _parse_number(form.get("min_speakers"), "min_speakers", int, 1, MAX_SPEAKERS, None)
-    max_speakers = _parse_number(form.get("max_speakers"), "max_speakers", int, 1, MAX_SPEAKERS, None)
-    if min_speakers and max_speakers and min_speakers > max_speakers:
-        raise APIError(
-            400,
-            f"min_speakers ({min_speakers}) is more than max_speakers ({max_speakers}).",
-            param="min_speakers",
-        )
-    return SpeakerOptions(min_speakers, max_speakers, parse_known_speakers(names, references))
 
 
 async def parse_transcription_form(request: Request, task: str, config: AppConfig) -> TranscriptionForm:
@@ -382,7 +280,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
         language = None  # translations detect the spoken language and always output English
     # The languages the audio may be in: detection (a translation's too) chooses among them.
     languages = _parse_words_list(form, "languages")
-    stream = _parse_flag(form.get("stream"), "stream", False)
+    stream = parse_flag(form.get("stream"), "stream", False)
     if stream and response_format not in STREAMED_FORMATS:
         raise APIError(
             400,
@@ -408,7 +306,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     # As OpenAI's API: temperature 0 falls back to higher temperatures when a window's text
     # fails openai-whisper's thresholds; the vendor fields tune or switch that off.
     fallback = None
-    if _parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
+    if parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
         defaults = FallbackOptions()
         fallback = FallbackOptions(
             **{
@@ -416,7 +314,7 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
                 for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
             }
         )
-    speakers = _parse_speakers(form, response_format, task, granularities, config)
+    speakers = parse_speaker_fields(form, response_format, task, granularities, config)
     # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
     # sequential long-form, which seeks by them); word times come with verbose_json, and with
     # diarization, which gives each word to a speaker and cuts segments where the speaker changes.

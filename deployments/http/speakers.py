@@ -13,17 +13,17 @@ import base64
 import binascii
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
+from starlette.datastructures import FormData
 
+from deployments.config import AppConfig
 from deployments.http.errors import APIError
+from deployments.http.fields import list_field, parse_flag, parse_number
+from deployments.http.segments import Segment
 from engine import SAMPLE_RATE, SpeakerTurn, decode_audio, speaker_at, split_by_speaker
 from engine.errors import AudioDecodeError, AudioTooLongError
 from engine.types import TimedText, TimedWord
-
-if TYPE_CHECKING:  # formats.py puts speakers on its segments: it imports this module
-    from deployments.http.formats import Segment
 
 # Bounds min_speakers / max_speakers may set: beyond any conversation clustering tells apart.
 MAX_SPEAKERS = 32
@@ -83,6 +83,78 @@ def parse_known_speakers(names: list[str], references: list[str]) -> dict[str, b
         name: _data_url_bytes(reference, index)
         for index, (name, reference) in enumerate(zip(cleaned, references))
     }
+
+
+_SPEAKER_FIELDS = ("known_speaker_names[]", "known_speaker_references[]", "min_speakers", "max_speakers")
+
+
+def parse_speaker_fields(
+    form: FormData, response_format: str, task: str, granularities: tuple[str, ...], config: AppConfig
+) -> SpeakerOptions | None:
+    """The speaker fields: OpenAI's diarized_json with ``known_speaker_names[]`` and
+    ``known_speaker_references[]``, and the vendor fields ``diarize`` (speakers on verbose_json),
+    ``min_speakers`` and ``max_speakers``. None: the request is not diarized. OpenAI's diarizing
+    model refuses a prompt and timestamp_granularities; so does diarized_json here."""
+    diarize = parse_flag(form.get("diarize"), "diarize", False)
+    names, references = (
+        list_field(form, "known_speaker_names"),
+        list_field(form, "known_speaker_references"),
+    )
+    given = {
+        "known_speaker_names[]": bool(names),
+        "known_speaker_references[]": bool(references),
+        "min_speakers": form.get("min_speakers") not in (None, ""),
+        "max_speakers": form.get("max_speakers") not in (None, ""),
+    }
+    if response_format != "diarized_json" and not diarize:
+        for name in _SPEAKER_FIELDS:
+            if given[name]:
+                raise APIError(
+                    400,
+                    f"{name} is for diarized requests: send response_format diarized_json (or diarize=true "
+                    "with verbose_json).",
+                    param=name,
+                )
+        return None
+    if diarize and response_format not in ("verbose_json", "diarized_json"):
+        raise APIError(
+            400,
+            f"diarize=true puts speakers on verbose_json segments and words, not on '{response_format}'; "
+            "send response_format verbose_json, or diarized_json for OpenAI's diarized format.",
+            param="diarize",
+        )
+    if config.diarizer is None:
+        raise APIError(
+            400,
+            "This server does not diarize: its config has no `diarizer` section. Send another "
+            "response_format.",
+            param="response_format",
+            code="diarization_unavailable",
+        )
+    if task == "translate":
+        raise APIError(
+            400,
+            "Translations cannot be diarized; send diarized requests to /v1/audio/transcriptions.",
+            param="response_format",
+        )
+    if response_format == "diarized_json":
+        if granularities:
+            raise APIError(
+                400,
+                "timestamp_granularities[] is not supported with response_format diarized_json.",
+                param="timestamp_granularities[]",
+            )
+        if form.get("prompt"):
+            raise APIError(400, "prompt is not supported with response_format diarized_json.", param="prompt")
+    min_speakers = parse_number(form.get("min_speakers"), "min_speakers", int, 1, MAX_SPEAKERS, None)
+    max_speakers = parse_number(form.get("max_speakers"), "max_speakers", int, 1, MAX_SPEAKERS, None)
+    if min_speakers and max_speakers and min_speakers > max_speakers:
+        raise APIError(
+            400,
+            f"min_speakers ({min_speakers}) is more than max_speakers ({max_speakers}).",
+            param="min_speakers",
+        )
+    return SpeakerOptions(min_speakers, max_speakers, parse_known_speakers(names, references))
 
 
 def _data_url_bytes(reference: str, index: int) -> bytes:

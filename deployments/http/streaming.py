@@ -18,14 +18,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from deployments.http.errors import api_error_of
-from deployments.http.formats import (
-    Segment,
-    diarized_segment,
-    duration_usage,
-    languages_of,
-    logprobs_of_windows,
-    segments_of,
-)
+from deployments.http.formats import diarized_segment, duration_usage, languages_of, logprobs_of_windows
+from deployments.http.segments import Segment, segments_of
 from deployments.http.speakers import Speakers
 from engine import LongFormCursor
 from engine.types import DecodeResult

@@ -14,8 +14,9 @@ from starlette.testclient import TestClient
 
 from deployments.config import AppConfig, parse_app_config
 from deployments.http.errors import APIError, add_exception_handlers
-from deployments.http.formats import Segment, Word, diarized_segment
+from deployments.http.formats import diarized_segment
 from deployments.http.forms import parse_transcription_form
+from deployments.http.segments import Segment, Word
 from deployments.http.speakers import Speakers, decode_references, letter_label, parse_known_speakers
 from engine import SAMPLE_RATE
 from engine.diarize import SpeakerTurn
