@@ -57,7 +57,6 @@ class DiarizerDeployment:
         )
         self._diarize_batch.set_max_batch_size(options.max_batch_size)
         self._diarize_batch.set_batch_wait_timeout_s(options.batch_wait_timeout_ms / 1000)
-        self.recordings_diarized = 0
         logger.info(
             "diarizer replica prepared in %.1f s (speaker encoder on %s)",
             time.perf_counter() - started,
@@ -75,7 +74,6 @@ class DiarizerDeployment:
 
     def _timelines(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
         diarizations = self.diarizer.diarize([job.request for job in jobs])
-        self.recordings_diarized += len(jobs)
         timelines = []
         for job, diarization in zip(jobs, diarizations):
             voices = {
