@@ -85,9 +85,6 @@ def parse_known_speakers(names: list[str], references: list[str]) -> dict[str, b
     }
 
 
-_SPEAKER_FIELDS = ("known_speaker_names[]", "known_speaker_references[]", "min_speakers", "max_speakers")
-
-
 def parse_speaker_fields(
     form: FormData, response_format: str, task: str, granularities: tuple[str, ...], config: AppConfig
 ) -> SpeakerOptions | None:
@@ -107,8 +104,8 @@ def parse_speaker_fields(
         "max_speakers": form.get("max_speakers") not in (None, ""),
     }
     if response_format != "diarized_json" and not diarize:
-        for name in _SPEAKER_FIELDS:
-            if given[name]:
+        for name, sent in given.items():
+            if sent:
                 raise APIError(
                     400,
                     f"{name} is for diarized requests: send response_format diarized_json (or diarize=true "
