@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -55,6 +56,8 @@ class DiarizerDeployment:
                 threads=options.torch_threads,
             )
         )
+        # The speaker encoder is not thread-safe, and the two batch queues each run a batch at a time.
+        self._encoder_lock = threading.Lock()
         self._diarize_batch.set_max_batch_size(options.max_batch_size)
         self._diarize_batch.set_batch_wait_timeout_s(options.batch_wait_timeout_ms / 1000)
         logger.info(
@@ -67,12 +70,28 @@ class DiarizerDeployment:
         """One recording's speakers, its windows embedded with those of the recordings waiting now."""
         return await self._diarize_batch(job)
 
+    async def voice_embedding(self, samples: np.ndarray) -> np.ndarray | None:
+        """One speaker's voice in a stretch of audio (16 kHz mono float32): the mean embedding of its
+        speech windows, or None when it holds no speech. A live turn's, for its session's speakers."""
+        return await self._voice_batch(samples)
+
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _diarize_batch(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
-        # One batch at a time (serve.batch's default): the speaker encoder is not thread-safe.
         return await asyncio.to_thread(self._timelines, jobs)
 
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def _voice_batch(self, clips: list[np.ndarray]) -> list[np.ndarray | None]:
+        return await asyncio.to_thread(self._voices, clips)
+
+    def _voices(self, clips: list[np.ndarray]) -> list[np.ndarray | None]:
+        with self._encoder_lock:
+            return [self.diarizer.voice_embedding(samples) for samples in clips]
+
     def _timelines(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
+        with self._encoder_lock:
+            return self._timelines_locked(jobs)
+
+    def _timelines_locked(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
         diarizations = self.diarizer.diarize([job.request for job in jobs])
         timelines = []
         for job, diarization in zip(jobs, diarizations):

@@ -66,6 +66,7 @@ _PUBLIC = {
     "split_by_speaker": "engine.diarize.assignment",
     "speaker_at": "engine.diarize.assignment",
     "match_known_speakers": "engine.diarize.known_speakers",
+    "cosine_similarity": "engine.diarize.known_speakers",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -1,4 +1,5 @@
-"""A request's recording through the diarizer deployment, beside its windows: one call, tried again
+"""A request's recording (or a live turn's voice) through the diarizer deployment, beside its
+windows: one call, tried again
 once on another replica when the one it went to is lost (killed, crashed, restarting). The call
 holds nothing in the diarizer between attempts, so a retry costs only the diarizer's time.
 """
@@ -6,7 +7,9 @@ holds nothing in the diarizer between attempts, so a retry costs only the diariz
 from __future__ import annotations
 
 import logging
+from typing import Any
 
+import numpy as np
 from ray.serve.handle import DeploymentHandle
 
 from deployments.diarizer import DiarizerJob, SpeakerTimeline
@@ -25,10 +28,17 @@ class DiarizationClient:
         self.diarizer = diarizer.options()
 
     async def diarize(self, job: DiarizerJob) -> SpeakerTimeline:
+        return await self._call("diarize", job)
+
+    async def voice_embedding(self, samples_16k: np.ndarray) -> np.ndarray | None:
+        """The voice of a stretch of audio (a live turn's), or None when it holds no speech."""
+        return await self._call("voice_embedding", samples_16k)
+
+    async def _call(self, method: str, argument: Any) -> Any:
         failure = "no attempt made"
         for attempt in range(DIARIZE_ATTEMPTS):
             try:
-                return await self.diarizer.diarize.remote(job)
+                return await getattr(self.diarizer, method).remote(argument)
             except REPLICA_LOST as error:
                 failure = f"a diarizer replica was lost ({type(error).__name__})"
                 logger.warning("diarization: %s; trying again (attempt %d)", failure, attempt + 1)
