@@ -35,6 +35,7 @@ from deployments.http.forms import TranscriptionForm, parse_transcription_form
 from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
+from deployments.http.realtime_speakers import LiveSpeakers
 from deployments.http.server_timing import ServerTiming
 from deployments.http.speakers import SpeakerOptions, Speakers, decode_references
 from deployments.http.streaming import StreamContents, transcription_events
@@ -147,6 +148,7 @@ class Ingress:
                 self.metrics,
                 self.partial_pass_slots,
                 api_key_label(self._presented_key(authorization, offered)),
+                LiveSpeakers(self.diarization),
             )
             await session.run()
         except Exception:

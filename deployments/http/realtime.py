@@ -33,11 +33,13 @@ from deployments.http.realtime_events import (
     decode_audio_chunk,
     error_event,
     new_id,
+    parse_json_frame,
     server_event,
     session_event,
     transcription_param,
     updated_settings,
 )
+from deployments.http.realtime_speakers import LiveSpeakers
 from deployments.http.realtime_vad import ServerVadTurns
 from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
@@ -61,6 +63,7 @@ class RealtimeSession:
         metrics: ServingMetrics,
         slots: PartialPassSlots,
         api_key: str,
+        speakers: LiveSpeakers,
     ):
         """``api_key``: the label (metrics.api_key_label) of the key the client connected with."""
         self.slots = slots
@@ -71,6 +74,7 @@ class RealtimeSession:
         self.metrics = metrics
         self.session_id = new_id("sess")
         self.settings = SessionSettings()
+        self.speakers = speakers
         self.vad: ServerVadTurns | None = None  # None: the client commits each turn
         self.turn: LiveTurn | None = None
         self._received_samples = 0  # audio appended so far, at the client's rate
@@ -116,12 +120,7 @@ class RealtimeSession:
     async def _handle(self, message: dict[str, Any]) -> None:
         event: Any = None
         try:
-            if message.get("text") is None:
-                raise RealtimeEventError("invalid_event", "Events are JSON text frames, not binary ones.")
-            try:
-                event = json.loads(message["text"])
-            except json.JSONDecodeError as error:
-                raise RealtimeEventError("invalid_json", f"The event is not valid JSON: {error}") from None
+            event = parse_json_frame(message)
             if not isinstance(event, dict) or not isinstance(event.get("type"), str):
                 raise RealtimeEventError("invalid_event", "An event is a JSON object with a `type`.", "type")
             handler = self._handlers.get(event["type"])
@@ -138,6 +137,7 @@ class RealtimeSession:
 
     async def _update(self, event: dict[str, Any]) -> None:
         settings = updated_settings(self.settings, event, self.models.ids)
+        self.speakers.check(settings, event["type"])
         if self.turn is not None and settings.audio_format != self.settings.audio_format:
             raise RealtimeEventError(
                 "invalid_value",
@@ -182,7 +182,7 @@ class RealtimeSession:
         self._received_samples += len(samples)
         if self.vad is None:
             if self.turn is None:
-                self._open_turn()
+                self.turn = self._new_turn()
             self.turn.append(samples)
         else:
             await self._detect_turns(samples)
@@ -250,7 +250,7 @@ class RealtimeSession:
 
     async def _start_detected_turn(self, start: int) -> None:
         start, padded_audio = self.vad.take(start)
-        self._open_turn()
+        self.turn = self._new_turn()
         self.turn.append(padded_audio)
         audio_start_ms = round(start / self.settings.sample_rate_hz * 1000)
         await self.emit(
@@ -284,9 +284,6 @@ class RealtimeSession:
         """A turn ended (speech stopped, commit, clear): the next one's audio starts after it."""
         if self.vad is not None:
             self.vad.end_turn()
-
-    def _open_turn(self) -> None:
-        self.turn = self._new_turn()
 
     def _new_turn(self) -> LiveTurn:
         """A turn with the session's settings now, on the model the session now names."""
@@ -335,11 +332,14 @@ class RealtimeSession:
             )
         )
         self._last_item_id = turn.item_id
+        if self.settings.diarize:
+            self.speakers.embed(turn.item_id, turn.samples_16k())
         self._final = self._spawn(self._finish(turn, self._final, speech_ended_s, speech_only))
 
     async def _finish(
         self, turn: LiveTurn, previous: asyncio.Task | None, speech_ended_s: float, speech_only: bool
     ) -> None:
+        voice = self.speakers.take(turn.item_id)
         try:
             transcript = await turn.finish(speech_only)
         except Exception as error:
@@ -369,6 +369,8 @@ class RealtimeSession:
             # The final passes' tokens: the transcript's, but for words partial passes committed
             # earlier and the final pass heard differently (deltas are never taken back).
             completed["logprobs"] = logprobs_of(transcript.token_logprobs)
+        if voice is not None:  # labelled in the order spoken, as the session's speakers follow its turns
+            completed["speaker"] = self.speakers.label(await voice)
         await self.emit(completed)
         self.metrics.observe_final(time.perf_counter() - speech_ended_s)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import uuid
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class SessionSettings:
     prompt: str | None = None
     turn_detection: ServerVAD | None = ServerVAD()  # None: the client commits each turn
     include_logprobs: bool = False  # `include: ["item.input_audio_transcription.logprobs"]`
+    diarize: bool = False  # `transcription.diarize` (a vendor field): a speaker on each completed turn
 
     @property
     def sample_rate_hz(self) -> int:
@@ -78,6 +80,7 @@ class _Transcription(_Lenient):
     model: str | None = None
     language: str | None = None
     prompt: str | None = None
+    diarize: bool | None = None
 
 
 class _TurnDetection(_Lenient):
@@ -117,8 +120,18 @@ class _BetaSession(_Lenient):
     include: _Include = None
 
 
+def parse_json_frame(message: dict[str, Any]) -> Any:
+    """A WebSocket message's JSON: a client event, if it is an object with a `type`."""
+    if message.get("text") is None:
+        raise RealtimeEventError("invalid_event", "Events are JSON text frames, not binary ones.")
+    try:
+        return json.loads(message["text"])
+    except json.JSONDecodeError as error:
+        raise RealtimeEventError("invalid_json", f"The event is not valid JSON: {error}") from None
+
+
 def transcription_param(event_type: str, name: str) -> str:
-    """Where a transcription field (model, language, prompt) sits in the update event's dialect,
+    """Where a transcription field (model, language, prompt, diarize) sits in the update event's dialect,
     for an error's `param`."""
     if event_type == "session.update":
         return f"session.audio.input.transcription.{name}"
@@ -166,6 +179,8 @@ def updated_settings(
         changes.update({name: getattr(transcription, name) or None for name in fields if name != "model"})
         if "model" in fields and transcription.model:
             changes["model"] = transcription.model
+        if transcription.diarize is not None:
+            changes["diarize"] = transcription.diarize
     if "turn_detection" in given:
         changes["turn_detection"] = _server_vad(turn_detection) if turn_detection else None
     if "include" in session:
@@ -236,7 +251,12 @@ def session_event(event_type: str, session_id: str, settings: SessionSettings, m
     """`session.created`/`.updated` (GA shape) or `transcription_session.updated` (beta shape).
     ``model``: the id of the model the session's next turn goes to (the one it chose, or the
     default model's name)."""
-    transcription = {"model": model, "language": settings.language, "prompt": settings.prompt or ""}
+    transcription = {
+        "model": model,
+        "language": settings.language,
+        "prompt": settings.prompt or "",
+        "diarize": settings.diarize,
+    }
     include = [LOGPROBS_INCLUDE] if settings.include_logprobs else None
     vad = settings.turn_detection
     turn_detection = {"type": "server_vad", **dataclasses.asdict(vad)} if vad else None

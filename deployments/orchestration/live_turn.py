@@ -242,9 +242,19 @@ class LiveTurn:
 
     # ---- audio --------------------------------------------------------------------------------
 
-    def _window_samples_16k(self) -> np.ndarray:
+    def samples_16k(self) -> np.ndarray:
+        """The whole turn's audio so far, every window of it, at 16 kHz."""
+        self._join_chunks()
+        if not self._chunks:
+            return np.zeros(0, dtype=np.float32)
+        return resample(self._chunks[0], self.sample_rate_hz, SAMPLE_RATE)
+
+    def _join_chunks(self) -> None:
         if len(self._chunks) > 1:
             self._chunks = [np.concatenate(self._chunks)]
+
+    def _window_samples_16k(self) -> np.ndarray:
+        self._join_chunks()
         if not self._chunks:
             return np.zeros(0, dtype=np.float32)
         return resample(self._chunks[0][self._window_start :], self.sample_rate_hz, SAMPLE_RATE)

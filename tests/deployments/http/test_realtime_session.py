@@ -17,6 +17,7 @@ from starlette.websockets import WebSocketDisconnect
 from deployments.config import RealtimeOptions
 from deployments.http.option_checks import AcceptedOptions
 from deployments.http.realtime import CLOSE_NORMAL, RealtimeSession
+from deployments.http.realtime_speakers import LiveSpeakers
 from deployments.metrics import ANONYMOUS, ServingMetrics
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
@@ -67,7 +68,13 @@ def session_app(
         # Without a pipeline a session never reaches a pass (a pass would fail loudly on None).
         model = ServedModel("tiny.en", ("tiny.en", "whisper-1"), pipeline, AcceptedOptions(english_only))
         session = RealtimeSession(
-            websocket, options, ServedModels([model], "tiny.en"), metrics, PartialPassSlots(4), ANONYMOUS
+            websocket,
+            options,
+            ServedModels([model], "tiny.en"),
+            metrics,
+            PartialPassSlots(4),
+            ANONYMOUS,
+            LiveSpeakers(None),  # an app without a diarizer
         )
         await session.run()
 
@@ -175,6 +182,22 @@ def test_a_language_the_model_does_not_know_is_an_error_naming_its_param_and_the
         assert "de" in refused["error"]["message"]
         updated = _update(ws, None, language="en")
         assert updated["session"]["audio"]["input"]["transcription"]["language"] == "en"
+
+
+def test_diarize_on_an_app_without_a_diarizer_is_an_error_naming_the_field_and_the_session_goes_on():
+    app = session_app(RealtimeOptions(), ServingMetrics(), RecordingPipeline())
+    with TestClient(app).websocket_connect("/v1/realtime") as ws:
+        ws.receive_json()
+        refused = _update(ws, None, diarize=True)
+        assert refused["type"] == "error" and refused["error"]["code"] == "diarization_unavailable"
+        assert refused["error"]["param"] == "session.audio.input.transcription.diarize"
+        updated = _update(ws, None, diarize=False, language="en")
+        transcription = updated["session"]["audio"]["input"]["transcription"]
+        assert (transcription["diarize"], transcription["language"]) == (False, "en")
+        _append_silence(ws, 0.5)
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        completed = _events_until(ws, COMPLETED)[-1]
+        assert "speaker" not in completed, "speakers only when the session asks for them"
 
 
 def test_a_completed_turn_has_its_final_tokens_logprobs_when_included_its_usage_and_bills_its_seconds():
