@@ -26,7 +26,7 @@ from engine.transcribe.evaluation import normalize_english, word_error_rate
 from tests.support.app_metrics import labelled_sum, metric_sum
 from tests.support.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from tests.support.serving import default_app_args, replica_actor, running_app
-from tests.support.speech import english_clips
+from tests.support.speech import SPEECH_DIR, english_clips
 
 pytestmark = pytest.mark.ray
 
@@ -178,6 +178,28 @@ def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(clien
         assert _words_apart(turn["text"], _file_text(client, pcm16)) <= ONE_NEAR_TIE
     while_speaking = [delta for at, delta in turns[0]["deltas"] if at < record.speech_ends_s[0]]
     assert len(while_speaking) >= 2, "partial text comes while the speaker is speaking, and grows"
+
+
+def test_a_diarized_session_labels_two_voices_turns_consistently_across_its_turns(client):
+    # JFK's speech cut in two around one OSR reader's sentence: the third turn is JFK again, but
+    # words of his the session has not heard, so it matches him by voice, not by the same audio.
+    jfk = load_audio_file(SPEECH_DIR / "jfk.flac")
+    halves = (jfk[: len(jfk) // 2], jfk[len(jfk) // 2 :])
+    osr = load_audio_file(SPEECH_DIR / "osr72_04.flac")
+    utterances = [to_pcm16_24k(samples) for samples in (halves[0], osr, halves[1])]
+    connection = _connect(client).enter()
+    try:
+        assert _recv(connection)["type"] == "session.created"
+        transcription = {"model": "whisper-1", "diarize": True}
+        connection.session.update(session=transcription_session(None, transcription=transcription))
+        updated = _recv(connection)
+        assert updated["session"]["audio"]["input"]["transcription"]["diarize"] is True, updated
+        record = stream_live(connection, utterances, silence_s=0.3, chunk_ms=100, commit=True)
+    finally:
+        connection.close()
+    speakers = [event["speaker"] for event in record.of_type(COMPLETED)]
+    assert len(speakers) == 3 and speakers[0] == speakers[2] != speakers[1], speakers
+    assert speakers[:2] == ["A", "B"], "lettered in the order the speakers first speak"
 
 
 def test_eight_concurrent_streams_all_complete_and_free_every_block(client, server_url):
