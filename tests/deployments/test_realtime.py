@@ -194,7 +194,8 @@ def test_a_diarized_session_labels_two_voices_turns_consistently_across_its_turn
         connection.session.update(session=transcription_session(None, transcription=transcription))
         updated = _recv(connection)
         assert updated["session"]["audio"]["input"]["transcription"]["diarize"] is True, updated
-        record = stream_live(connection, utterances, silence_s=0.3, chunk_ms=100, commit=True)
+        # At twice real time (within max_audio_ahead_s): a turn's voice does not depend on the pace.
+        record = stream_live(connection, utterances, silence_s=0.3, chunk_ms=100, commit=True, pace=2.0)
     finally:
         connection.close()
     speakers = [event["speaker"] for event in record.of_type(COMPLETED)]
