@@ -15,7 +15,9 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from ray import serve
@@ -24,6 +26,9 @@ from deployments.replica_options import DiarizerOptions
 from engine import DiarizationRequest, Diarizer, SpeakerEncoderOptions, SpeakerTurn, match_known_speakers
 
 logger = logging.getLogger("ray.serve")
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -56,10 +61,10 @@ class DiarizerDeployment:
                 threads=options.torch_threads,
             )
         )
-        # The speaker encoder is not thread-safe, and the two batch queues each run a batch at a time.
         self._encoder_lock = threading.Lock()
-        self._diarize_batch.set_max_batch_size(options.max_batch_size)
-        self._diarize_batch.set_batch_wait_timeout_s(options.batch_wait_timeout_ms / 1000)
+        for batch in (self._diarize_batch, self._voice_batch):
+            batch.set_max_batch_size(options.max_batch_size)
+            batch.set_batch_wait_timeout_s(options.batch_wait_timeout_ms / 1000)
         logger.info(
             "diarizer replica prepared in %.1f s (speaker encoder on %s)",
             time.perf_counter() - started,
@@ -77,21 +82,26 @@ class DiarizerDeployment:
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _diarize_batch(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
-        return await asyncio.to_thread(self._timelines, jobs)
+        return await self._on_encoder(self._timelines, jobs)
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _voice_batch(self, clips: list[np.ndarray]) -> list[np.ndarray | None]:
-        return await asyncio.to_thread(self._voices, clips)
+        return await self._on_encoder(self._voices, clips)
+
+    async def _on_encoder(self, work: Callable[[T], R], batch: T) -> R:
+        """Run a batch's work on a worker thread, so the replica keeps taking calls, one at a time:
+        the speaker encoder is not thread-safe, and each batch queue only keeps its own batches apart."""
+
+        def locked() -> R:
+            with self._encoder_lock:
+                return work(batch)
+
+        return await asyncio.to_thread(locked)
 
     def _voices(self, clips: list[np.ndarray]) -> list[np.ndarray | None]:
-        with self._encoder_lock:
-            return [self.diarizer.voice_embedding(samples) for samples in clips]
+        return [self.diarizer.voice_embedding(samples) for samples in clips]
 
     def _timelines(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
-        with self._encoder_lock:
-            return self._timelines_locked(jobs)
-
-    def _timelines_locked(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
         diarizations = self.diarizer.diarize([job.request for job in jobs])
         timelines = []
         for job, diarization in zip(jobs, diarizations):
