@@ -45,6 +45,13 @@ class HTTPLimits(BaseModel):
         "every this many bytes that have come, 408 after (Apache mod_reqtimeout's MinRate); 0: no "
         "minimum. Without it a client that trickles bytes holds its in-flight slot for as long as it likes",
     )
+    decode_processes: int = Field(
+        2,
+        ge=1,
+        description="worker processes per ingress replica that decode uploads (FFmpeg): a file that "
+        "crashes native decoding code ends one of them and fails its own request (400), not the "
+        "replica; at most this many uploads decode at once, the rest wait for one",
+    )
     max_windows_in_flight: int = Field(
         16,
         ge=1,

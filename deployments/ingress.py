@@ -39,7 +39,14 @@ from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
-from engine import SAMPLE_RATE, AudioWindow, decode_audio, detect_speech, long_form_cursor, speech_windows
+from engine import (
+    SAMPLE_RATE,
+    AudioWindow,
+    DecodeProcesses,
+    detect_speech,
+    long_form_cursor,
+    speech_windows,
+)
 from engine.types import Priority
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
@@ -68,6 +75,8 @@ class Ingress:
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
+        # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
+        self.audio_decoder = DecodeProcesses(config.http.decode_processes)
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -242,16 +251,17 @@ class Ingress:
     def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
         """The upload's samples, and with speech detection on, the windows packed from its speech.
 
-        Runs on a worker thread (asyncio.to_thread), never on the event loop: FFmpeg and
-        onnxruntime release the GIL while they work, so the ingress keeps routing other requests'
-        windows meanwhile. Speech detection belongs here, before the encoder, because it decides
-        which windows exist at all: it must see the whole file once (an encoder sees one 30 s
-        window and would cut regions at its edges), and a stretch it rules out is never sent,
-        encoded or decoded. It is cheap for that place: a small share of what the encoder and
-        decoder spend on the same audio (benchmarks/bench_ingest.py measures it).
+        Runs on a worker thread (asyncio.to_thread), never on the event loop: decoding waits on a
+        decoding process (engine.model.decode_processes) and onnxruntime releases the GIL while it
+        works, so the ingress keeps routing other requests' windows meanwhile. Speech detection
+        belongs here, before the encoder, because it decides which windows exist at all: it must
+        see the whole file once (an encoder sees one 30 s window and would cut regions at its
+        edges), and a stretch it rules out is never sent, encoded or decoded. It is cheap for that
+        place: a small share of what the encoder and decoder spend on the same audio
+        (benchmarks/bench_ingest.py measures it).
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
-        samples = decode_audio(form.data, self.config.http.max_audio_duration_s)
+        samples = self.audio_decoder.decode(form.data, self.config.http.max_audio_duration_s)
         if form.speech is None:
             return samples, None
         return samples, speech_windows(samples, detect_speech(samples, form.speech))

@@ -47,3 +47,7 @@ class AudioTooLongError(EngineError, ValueError):
         self.duration_s = duration_s
         self.max_duration_s = max_duration_s
         self.claimed = claimed
+
+    def __reduce__(self):
+        # Pickled with its own arguments (it crosses from a decoding process), not its message.
+        return type(self), (self.duration_s, self.max_duration_s, self.claimed)
