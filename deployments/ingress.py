@@ -16,6 +16,7 @@ from functools import partial
 
 import numpy as np
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
@@ -51,7 +52,15 @@ from engine.types import Priority
 
 SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
-app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper transcription on Ray Serve")
+# FastAPI's own schema and docs routes are off: the Ingress serves them itself, behind the API key
+# like every route but /health and /ready.
+app = FastAPI(
+    title="whisper-disagg",
+    description="OpenAI-compatible Whisper transcription on Ray Serve",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
+)
 add_exception_handlers(app)
 
 logger = logging.getLogger("ray.serve")
@@ -171,10 +180,28 @@ class Ingress:
         return JSONResponse({"status": "ready", "warm_up_s": warm_up_s, "models": states})
 
     @app.get("/metrics")
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        self._authorize(request)  # a scraper sends the key as a bearer token (Prometheus: authorization)
         figures = await asyncio.gather(*(served.replica_stats() for served in self.models))
         body = self.metrics.render({served.name: stats for served, stats in zip(self.models, figures)})
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema(self, request: Request) -> Response:
+        self._authorize(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_docs(self, request: Request) -> Response:
+        # With keys set a browser cannot send one, so these pages load only for a client that can
+        # (curl); the schema at /openapi.json is the same document.
+        self._authorize(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc_docs(self, request: Request) -> Response:
+        self._authorize(request)
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
     # ---- the work -----------------------------------------------------------------------------
 

@@ -43,6 +43,7 @@ from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
 from deployments.served_models import ServedModel, ServedModels
 from engine import IdleTimedOut, SpeechStarted
+from engine.errors import quoted
 from engine.types import DecodeOptions
 
 logger = logging.getLogger("ray.serve")
@@ -128,7 +129,7 @@ class RealtimeSession:
             if handler is None:
                 raise RealtimeEventError(
                     "unknown_event_type",
-                    f"Unknown or unsupported event type '{event['type']}' in a transcription session.",
+                    f"Unknown or unsupported event type {quoted(event['type'])} in a transcription session.",
                     "type",
                 )
             await handler(self, event)
