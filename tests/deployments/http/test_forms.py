@@ -157,3 +157,9 @@ def test_an_unknown_url_is_quoted_cut_short_too():
     add_exception_handlers(client.app)
     message = client.get("/" + "p" * 5000).json()["error"]["message"]
     assert message.startswith("Unknown request URL: GET '/ppp") and len(message) < 200
+
+
+def test_the_shipped_config_refuses_the_benchmark_only_field_from_any_client(shipped):
+    answer = post(shipped, fixed_output_tokens="1000000000")
+    assert answer["status"] == 400 and answer["error"]["param"] == "fixed_output_tokens"
+    assert "for benchmarks only" in answer["error"]["message"]
