@@ -44,6 +44,31 @@ UPLOAD_FORMATS = [
 ]
 
 
+@dataclass(frozen=True)
+class ChannelLayoutUpload:
+    name: str
+    upload: UploadFormat
+    layout: str  # FFmpeg's name: "7.1", or "64C" for 64 channels in no named order
+
+
+# Files of many channels, as films and broadcast archives carry them: the layouts that once crashed
+# the server (PyAV could not read a planar frame of 8 or more channels).
+MANY_CHANNEL_UPLOADS = [
+    ChannelLayoutUpload("wav-7.1", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "7.1"),
+    ChannelLayoutUpload("flac-7.1", UploadFormat("flac", "flac", "flac", "flac", "s16", SAMPLE_RATE), "7.1"),
+    ChannelLayoutUpload("m4a-aac-7.1", UploadFormat("m4a", "m4a", "ipod", "aac", "fltp", 48000), "7.1"),
+    ChannelLayoutUpload(
+        "wav-64-channels", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "64C"
+    ),
+]
+
+
+def in_every_channel(samples: np.ndarray, case: ChannelLayoutUpload) -> bytes:
+    """Mono ``samples`` (16 kHz) copied into every channel of ``case``'s layout, as its file."""
+    channels = np.repeat(samples[None], av.AudioLayout(case.layout).nb_channels, axis=0)
+    return encode_channels(channels, case.upload, case.layout)
+
+
 def encode(samples: np.ndarray, upload: UploadFormat, rate: int = SAMPLE_RATE) -> bytes:
     """Mono float32 samples at ``rate`` -> the bytes of a file in ``upload``'s format."""
     frame = av.AudioFrame.from_ndarray(

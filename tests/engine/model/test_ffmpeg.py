@@ -22,6 +22,7 @@ from engine.model.audio import (
 )
 from engine.model.ffmpeg import StreamResampler
 from tests.support.encoding import (
+    MANY_CHANNEL_UPLOADS,
     UPLOAD_FORMATS,
     UploadFormat,
     encode,
@@ -127,12 +128,9 @@ def test_a_stream_fed_in_chunks_of_any_length_resamples_as_the_whole_array():
 # Multi-channel uploads, each with its channels in the sample format its decoder gives: packed and
 # planar integers, planar float (AAC), and 64 channels in no named order.
 _MULTI_CHANNEL = [
-    ("wav-7.1", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "7.1"),
+    *((case.name, case.upload, case.layout) for case in MANY_CHANNEL_UPLOADS),
     ("wav-octagonal", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "octagonal"),
-    ("flac-7.1", UploadFormat("flac", "flac", "flac", "flac", "s16", SAMPLE_RATE), "7.1"),
-    ("m4a-aac-7.1", UploadFormat("m4a", "m4a", "ipod", "aac", "fltp", 48000), "7.1"),
     ("wav-9-channels", UploadFormat("wav", "wav", "wav", "pcm_f32le", "flt", SAMPLE_RATE), "9C"),
-    ("wav-64-channels", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "64C"),
     (
         "nut-planar-64-channels",
         UploadFormat("nut", "nut", "nut", "pcm_s16le_planar", "s16p", SAMPLE_RATE),
