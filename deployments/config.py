@@ -45,6 +45,28 @@ class HTTPLimits(BaseModel):
         "every this many bytes that have come, 408 after (Apache mod_reqtimeout's MinRate); 0: no "
         "minimum. Without it a client that trickles bytes holds its in-flight slot for as long as it likes",
     )
+    upload_first_byte_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="longest a client may take to send the first bytes of its request body (408 after); "
+        "shorter than upload_timeout_s, as opening uploads and sending nothing is the cheapest way to "
+        "hold a place",
+    )
+    max_pending_uploads: int = Field(
+        256,
+        ge=1,
+        description="request bodies one ingress replica receives at once; a request takes its in-flight "
+        "slot (max_in_flight_requests) only once its body has come. When full, the upload furthest "
+        "behind min_upload_bytes_per_s is cut (408) to make room, and only where none is behind does a "
+        "new one get 503. With max_in_flight_requests, at most the ingress's max_ongoing_requests",
+    )
+    max_pending_uploads_per_address: int = Field(
+        64,
+        ge=1,
+        description="request bodies from one client address received at once; beyond it the address's "
+        "upload furthest behind the minimum rate is cut. Behind a load balancer every client has its "
+        "address: raise it to max_pending_uploads there",
+    )
     decode_processes: int = Field(
         2,
         ge=1,
@@ -282,11 +304,13 @@ class AppConfig(ModelSections):
 
     @model_validator(mode="after")
     def _ingress_sheds_load_before_serve_does(self) -> "AppConfig":
-        if self.ingress.max_ongoing_requests <= self.http.max_in_flight_requests:
+        http = self.http
+        if self.ingress.max_ongoing_requests <= http.max_in_flight_requests + http.max_pending_uploads:
             raise ValueError(
                 f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}) must exceed "
-                f"http.max_in_flight_requests ({self.http.max_in_flight_requests}), so that overload is "
-                "answered by the ingress (OpenAI error JSON) rather than by Serve's proxy"
+                f"http.max_in_flight_requests ({http.max_in_flight_requests}) plus "
+                f"http.max_pending_uploads ({http.max_pending_uploads}), so that overload and slow "
+                "uploads are answered by the ingress (OpenAI error JSON) rather than by Serve's proxy"
             )
         return self
 

@@ -32,6 +32,7 @@ from deployments.http.errors import (
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
+from deployments.http.pending_uploads import PendingUploads
 from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
@@ -82,6 +83,11 @@ class Ingress:
         self.models = ServedModels.of(config, handles)
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
+        self.pending_uploads = PendingUploads(
+            config.http.max_pending_uploads,
+            config.http.max_pending_uploads_per_address,
+            config.http.min_upload_bytes_per_s,
+        )
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
         # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
@@ -215,26 +221,39 @@ class Ingress:
     async def _handle(self, request: Request, task: str) -> Response:
         route = "translations" if task == "translate" else "transcriptions"
         started = time.perf_counter()
+        phases = ServerTiming()
+        try:
+            api_key = self._authorize(request)
+            # The body arrives first, holding only a place among the pending uploads: a client that
+            # sends slowly, or not at all, takes no in-flight slot from those whose bodies came.
+            form = await parse_transcription_form(request, task, self.config, self.pending_uploads)
+        except Exception as error:
+            api_error = api_error_of(error)
+            self._observe(route, None, started, api_error.status)
+            return error_response(api_error)
+        phases.mark("upload")
         if self.in_flight >= self.config.http.max_in_flight_requests:
-            # Shed load before reading the body: memory stays bounded and admitted requests keep
-            # their latency, instead of every request slowing down together.
+            # Shed load before the audio is decoded: memory stays bounded and admitted requests
+            # keep their latency, instead of every request slowing down together.
             self._observe(route, None, started, 503)
             return error_response(at_capacity())
         self.in_flight += 1
         try:
-            return await self._transcription_response(request, task, route, started)
+            return await self._transcription_response(form, api_key, task, route, started, phases)
         finally:
             self.in_flight -= 1
 
     async def _transcription_response(
-        self, request: Request, task: str, route: str, started: float
+        self,
+        form: TranscriptionForm,
+        api_key: str,
+        task: str,
+        route: str,
+        started: float,
+        phases: ServerTiming,
     ) -> Response:
-        phases = ServerTiming()
-        served = None  # the model, once the form names one
+        served = None  # the model, once the form's name is resolved
         try:
-            api_key = self._authorize(request)
-            form = await parse_transcription_form(request, task, self.config)
-            phases.mark("upload")
             served = self._served(form.model)
             await served.check_options(form.options)
             phases.mark("options")

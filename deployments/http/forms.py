@@ -12,6 +12,7 @@ from starlette.datastructures import FormData
 from deployments.config import AppConfig
 from deployments.http.errors import APIError, model_not_found
 from deployments.http.formats import RESPONSE_FORMATS
+from deployments.http.pending_uploads import PendingUploads
 from deployments.http.uploads import read_upload
 from engine import LongFormMode, SpeechOptions
 from engine.errors import quoted
@@ -291,8 +292,11 @@ def _parse_include(form: FormData, response_format: str) -> bool:
     return bool(include)
 
 
-async def parse_transcription_form(request: Request, task: str, config: AppConfig) -> TranscriptionForm:
-    form, data = await read_upload(request, config)
+async def parse_transcription_form(
+    request: Request, task: str, config: AppConfig, pending: PendingUploads
+) -> TranscriptionForm:
+    """``pending``: the uploads arriving at this replica, the body's place among them while it comes."""
+    form, data = await read_upload(request, config, pending)
 
     model = form.get("model")
     if not model:

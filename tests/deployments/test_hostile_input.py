@@ -5,9 +5,11 @@ answers and logs must stay the client's (a 400, a short message, no traceback in
 from __future__ import annotations
 
 import signal
+import socket
 import struct
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -108,6 +110,44 @@ def test_a_decoding_process_that_faults_fails_its_request_with_a_400_and_the_rep
     assert JFK_WORDS in _transcribe(server_url, "jfk.flac", JFK).json()["text"].lower().replace(",", "")
     replaced = _decoding_processes(ingress)
     assert len(replaced) == len(workers) and not {w.pid for w in workers} & {w.pid for w in replaced}
+
+
+# ---- slow uploads ---------------------------------------------------------------------------------
+
+SLOW_UPLOADS = 300
+
+
+def _slow_upload(url: httpx.URL) -> socket.socket:
+    """An upload that sends its headers and 200 bytes of a 100 KB body, then waits."""
+    connection = socket.create_connection((url.host, url.port), timeout=30)
+    head = (
+        f"POST {url.raw_path.decode()} HTTP/1.1\r\nHost: {url.host}:{url.port}\r\n"
+        f"Authorization: Bearer {API_KEY}\r\nContent-Type: multipart/form-data; boundary=XYZ\r\n"
+        "Content-Length: 100000\r\n\r\n"
+    ).encode()
+    field = b'--XYZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+    connection.sendall(head + field + b"x" * (200 - len(field)))
+    return connection
+
+
+def test_normal_requests_are_answered_while_hundreds_of_slow_uploads_are_held_open(server_url):
+    """More slow uploads than the ingress has in-flight slots (256) and room for pending uploads
+    from one address (64): the slow ones hold no slot, and the furthest behind the minimum rate
+    give their places to uploads that arrive."""
+    url = httpx.URL(f"{server_url}/v1/audio/transcriptions")
+    with ThreadPoolExecutor(32) as pool:
+        slow = list(pool.map(lambda _: _slow_upload(url), range(SLOW_UPLOADS)))
+    try:
+        time.sleep(2)  # every slow upload falls behind the minimum rate
+        with ThreadPoolExecutor(20) as pool:
+            responses = list(pool.map(lambda _: _transcribe(server_url, "jfk.flac", JFK), range(20)))
+        assert [response.status_code for response in responses] == [200] * 20, [
+            response.text for response in responses if response.status_code != 200
+        ][:3]
+        assert all(JFK_WORDS in r.json()["text"].lower().replace(",", "") for r in responses)
+    finally:
+        for connection in slow:
+            connection.close()
 
 
 # ---- access -----------------------------------------------------------------------------------------

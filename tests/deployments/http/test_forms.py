@@ -14,6 +14,7 @@ from starlette.testclient import TestClient
 from deployments.config import AppConfig, parse_app_config
 from deployments.http.errors import MAX_MESSAGE_CHARS, APIError, add_exception_handlers
 from deployments.http.forms import parse_transcription_form
+from deployments.http.pending_uploads import PendingUploads
 from engine import SpeechOptions
 from engine.errors import QUOTED_CHARS
 from tests.support.serving import default_app_args
@@ -27,10 +28,14 @@ def form_client(config: AppConfig) -> TestClient:
     what it parsed instead of transcribing."""
     app = FastAPI()
     add_exception_handlers(app)
+    http = config.http
+    pending = PendingUploads(
+        http.max_pending_uploads, http.max_pending_uploads_per_address, http.min_upload_bytes_per_s
+    )
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> dict:
-        form = await parse_transcription_form(request, "transcribe", config)
+        form = await parse_transcription_form(request, "transcribe", config, pending)
         return {
             "model": form.model,
             "granularities": list(form.timestamp_granularities),
