@@ -272,3 +272,21 @@ def test_bad_fields_get_a_400_with_a_short_message_and_write_no_traceback_to_any
     assert len(decoder_lines) == 1 and decoder_lines[0].startswith("INFO"), decoder_lines
     assert request_ids["huge-language"] in decoder_lines[0]
     assert len(decoder_lines[0]) < 1000
+
+
+# ---- quiet when idle ----------------------------------------------------------------------------------
+
+
+def test_an_idle_server_writes_no_line_per_internal_call(server_url, session_logs):
+    """Once a window has been encoded, the encoders poll the decoders' load many times a second,
+    idle or not; Serve's access line per call stays on for the ingress's client requests only."""
+    before_request = _log_sizes(session_logs)
+    jfk = _transcribe(server_url, "jfk.flac", JFK)
+    time.sleep(1)
+    idle_from = _log_sizes(session_logs)
+    time.sleep(5)
+    idle = "\n".join(_written_since(idle_from, session_logs).values())
+    calls = [line for line in idle.splitlines() if " CALL " in line]
+    assert not calls, calls[:5]
+    written = "\n".join(_written_since(before_request, session_logs).values())
+    assert f"{jfk.headers['x-request-id']} -- POST /v1/audio/transcriptions 200" in written
