@@ -22,6 +22,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.http.decoded_audio import DecodedAudio
 from deployments.http.errors import (
     APIError,
     add_exception_handlers,
@@ -92,6 +93,7 @@ class Ingress:
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
         # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
         self.audio_decoder = DecodeProcesses(config.http.decode_processes)
+        self.decoded_audio = DecodedAudio(config.http.max_decoded_audio_s, config.http.decoded_audio_wait_s)
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -188,6 +190,7 @@ class Ingress:
     @app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
         self._authorize(request)  # a scraper sends the key as a bearer token (Prometheus: authorization)
+        self.metrics.decoded_audio_seconds.set(self.decoded_audio.held_s)
         figures = await asyncio.gather(*(served.replica_stats() for served in self.models))
         body = self.metrics.render({served.name: stats for served, stats in zip(self.models, figures)})
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
@@ -307,10 +310,28 @@ class Ingress:
         (benchmarks/bench_ingest.py measures it).
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
-        samples = self.audio_decoder.decode(form.data, self.config.http.max_audio_duration_s)
+        samples = self._decoded(form.data)
         if form.speech is None:
             return samples, None
         return samples, speech_windows(samples, detect_speech(samples, form.speech))
+
+    def _decoded(self, data: bytes) -> np.ndarray:
+        """The upload's samples, held against http.max_decoded_audio_s until they are freed."""
+        held: list[int] = []
+
+        def hold(samples: int) -> None:
+            self.decoded_audio.hold(samples)
+            held.append(samples)
+
+        try:
+            samples = self.audio_decoder.decode(data, self.config.http.max_audio_duration_s, hold)
+        except BaseException:
+            for count in held:
+                self.decoded_audio.release(count)
+            raise
+        for count in held:
+            self.decoded_audio.held_until_freed(samples, count)
+        return samples
 
     def _prioritize(self, form: TranscriptionForm, duration_s: float) -> TranscriptionForm:
         """Give the request its priority class if it asked for none."""

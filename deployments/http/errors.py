@@ -12,6 +12,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
+from deployments.http.decoded_audio import DecodedAudioFull
 from deployments.orchestration.pipeline import REPLICA_LOST
 from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError, quoted
 from kv_transfer.base import StagingFullError
@@ -88,6 +89,15 @@ def api_error_of(error: Exception) -> APIError:
         return APIError(400, str(error), param=error.param, code="invalid_request")
     if isinstance(error, (BackPressureError, StagingFullError)):
         return at_capacity()
+    if isinstance(error, DecodedAudioFull):
+        return APIError(
+            503,
+            f"The server holds as much decoded audio as it may and none came free within "
+            f"{error.waited_s:g} s; retry shortly.",
+            code="overloaded",
+            error_type="server_overloaded",
+            retry_after_s=1,
+        )
     if isinstance(error, REPLICA_LOST):
         return APIError(
             503,

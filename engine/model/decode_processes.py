@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe
 from pathlib import Path
@@ -69,12 +70,16 @@ class _Worker:
         child_end.close()  # the worker's end lives in the worker: its death is then an EOF here
         self.connection = parent_end
 
-    def decode(self, data: bytes, max_duration_s: float | None) -> tuple[DecodeReply, np.ndarray]:
+    def decode(
+        self, data: bytes, max_duration_s: float | None, hold: Callable[[int], None] | None
+    ) -> tuple[DecodeReply, np.ndarray]:
         """The worker's reply and the samples it sent. Raises EOFError (or OSError) when the worker
         dies before it has answered."""
         self.connection.send(DecodeJob(max_duration_s))
         self.connection.send_bytes(data)
         reply: DecodeReply = self.connection.recv()
+        if hold is not None and reply.error is None:
+            hold(reply.sample_count)
         samples = np.empty(reply.sample_count, dtype=np.float32)
         if reply.sample_count:
             self.connection.recv_bytes_into(samples)
@@ -121,9 +126,18 @@ class DecodeProcesses:
         """The workers' process ids, as ps lists them beside the replica's."""
         return [worker.process.pid for worker in self._workers]
 
-    def decode(self, data: bytes, max_duration_s: float | None = None) -> np.ndarray:
+    def decode(
+        self,
+        data: bytes,
+        max_duration_s: float | None = None,
+        hold: Callable[[int], None] | None = None,
+    ) -> np.ndarray:
         """As engine.model.ffmpeg.decode_audio, in a worker. Raises AudioDecodeError too when the
-        worker dies on this upload; another worker takes its place."""
+        worker dies on this upload; another worker takes its place.
+
+        ``hold`` is called with the number of samples once the worker has them and before they
+        cross into this process: it may wait for room for them, or raise to refuse them (the worker,
+        which still holds them, is then replaced)."""
         worker = self._idle.get()
         if (
             worker.process.poll() is not None
@@ -131,7 +145,7 @@ class DecodeProcesses:
             logger.warning("a decoding process died (%s) while idle; starting another", worker.death())
             worker = self._replaced(worker)
         try:
-            reply, samples = worker.decode(data, max_duration_s)
+            reply, samples = worker.decode(data, max_duration_s, hold)
         except (EOFError, OSError):
             death = worker.death()
             logger.warning("a decoding process died (%s) on an upload; starting another", death)
@@ -140,7 +154,7 @@ class DecodeProcesses:
                 f"could not decode audio: decoding it crashed the decoder ({death}); the file is "
                 "corrupt or in a form this server cannot read"
             ) from None
-        except BaseException:  # cut off mid-exchange (an interrupt): the worker's place in it is unknown
+        except BaseException:  # cut off mid-exchange (a refusal by hold, an interrupt): start afresh
             worker.kill()
             worker = self._replaced(worker)
             raise

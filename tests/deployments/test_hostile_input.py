@@ -20,6 +20,7 @@ import pytest
 from deployments.http.errors import MAX_MESSAGE_CHARS
 from engine.errors import QUOTED_CHARS
 from engine.model.audio import SAMPLE_RATE, load_audio_file
+from tests.support.app_metrics import metric_sum
 from tests.support.encoding import MANY_CHANNEL_UPLOADS, UploadFormat, encode, in_every_channel
 from tests.support.serving import default_app_args, running_app
 from tests.support.speech import SPEECH_DIR
@@ -30,12 +31,25 @@ API_KEY = "hostile-test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 JFK = (SPEECH_DIR / "jfk.flac").read_bytes()
 JFK_WORDS = "ask not what your country can do for you"
+FLAC = UploadFormat("flac", "flac", "flac", "flac", "s16", SAMPLE_RATE)
+
+
+MAX_AUDIO_S = 600
+MAX_DECODED_AUDIO_S = 1200  # two of the longest files at once
 
 
 @pytest.fixture(scope="module")
 def server_url():
     args = default_app_args()
-    with running_app({**args, "http": {**args["http"], "api_keys": [API_KEY]}}) as url:
+    http = {
+        **args["http"],
+        "api_keys": [API_KEY],
+        # Limits small enough for a test to fill: the shipped ones are hours of audio.
+        "max_audio_duration_s": MAX_AUDIO_S,
+        "max_decoded_audio_s": MAX_DECODED_AUDIO_S,
+        "decoded_audio_wait_s": 120,
+    }
+    with running_app({**args, "http": http}) as url:
         yield url
 
 
@@ -148,6 +162,42 @@ def test_normal_requests_are_answered_while_hundreds_of_slow_uploads_are_held_op
     finally:
         for connection in slow:
             connection.close()
+
+
+# ---- decompression bombs ------------------------------------------------------------------------------
+
+
+def test_small_files_of_long_silence_wait_for_room_in_the_decoded_audio_bound_and_all_get_answers(server_url):
+    """Six FLACs of near-maximal silence (a few hundred KB each, ten minutes of samples): at most
+    two fit the replica's decoded-audio bound at once, the others wait for room; every one is
+    answered (silence: an empty transcript), and no samples are held after."""
+    silence = encode(np.zeros((MAX_AUDIO_S - 10) * SAMPLE_RATE, np.float32), FLAC)
+    assert len(silence) < 2**20
+    held_s: list[float] = []
+    finished = threading.Event()
+
+    def watch() -> None:
+        while not finished.is_set():
+            held_s.append(metric_sum(server_url, "whisper_ingress_decoded_audio_seconds", AUTH))
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(lambda _: _transcribe(server_url, "silence.flac", silence), range(6)))
+    finally:
+        finished.set()
+        watcher.join()
+    assert [r.status_code for r in responses] == [200] * 6, [
+        r.text for r in responses if r.status_code != 200
+    ]
+    assert all(r.json()["text"] == "" for r in responses)
+    assert max(held_s) <= MAX_DECODED_AUDIO_S and max(held_s) >= MAX_AUDIO_S - 10
+    deadline = time.monotonic() + 10
+    while metric_sum(server_url, "whisper_ingress_decoded_audio_seconds", AUTH) > 0:
+        assert time.monotonic() < deadline, "decoded samples still held after every answer"
+        time.sleep(0.2)
 
 
 # ---- access -----------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     sums: dict[str, float] = {}
     for sample in _SAMPLE.finditer(text):
         name, labels, value = sample.groups()
-        stage = _STAGE.search(labels)
+        stage = _STAGE.search(labels or "")
         for key in (name, f"{name}[{stage.group(1)}]" if stage else None):
             if key is not None:
                 sums[key] = sums.get(key, 0.0) + float(value)
@@ -37,7 +37,7 @@ def labelled_sum(url: str, name: str, headers: dict[str, str] | None = None, **l
     total = 0.0
     for sample in _SAMPLE.finditer(text):
         sample_name, sample_labels, value = sample.groups()
-        found = dict(_LABEL.findall(sample_labels))
+        found = dict(_LABEL.findall(sample_labels or ""))
         if sample_name == name and all(found.get(key) == wanted for key, wanted in labels.items()):
             total += float(value)
     return total
@@ -49,7 +49,7 @@ def _metrics_text(url: str, headers: dict[str, str] | None) -> str:
     return response.text
 
 
-_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$", re.MULTILINE)
+_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$", re.MULTILINE)  # labels optional
 _STAGE = re.compile(r'stage="(\w+)"')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
