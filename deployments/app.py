@@ -12,6 +12,7 @@ from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouter
 from deployments.autoscaling import DecoderPolicy, EncoderPolicy
 from deployments.config import AppConfig, parse_app_config
 from deployments.decoder import DecoderDeployment
+from deployments.diarizer import DiarizerDeployment
 from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
 from deployments.model_config import ModelConfig
@@ -104,14 +105,29 @@ def _model_deployments(config: AppConfig, model: ModelConfig) -> tuple[Applicati
     return encoder.bind(served, decoders), decoders
 
 
+def _diarizer_deployment(config: AppConfig) -> Application | None:
+    """The app's one diarizer (who speaks does not depend on the model), scaled on Serve's own
+    policy: its load is requests, one recording each. None without a `diarizer` section."""
+    if config.diarizer is None:
+        return None
+    diarizer = serve.deployment(DiarizerDeployment).options(
+        **_deployment_options("WhisperDiarizer", config.diarizer)
+    )
+    return diarizer.bind(config.diarizer)
+
+
 def build_whisper_app(config: AppConfig) -> Application:
-    """The ingress, bound to every model's encoder and decoder deployments by model name. Each
-    model's deployments are Serve deployments of their own: they start, scale and fail apart."""
+    """The ingress, bound to every model's encoder and decoder deployments by model name, and to the
+    diarizer. Each is a Serve deployment of its own: they start, scale and fail apart."""
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
     if runtime_env := config.http.ingress_runtime_env():
         ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
     ingress = serve.deployment(Ingress).options(**ingress_options)
-    return ingress.bind(config, {model.name: _model_deployments(config, model) for model in config.models})
+    return ingress.bind(
+        config,
+        {model.name: _model_deployments(config, model) for model in config.models},
+        _diarizer_deployment(config),
+    )
 
 
 def build_app(args: dict[str, Any] | None = None) -> Application:

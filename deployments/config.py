@@ -20,7 +20,7 @@ from pydantic import (
 
 from deployments.http_limits import HTTPLimits
 from deployments.model_config import MODEL_SECTIONS, ModelConfig, ModelSections
-from deployments.replica_options import ReplicaOptions
+from deployments.replica_options import DiarizerOptions, ReplicaOptions
 
 
 class RealtimeOptions(BaseModel):
@@ -106,6 +106,12 @@ class AppConfig(ModelSections):
     )
     http: HTTPLimits = Field(default_factory=HTTPLimits, description="the HTTP API's limits and keys")
     realtime: RealtimeOptions = Field(default_factory=RealtimeOptions, description="live transcription")
+    diarizer: DiarizerOptions | None = Field(
+        None,
+        description="the speaker diarizer deployment, one for the app (who speaks does not depend on the "
+        "model); it answers response_format=diarized_json and diarize=true. Absent: no diarizer, and "
+        "such requests get a 400. It runs beside the models' replicas under either placement",
+    )
 
     _views: dict[str, AppConfig] = PrivateAttr(default_factory=dict)
 

@@ -22,6 +22,8 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
+from deployments.diarizer import DiarizerJob
+from deployments.http.api_keys import APIKeys
 from deployments.http.decoded_audio import DecodedAudio
 from deployments.http.errors import (
     APIError,
@@ -38,21 +40,22 @@ from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.server_timing import ServerTiming
+from deployments.http.speakers import SpeakerOptions, Speakers, decode_references
 from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
+from deployments.orchestration.diarization import DiarizationClient
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
 from engine import (
     SAMPLE_RATE,
     AudioWindow,
     DecodeProcesses,
+    DiarizationRequest,
     detect_speech,
     long_form_cursor,
     speech_windows,
 )
 from engine.types import Priority
-
-SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
 
 # FastAPI's own schema and docs routes are off: the Ingress serves them itself, behind the API key
 # like every route but /health and /ready.
@@ -76,12 +79,18 @@ def _model_object(name: str) -> dict:
 @serve.ingress(app)
 class Ingress:
     def __init__(
-        self, config: AppConfig, handles: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]]
+        self,
+        config: AppConfig,
+        handles: dict[str, tuple[DeploymentHandle | None, DeploymentHandle]],
+        diarizer: DeploymentHandle | None = None,
     ):
         """``handles``: each model's (encoder, decoder) deployments by model name; an encoder None:
-        colocated, the model's decoder replicas encode their own windows."""
+        colocated, the model's decoder replicas encode their own windows. ``diarizer``: the app's
+        diarizer deployment (config `diarizer`), or None."""
         self.config = config
         self.models = ServedModels.of(config, handles)
+        self.api_keys = APIKeys(config.http.api_keys)
+        self.diarization = DiarizationClient(diarizer) if diarizer is not None else None
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.pending_uploads = PendingUploads(
@@ -107,12 +116,12 @@ class Ingress:
 
     @app.get("/v1/models")
     async def list_models(self, request: Request) -> Response:
-        self._authorize(request)
+        self.api_keys.authorize(request)
         return JSONResponse({"object": "list", "data": [_model_object(name) for name in self.models.ids]})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(self, model_id: str, request: Request) -> Response:
-        self._authorize(request)
+        self.api_keys.authorize(request)
         self._served(model_id)
         return JSONResponse(_model_object(model_id))
 
@@ -120,7 +129,7 @@ class Ingress:
     async def realtime(self, websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols") or []
         authorization = websocket.headers.get("authorization", "")
-        if not self._key_accepted(authorization, offered):
+        if not self.api_keys.accepted(authorization, offered):
             await websocket.close(code=1008)  # before the upgrade: the client gets HTTP 403
             return
         # Browsers authenticate with a subprotocol; the handshake must then echo one they offered.
@@ -156,7 +165,7 @@ class Ingress:
                 self.models,
                 self.metrics,
                 self.partial_pass_slots,
-                api_key_label(self._presented_key(authorization, offered)),
+                api_key_label(self.api_keys.presented(authorization, offered)),
             )
             await session.run()
         except Exception:
@@ -189,7 +198,9 @@ class Ingress:
 
     @app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
-        self._authorize(request)  # a scraper sends the key as a bearer token (Prometheus: authorization)
+        self.api_keys.authorize(
+            request
+        )  # a scraper sends the key as a bearer token (Prometheus: authorization)
         self.metrics.decoded_audio_seconds.set(self.decoded_audio.held_s)
         figures = await asyncio.gather(*(served.replica_stats() for served in self.models))
         body = self.metrics.render({served.name: stats for served, stats in zip(self.models, figures)})
@@ -197,19 +208,19 @@ class Ingress:
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi_schema(self, request: Request) -> Response:
-        self._authorize(request)
+        self.api_keys.authorize(request)
         return JSONResponse(app.openapi())
 
     @app.get("/docs", include_in_schema=False)
     async def swagger_docs(self, request: Request) -> Response:
         # With keys set a browser cannot send one, so these pages load only for a client that can
         # (curl); the schema at /openapi.json is the same document.
-        self._authorize(request)
+        self.api_keys.authorize(request)
         return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
 
     @app.get("/redoc", include_in_schema=False)
     async def redoc_docs(self, request: Request) -> Response:
-        self._authorize(request)
+        self.api_keys.authorize(request)
         return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
     # ---- the work -----------------------------------------------------------------------------
@@ -226,7 +237,7 @@ class Ingress:
         started = time.perf_counter()
         phases = ServerTiming()
         try:
-            api_key = self._authorize(request)
+            api_key = self.api_keys.authorize(request)
             # The body arrives first, holding only a place among the pending uploads: a client that
             # sends slowly, or not at all, takes no in-flight slot from those whose bodies came.
             form = await parse_transcription_form(request, task, self.config, self.pending_uploads)
@@ -256,12 +267,22 @@ class Ingress:
         phases: ServerTiming,
     ) -> Response:
         served = None  # the model, once the form's name is resolved
+        speakers = None  # the recording's diarization under way, when the request asks for speakers
         try:
             served = self._served(form.model)
             await served.check_options(form.options)
             phases.mark("options")
+            references = None
+            if form.speakers is not None and form.speakers.references:
+                references = await asyncio.to_thread(
+                    decode_references, form.speakers.references, self.audio_decoder.decode
+                )
             samples, windows = await asyncio.to_thread(self._ingest, form)
             phases.mark("audio")
+            if form.speakers is not None:
+                # Diarized beside the windows, not after them: a diarized request takes about as long
+                # as a plain one while the diarizer has capacity.
+                speakers = asyncio.ensure_future(self._speakers(samples, form.speakers, references))
             form = self._prioritize(form, len(samples) / SAMPLE_RATE)
             cursor = long_form_cursor(samples, form.options, form.long_form, windows)
             if form.stream:
@@ -273,20 +294,27 @@ class Ingress:
                     cursor,
                     partial(self._observe, route, served.name, started, api_key=api_key),
                     StreamContents(
-                        segments=form.response_format == "verbose_json",
+                        segments=form.response_format in ("verbose_json", "diarized_json"),
                         words="word" in form.timestamp_granularities,
                         logprobs=form.options.token_logprobs,
                     ),
+                    speakers,
                 )
+                speakers = None  # the stream owns it now
                 return StreamingResponse(events, media_type="text/event-stream")
             transcription = await served.pipeline.transcribe(cursor, form.priority)
             phases.mark("windows")
+            on_transcript = None
+            if speakers is not None:
+                on_transcript = await speakers
+                phases.mark("speakers")
             response = to_response(
                 transcription,
                 form.response_format,
                 task,
                 form.timestamp_granularities,
                 form.options.token_logprobs,
+                on_transcript,
             )
             phases.mark("format")
             response.headers["server-timing"] = phases.header()
@@ -294,8 +322,28 @@ class Ingress:
             api_error = api_error_of(error)
             self._observe(route, served and served.name, started, api_error.status)
             return error_response(api_error)
+        finally:
+            if speakers is not None:
+                speakers.cancel()  # done already, or the windows failed first and its answer is not wanted
         self._observe(route, served.name, started, 200, transcription.duration_s, api_key=api_key)
         return response
+
+    async def _speakers(
+        self, samples: np.ndarray, options: SpeakerOptions, references: dict[str, np.ndarray] | None
+    ) -> Speakers:
+        """The recording's speakers from the diarizer deployment, ready to put on its transcript."""
+        job = DiarizerJob(
+            DiarizationRequest(samples, options.min_speakers, options.max_speakers), references or {}
+        )
+        timeline = await self.diarization.diarize(job)
+        if timeline.silent_references:
+            raise APIError(
+                400,
+                f"known_speaker_references[] for {', '.join(timeline.silent_references)} holds no speech to "
+                "take a voice from; send 2 to 10 seconds of that speaker talking.",
+                param="known_speaker_references[]",
+            )
+        return Speakers(timeline.turns, timeline.names)
 
     def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
         """The upload's samples, and with speech detection on, the windows packed from its speech.
@@ -310,28 +358,12 @@ class Ingress:
         (benchmarks/bench_ingest.py measures it).
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
-        samples = self._decoded(form.data)
+        samples = self.decoded_audio.decoded(
+            self.audio_decoder.decode, form.data, self.config.http.max_audio_duration_s
+        )
         if form.speech is None:
             return samples, None
         return samples, speech_windows(samples, detect_speech(samples, form.speech))
-
-    def _decoded(self, data: bytes) -> np.ndarray:
-        """The upload's samples, held against http.max_decoded_audio_s until they are freed."""
-        held: list[int] = []
-
-        def hold(samples: int) -> None:
-            self.decoded_audio.hold(samples)
-            held.append(samples)
-
-        try:
-            samples = self.audio_decoder.decode(data, self.config.http.max_audio_duration_s, hold)
-        except BaseException:
-            for count in held:
-                self.decoded_audio.release(count)
-            raise
-        for count in held:
-            self.decoded_audio.held_until_freed(samples, count)
-        return samples
 
     def _prioritize(self, form: TranscriptionForm, duration_s: float) -> TranscriptionForm:
         """Give the request its priority class if it asked for none."""
@@ -356,26 +388,3 @@ class Ingress:
         self.metrics.observe_request(route, model or "", status, time.perf_counter() - started)
         if status == 200 and model is not None and api_key is not None:
             self.metrics.observe_usage(model, api_key, audio_s)
-
-    def _authorize(self, request: Request) -> str:
-        """The request's API key label (metrics.api_key_label); 401 without a configured key."""
-        key = self._presented_key(request.headers.get("authorization", ""))
-        if self.config.http.api_keys and key is None:
-            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return api_key_label(key)
-
-    def _key_accepted(self, authorization: str, subprotocols: list[str] = ()) -> bool:
-        return not self.config.http.api_keys or self._presented_key(authorization, subprotocols) is not None
-
-    def _presented_key(self, authorization: str, subprotocols: list[str] = ()) -> str | None:
-        """The configured key that the request presents, or None: with http.api_keys set, in the
-        `Authorization: Bearer` header, or (WebSockets from a browser, which cannot set headers) an
-        `openai-insecure-api-key.<key>` subprotocol. None too where no keys are configured."""
-        keys = self.config.http.api_keys
-        presented = [authorization[7:].strip()] if authorization.lower().startswith("bearer ") else []
-        presented += [
-            p.removeprefix(SUBPROTOCOL_KEY_PREFIX)
-            for p in subprotocols
-            if p.startswith(SUBPROTOCOL_KEY_PREFIX)
-        ]
-        return next((key for key in presented if key in keys), None)

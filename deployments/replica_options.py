@@ -161,3 +161,26 @@ class DecoderOptions(ReplicaOptions):
         "otherwise pause the decode loop for milliseconds each (engine/decode/heap.py). Off: every "
         "collection walks them, as a plain Python process does",
     )
+
+
+class DiarizerOptions(ReplicaOptions):
+    """The speaker diarizer (engine/diarize): one deployment for the whole app, since who speaks
+    when does not depend on the Whisper model. Its load is requests, each one recording, so it
+    scales on Serve's own policy (ongoing requests per replica)."""
+
+    num_cpus: float = Field(1.0, ge=0, description="logical CPUs Ray reserves for each diarizer replica")
+    num_gpus: float = Field(
+        0.0, ge=0, description="above 0 the speaker encoder runs on CUDA (a fraction shares the GPU)"
+    )
+    max_ongoing_requests: int = Field(64, ge=1, description="recordings one diarizer replica holds at once")
+    max_batch_size: int = Field(
+        8, ge=1, description="most recordings whose windows share one call's embedding batches"
+    )
+    batch_wait_timeout_ms: float = Field(
+        10.0, ge=0, description="how long a call waits for more recordings to join it"
+    )
+    embedding_batch_size: int = Field(64, ge=1, description="speaker-embedding windows per forward pass")
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.num_gpus > 0 else "cpu"

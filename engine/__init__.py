@@ -58,6 +58,15 @@ _PUBLIC = {
     "IdleTimedOut": "engine.transcribe.turn_detection",
     "TurnEvent": "engine.transcribe.turn_detection",
     "TurnDetector": "engine.transcribe.turn_detection",
+    "Diarizer": "engine.diarize.pipeline",
+    "SpeakerEncoderOptions": "engine.diarize.embeddings",
+    "DiarizationRequest": "engine.diarize.types",
+    "Diarization": "engine.diarize.types",
+    "SpeakerTurn": "engine.diarize.types",
+    "SpeakerSegment": "engine.diarize.assignment",
+    "split_by_speaker": "engine.diarize.assignment",
+    "speaker_at": "engine.diarize.assignment",
+    "match_known_speakers": "engine.diarize.known_speakers",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -43,6 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine.decode.scheduler",),  # the only writer of a request's state
     ("engine.decode",),  # the engine: submit, abort, step, stats
     ("engine.transcribe",),
+    ("engine.diarize",),  # speaker turns: finds speech with engine.transcribe's policy
     ("engine",),  # the public API
     ("kv_transfer",),
     ("deployments",),

@@ -61,6 +61,25 @@ class DecodedAudio:
             self._held_samples -= samples
             self._room.notify_all()
 
+    def decoded(self, decode: Callable[..., np.ndarray], data: bytes, max_duration_s: float) -> np.ndarray:
+        """``data``'s samples by ``decode`` (DecodeProcesses.decode, which calls ``hold`` with their
+        count before they cross), held here until the array is freed."""
+        held: list[int] = []
+
+        def hold(samples: int) -> None:
+            self.hold(samples)
+            held.append(samples)
+
+        try:
+            samples = decode(data, max_duration_s, hold)
+        except BaseException:
+            for count in held:
+                self.release(count)
+            raise
+        for count in held:
+            self.held_until_freed(samples, count)
+        return samples
+
     def held_until_freed(self, array: np.ndarray, samples: int) -> None:
         """Give ``samples`` back when ``array`` (and every view of it) is freed."""
         weakref.finalize(array, self.release, samples)

@@ -3,40 +3,22 @@
 Segment times are on the file's timeline: Whisper's timestamp tokens offset by the window's start
 (srt, vtt and verbose_json ask the decoder for timestamps), or whole windows otherwise. json and
 verbose_json carry the ``usage`` OpenAI's API reports for models billed by audio duration; json
-carries OpenAI's ``languages``, verbose_json its ``language``.
+carries OpenAI's ``languages``, verbose_json its ``language``. diarized_json is OpenAI's format
+with speakers: segments cut where the speaker changes, each with its speaker's label
+(deployments/http/speakers.py); verbose_json asked for with diarize=true carries a ``speaker`` on each
+segment and word.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from engine import SAMPLE_RATE, Transcription, compression_ratio
-from engine.types import DecodeResult, TimedText, TokenLogprob
+from deployments.http.segments import Segment, segments_of
+from deployments.http.speakers import Speakers, SpokenSegment
+from engine import Transcription
+from engine.types import DecodeResult, TokenLogprob
 
-RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json")
-
-
-@dataclass(frozen=True)
-class Word:
-    word: str
-    start_s: float
-    end_s: float
-
-
-@dataclass(frozen=True)
-class Segment:
-    id: int
-    start_s: float
-    end_s: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
-    words: list[Word] | None  # with word timestamps: on the file's timeline, inside the segment
+RESPONSE_FORMATS: tuple[str, ...] = ("json", "text", "srt", "vtt", "verbose_json", "diarized_json")
 
 
 def duration_usage(duration_s: float) -> dict:
@@ -65,50 +47,6 @@ def logprobs_of_windows(windows: list[DecodeResult]) -> list[dict]:
     return logprobs_of([item for window in windows for item in window.token_logprobs or []])
 
 
-def segments_of(transcription: Transcription) -> list[Segment]:
-    """The transcript's segments on the file's timeline: Whisper's timestamp segments when the
-    windows were decoded with timestamps, else one segment per window."""
-    segments: list[Segment] = []
-    for window, timeline in zip(transcription.windows, transcription.timelines):
-        window_s = timeline.num_samples / SAMPLE_RATE
-        pieces = window.segments
-        if pieces is None:
-            pieces = [TimedText(0.0, window_s, window.text, window.tokens)]
-        for piece in pieces:
-            if not piece.text.strip():
-                continue
-            # Clamped to the window's audio (Whisper may time text into the padding after it),
-            # then placed on the file's timeline.
-            piece_start_s = min(piece.start_s, window_s)
-            piece_end_s = min(max(piece.end_s, piece_start_s), window_s)
-            start_s, end_s = timeline.file_span_s(piece_start_s, piece_end_s)
-            words = None
-            if piece.words is not None:
-                words = []
-                for word in piece.words:
-                    word_start_s = min(max(word.start_s, piece_start_s), piece_end_s)
-                    word_end_s = min(max(word.end_s, word_start_s), piece_end_s)
-                    file_start_s, file_end_s = timeline.file_span_s(word_start_s, word_end_s)
-                    file_start_s, file_end_s = max(file_start_s, start_s), min(file_end_s, end_s)
-                    file_end_s = max(file_end_s, file_start_s)
-                    words.append(Word(word.word, round(file_start_s, 3), round(file_end_s, 3)))
-            segments.append(
-                Segment(
-                    id=len(segments),
-                    start_s=round(start_s, 3),
-                    end_s=round(end_s, 3),
-                    text=piece.text,
-                    tokens=piece.tokens,
-                    temperature=window.temperature,
-                    avg_logprob=window.avg_logprob,
-                    compression_ratio=compression_ratio(piece.text),
-                    no_speech_prob=window.no_speech_prob,
-                    words=words,
-                )
-            )
-    return segments
-
-
 def _clock(seconds: float, decimal_marker: str) -> str:
     milliseconds = round(seconds * 1000)
     hours, milliseconds = divmod(milliseconds, 3_600_000)
@@ -130,12 +68,39 @@ def to_vtt(segments: list[Segment]) -> str:
     return "WEBVTT\n\n" + "\n".join(cues)
 
 
+def diarized_segment(segment: SpokenSegment) -> dict:
+    """OpenAI's diarized segment, in diarized_json's ``segments`` and as a stream's event."""
+    return {
+        "type": "transcript.text.segment",
+        "id": f"seg_{segment.id}",
+        "start": segment.start_s,
+        "end": segment.end_s,
+        "text": segment.text,
+        "speaker": segment.speaker,
+    }
+
+
+def to_diarized_json(transcription: Transcription, speakers: Speakers) -> dict:
+    return {
+        "task": "transcribe",
+        "duration": round(transcription.duration_s, 3),
+        "text": transcription.text,
+        "segments": [diarized_segment(s) for s in speakers.spoken_segments(segments_of(transcription))],
+        "usage": duration_usage(transcription.duration_s),
+    }
+
+
 def to_verbose_json(
-    transcription: Transcription, task: str, with_words: bool = False, with_segments: bool = True
+    transcription: Transcription,
+    task: str,
+    with_words: bool = False,
+    with_segments: bool = True,
+    speakers: Speakers | None = None,
 ) -> dict:
     """OpenAI's verbose_json: ``segments`` unless only word timestamps were asked for, ``words``
-    when they were."""
+    when they were; with ``speakers`` (diarize=true) a ``speaker`` on each of both."""
     segments = segments_of(transcription)
+    labels = speakers.segment_speakers(segments) if speakers is not None else None
     body = {
         "task": task,
         "language": transcription.language or "",
@@ -158,6 +123,9 @@ def to_verbose_json(
             }
             for s in segments
         ]
+        if labels is not None:
+            for segment, label in zip(body["segments"], labels):
+                segment["speaker"] = label.speaker
     if with_words:
         # OpenAI's shape: one list for the whole file, each word without its leading space.
         body["words"] = [
@@ -165,6 +133,10 @@ def to_verbose_json(
             for s in segments
             for w in s.words or []
         ]
+        if labels is not None:
+            word_labels = [speaker for label in labels for speaker in label.word_speakers]
+            for word, speaker in zip(body["words"], word_labels):
+                word["speaker"] = speaker
     body["usage"] = duration_usage(transcription.duration_s)
     return body
 
@@ -175,8 +147,10 @@ def to_response(
     task: str,
     timestamp_granularities: tuple[str, ...] = (),
     with_logprobs: bool = False,
+    speakers: Speakers | None = None,
 ) -> Response:
-    """``with_logprobs``: include[]=logprobs asked for each text token's log-probability (json only)."""
+    """``with_logprobs``: include[]=logprobs asked for each text token's log-probability (json only);
+    ``speakers``: the request was diarized (diarized_json, or verbose_json with diarize=true)."""
     if response_format == "text":
         return PlainTextResponse(transcription.text + "\n")
     if response_format == "srt":
@@ -186,7 +160,9 @@ def to_response(
     if response_format == "verbose_json":
         with_words = "word" in timestamp_granularities
         with_segments = not timestamp_granularities or "segment" in timestamp_granularities
-        return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments))
+        return JSONResponse(to_verbose_json(transcription, task, with_words, with_segments, speakers))
+    if response_format == "diarized_json":
+        return JSONResponse(to_diarized_json(transcription, speakers))
     body = {"text": transcription.text, "languages": languages_of(transcription)}
     if with_logprobs:
         body["logprobs"] = logprobs_of_windows(transcription.windows)

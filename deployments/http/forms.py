@@ -11,8 +11,10 @@ from starlette.datastructures import FormData
 
 from deployments.config import AppConfig
 from deployments.http.errors import APIError, model_not_found
+from deployments.http.fields import list_field, parse_flag, parse_number
 from deployments.http.formats import RESPONSE_FORMATS
 from deployments.http.pending_uploads import PendingUploads
+from deployments.http.speakers import SpeakerOptions, parse_speaker_fields
 from deployments.http.uploads import read_upload
 from engine import LongFormMode, SpeechOptions
 from engine.errors import quoted
@@ -32,16 +34,7 @@ class TranscriptionForm:
     priority: Priority | None  # None: by the audio's length (http.interactive_max_duration_s)
     speech: SpeechOptions | None  # chunking_strategy (or the server's default): windows from speech
     model: str  # the name of the model its `model` field chooses (by that name or an alias)
-
-
-def _parse_flag(raw, name: str, default: bool) -> bool:
-    if raw in (None, ""):
-        return default
-    if str(raw).lower() in ("true", "1"):
-        return True
-    if str(raw).lower() in ("false", "0"):
-        return False
-    raise APIError(400, f"Invalid {name} {quoted(raw)}; expected true or false.", param=name)
+    speakers: SpeakerOptions | None = None  # diarized_json or diarize=true: who speaks, too
 
 
 def _parse_threshold(raw, name: str, default: float | None) -> float | None:
@@ -75,7 +68,7 @@ def _parse_temperature(raw) -> float:
 
 
 # Formats a stream can carry: text deltas (json, text), and segment events too (verbose_json).
-STREAMED_FORMATS = ("json", "text", "verbose_json")
+STREAMED_FORMATS = ("json", "text", "verbose_json", "diarized_json")
 
 # Request fields that exist for benchmarks only: accepted with `http.benchmark_fields: true`.
 BENCHMARK_FIELDS = ("fixed_output_tokens",)
@@ -114,33 +107,17 @@ def _parse_fixed_output_tokens(raw) -> int | None:
     return value
 
 
-def _parse_number(raw, name: str, kind: type, low: float, high: float, default):
-    """A numeric vendor field within [low, high]; absent: ``default``."""
-    if raw in (None, ""):
-        return default
-    try:
-        value = kind(raw)
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        expected = "a whole number" if kind is int else "a number"
-        raise APIError(
-            400, f"Invalid {name} {quoted(raw)}; expected {expected} from {low:g} to {high:g}.", param=name
-        )
-    return value
-
-
 def _parse_beam_options(form: FormData, config: AppConfig) -> dict:
     """The vendor fields `beam_size`, `patience`, `length_penalty` and `best_of` (openai-whisper's
     meaning: beams at temperature 0, the best of `best_of` samples at the fallback's higher ones)."""
-    beam_size = _parse_number(
+    beam_size = parse_number(
         form.get("beam_size"), "beam_size", int, 1, config.largest_beam_size, config.http.default_beam_size
     )
-    patience = _parse_number(form.get("patience"), "patience", float, 0.1, 10.0, None)
+    patience = parse_number(form.get("patience"), "patience", float, 0.1, 10.0, None)
     if patience is not None and beam_size == 1:
         raise APIError(400, "patience needs beam_size greater than 1.", param="patience")
-    length_penalty = _parse_number(form.get("length_penalty"), "length_penalty", float, 0.0, 1.0, None)
-    best_of = _parse_number(form.get("best_of"), "best_of", int, 1, config.largest_beam_size, 1)
+    length_penalty = parse_number(form.get("length_penalty"), "length_penalty", float, 0.0, 1.0, None)
+    best_of = parse_number(form.get("best_of"), "best_of", int, 1, config.largest_beam_size, 1)
     return dict(beam_size=beam_size, patience=patience, length_penalty=length_penalty, best_of=best_of)
 
 
@@ -240,15 +217,10 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
     return SpeechOptions(**values)
 
 
-def _list_field(form: FormData, name: str) -> list[str]:
-    """A list field as OpenAI's client sends it (``name[]`` once per item), or as ``name``."""
-    return form.getlist(f"{name}[]") or form.getlist(name)
-
-
 def _parse_words_list(form: FormData, name: str) -> tuple[str, ...] | None:
     """``languages[]`` or ``keywords[]``: each item once, in the order sent; absent: None. Whether
     the model can use them is the engine's to say (a 400 naming the field)."""
-    items = [str(item).strip() for item in _list_field(form, name)]
+    items = [str(item).strip() for item in list_field(form, name)]
     if any(not item for item in items):
         raise APIError(400, f"Invalid {name}: an item is empty.", param=name)
     return tuple(dict.fromkeys(items)) or None
@@ -257,7 +229,7 @@ def _parse_words_list(form: FormData, name: str) -> tuple[str, ...] | None:
 def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...]:
     """``timestamp_granularities[]``, as OpenAI's API takes them: 'segment' with any format (only
     verbose_json shows it), 'word' with verbose_json only, where the words have a place."""
-    granularities = tuple(_list_field(form, "timestamp_granularities"))
+    granularities = tuple(list_field(form, "timestamp_granularities"))
     for granularity in granularities:
         if granularity not in ("segment", "word"):
             raise APIError(
@@ -277,7 +249,7 @@ def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...
 
 def _parse_include(form: FormData, response_format: str) -> bool:
     """``include[]``: only 'logprobs', which, as in OpenAI's API, needs response_format json."""
-    include = _list_field(form, "include")
+    include = list_field(form, "include")
     for item in include:
         if item != "logprobs":
             raise APIError(
@@ -322,7 +294,7 @@ async def parse_transcription_form(
         language = None  # translations detect the spoken language and always output English
     # The languages the audio may be in: detection (a translation's too) chooses among them.
     languages = _parse_words_list(form, "languages")
-    stream = _parse_flag(form.get("stream"), "stream", False)
+    stream = parse_flag(form.get("stream"), "stream", False)
     if stream and response_format not in STREAMED_FORMATS:
         raise APIError(
             400,
@@ -350,7 +322,7 @@ async def parse_transcription_form(
     # As OpenAI's API: temperature 0 falls back to higher temperatures when a window's text
     # fails openai-whisper's thresholds; the vendor fields tune or switch that off.
     fallback = None
-    if _parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
+    if parse_flag(form.get("temperature_fallback"), "temperature_fallback", True):
         defaults = FallbackOptions()
         fallback = FallbackOptions(
             **{
@@ -358,10 +330,12 @@ async def parse_transcription_form(
                 for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
             }
         )
+    speakers = parse_speaker_fields(form, response_format, task, granularities, config)
     # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
-    # sequential long-form, which seeks by them); word times come with verbose_json only.
-    timestamps = response_format in ("srt", "vtt", "verbose_json")
-    words = "word" in granularities
+    # sequential long-form, which seeks by them); word times come with verbose_json, and with
+    # diarization, which gives each word to a speaker and cuts segments where the speaker changes.
+    timestamps = response_format in ("srt", "vtt", "verbose_json") or speakers is not None
+    words = "word" in granularities or speakers is not None
     fixed_tokens = _parse_fixed_output_tokens(form.get("fixed_output_tokens"))
     if fixed_tokens is not None:
         fallback = None  # a retry would decode the window again: the count would not be known
@@ -390,4 +364,5 @@ async def parse_transcription_form(
         _parse_priority(form.get("priority")),
         speech,
         served.name,
+        speakers,
     )

@@ -1,20 +1,26 @@
 """OpenAI's transcription stream as server-sent events: a ``transcript.text.delta`` as each
 window's text is ready, in order, then ``transcript.text.done`` with its languages and the usage
-in seconds of audio; the deltas join to the final text. A stream asked for with segments (verbose_json) also
-gets a ``transcript.text.segment`` for each of a window's segments once the window is decoded; one
-asked for with include[]=logprobs gets each delta's token log-probabilities on the delta and all of
-them on done. The status line has gone out before the first window is decoded, so a failure
-travels as an ``error`` event carrying OpenAI's error object.
+in seconds of audio; the deltas join to the final text. A stream asked for with segments
+(verbose_json) also gets a ``transcript.text.segment`` for each of a window's segments once the
+window is decoded; one asked for with include[]=logprobs gets each delta's token log-probabilities
+on the delta and all of them on done. A diarized stream (diarized_json, or verbose_json with
+diarize=true) sends its segments cut where the speaker changes, each with its ``speaker``, as soon
+as both the segment's window and the recording's diarization are done (the diarizer works on the
+whole recording beside the windows). The status line has gone out before the first window is
+decoded, so a failure travels as an ``error`` event carrying OpenAI's error object.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from deployments.http.errors import api_error_of
-from deployments.http.formats import Segment, duration_usage, languages_of, logprobs_of_windows, segments_of
+from deployments.http.formats import diarized_segment, duration_usage, languages_of, logprobs_of_windows
+from deployments.http.segments import Segment, segments_of
+from deployments.http.speakers import Speakers
 from engine import LongFormCursor
 from engine.types import DecodeResult
 
@@ -55,13 +61,27 @@ async def transcription_events(
     cursor: LongFormCursor,
     finished: Callable[[int, float], None],
     contents: StreamContents = StreamContents(),
+    speakers: asyncio.Future[Speakers] | None = None,
 ) -> AsyncIterator[str]:
     """The events of ``results``, the windows of ``cursor`` as they are decoded. ``finished`` is
-    told, once, the status the stream ended with and the seconds of audio it transcribed."""
+    told, once, the status the stream ended with and the seconds of audio it transcribed.
+    ``speakers``: the recording's diarization under way; its segment events wait for it."""
     texts: list[str] = []
     streamed = ""
     unsent_logprobs: list[dict] = []  # of windows whose text added nothing to show yet
-    segments_sent = 0
+    segments_sent = 0  # transcript segments sent (diarized: cut into this many or more events)
+    events_sent = 0
+
+    def segment_events() -> list[str]:
+        nonlocal segments_sent, events_sent
+        segments = segments_of(cursor.transcription())[segments_sent:]
+        segments_sent += len(segments)
+        if speakers is None:
+            return [sse(segment_event(segment, contents.words)) for segment in segments]
+        spoken = speakers.result().spoken_segments(segments, first_id=events_sent)
+        events_sent += len(spoken)
+        return [sse(diarized_segment(segment)) for segment in spoken]
+
     try:
         async for result in results:
             texts.append(result.text)
@@ -76,11 +96,13 @@ async def transcription_events(
                     delta["logprobs"], unsent_logprobs = unsent_logprobs, []
                 yield sse(delta)
                 streamed = shown
-            if contents.segments:
-                segments = segments_of(cursor.transcription())
-                for segment in segments[segments_sent:]:
-                    yield sse(segment_event(segment, contents.words))
-                segments_sent = len(segments)
+            if contents.segments and (speakers is None or speakers.done()):
+                for event in segment_events():
+                    yield event
+        if speakers is not None:
+            await speakers
+            for event in segment_events():
+                yield event
         transcription = cursor.transcription()
         done = {
             "type": "transcript.text.done",
@@ -96,4 +118,7 @@ async def transcription_events(
         finished(api_error.status, 0.0)
         yield sse({"type": "error", "error": api_error.body()})
         return
+    finally:
+        if speakers is not None:
+            speakers.cancel()  # a client gone or a window failed: the diarizer's answer is not wanted
     finished(200, transcription.duration_s)

@@ -129,6 +129,8 @@ def test_the_one_model_app_tests_start_is_the_default_configs_default_model():
         ),
         ({"engine": {"gpu": {"encoder_sm_share": 0}}}, "engine.gpu.encoder_sm_share", "greater than 0"),
         ({"engine": {"gpu": {"encoder_sm_share": 1.5}}}, "engine.gpu.encoder_sm_share", "less than or equal"),
+        ({"diarizer": {"max_batch_size": 0}}, "diarizer.max_batch_size", "greater than or equal to 1"),
+        ({"diarizer": {"min_speakers": 2}}, "diarizer.min_speakers", "Extra inputs"),
     ],
 )
 def test_a_bad_config_fails_naming_the_field_and_the_reason(args, field, reason):
@@ -362,3 +364,24 @@ def test_a_bad_models_section_fails_naming_the_model_and_the_field(args, field, 
     with pytest.raises(ConfigError) as failure:
         parse_app_config(args)
     assert field in str(failure.value) and reason in str(failure.value), str(failure.value)
+
+
+def test_the_app_has_one_diarizer_for_all_its_models_on_cpu_unless_given_a_gpu_and_none_without_the_section():
+    from deployments.app import build_whisper_app
+
+    config = parse_app_config(
+        {"models": TWO_MODELS, "diarizer": {"num_cpus": 0.5, "autoscaling": {"max_replicas": 3}}}
+    )
+    ingress = build_whisper_app(config)._bound_deployment
+    diarizer = ingress.init_args[2]._bound_deployment
+    assert diarizer.name == "WhisperDiarizer" and diarizer.ray_actor_options["num_cpus"] == 0.5
+    assert diarizer._deployment_config.autoscaling_config.max_replicas == 3
+    assert diarizer.init_args[0].device == "cpu"
+    assert parse_app_config({"diarizer": {"num_gpus": 0.25}}).diarizer.device == "cuda"
+    assert build_whisper_app(parse_app_config({}))._bound_deployment.init_args[2] is None
+
+
+def test_the_default_config_diarizes_on_a_cpu_replica_beside_its_models():
+    config = parse_app_config(shipped_default_args())
+    assert config.diarizer is not None and config.diarizer.device == "cpu"
+    assert config.diarizer.num_replicas == 1 and config.diarizer.autoscaling is None

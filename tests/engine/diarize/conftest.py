@@ -1,0 +1,62 @@
+"""One diarizer for the session, and each conversation diarized once by ours and by senko's own
+pipeline, shared by the tests that compare them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from pyannote.core import Annotation, Segment
+
+from engine.diarize import Diarization, DiarizationRequest, Diarizer, SpeakerEncoderOptions
+from tests.support.conversations import Conversation, standard_conversations
+
+THREADS = 2
+
+
+def annotation(turns: list[tuple[object, float, float]]) -> Annotation:
+    """(speaker, start_s, end_s) triples as pyannote.metrics scores them."""
+    result = Annotation()
+    for speaker, start_s, end_s in turns:
+        result[Segment(start_s, end_s)] = speaker
+    return result
+
+
+def reference(conversation: Conversation) -> Annotation:
+    return annotation([(turn.speaker, turn.start_s, turn.end_s) for turn in conversation.turns])
+
+
+class Runs:
+    """Each conversation through our diarizer alone and through senko's Diarizer.diarize_samples,
+    computed on first use."""
+
+    def __init__(self, diarizer: Diarizer):
+        self.diarizer = diarizer
+        self.conversations = {conversation.name: conversation for conversation in standard_conversations()}
+        self._ours: dict[str, Diarization] = {}
+        self._senko: dict[str, Annotation] = {}
+
+    def ours(self, name: str) -> Diarization:
+        if name not in self._ours:
+            (self._ours[name],) = self.diarizer.diarize(
+                [DiarizationRequest(self.conversations[name].samples)]
+            )
+        return self._ours[name]
+
+    def senko(self, name: str) -> Annotation:
+        if name not in self._senko:
+            # The same loaded senko Diarizer our encoder wraps: its own pipeline, end to end.
+            output = self.diarizer.encoder._senko.diarize_samples(self.conversations[name].samples)
+            torch.set_num_threads(THREADS)  # senko's silero step resets it to every core
+            turns = [(turn["speaker"], turn["start"], turn["end"]) for turn in output["raw_segments"]]
+            self._senko[name] = annotation(turns)
+        return self._senko[name]
+
+
+@pytest.fixture(scope="session")
+def diarizer() -> Diarizer:
+    return Diarizer(SpeakerEncoderOptions(threads=THREADS))
+
+
+@pytest.fixture(scope="session")
+def runs(diarizer: Diarizer) -> Runs:
+    return Runs(diarizer)
