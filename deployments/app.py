@@ -25,8 +25,14 @@ def _deployment_options(
     options: ReplicaOptions,
     policy: type | None = None,
     policy_kwargs: dict[str, Any] | None = None,
+    access_log: bool = True,
 ) -> dict[str, Any]:
+    """``access_log``: Serve's line per call to a replica. The ingress keeps it (one line per client
+    request, with its status and request id); the encoders and decoders, whose calls are the
+    ingress's and each other's (a window each, and the encoders' polls of the decoders' load many
+    times a second, idle or not), go without, so that an idle server's log stays quiet."""
     deployment = {
+        "logging_config": {"enable_access_log": access_log},
         "name": name,
         "ray_actor_options": options.ray_actor_options(),
         "max_ongoing_requests": options.max_ongoing_requests,
@@ -71,6 +77,7 @@ def _model_deployments(config: AppConfig, model: ModelConfig) -> tuple[Applicati
             served.encoder,
             EncoderPolicy,
             {"target_pending_windows": served.encoder.target_pending_windows},
+            access_log=False,
         )
     )
     decoder = serve.deployment(DecoderDeployment).options(
@@ -82,6 +89,7 @@ def _model_deployments(config: AppConfig, model: ModelConfig) -> tuple[Applicati
                 "target_kv_utilization": served.decoder.target_kv_utilization,
                 "interactive_slots_reserved": served.engine.interactive_reserved_seqs > 0,
             },
+            access_log=False,
         ),
         request_router_config=RequestRouterConfig(
             request_router_class=MostFreeKVBlocksRouter,

@@ -6,7 +6,6 @@ field instead of failing the first request.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import (
@@ -19,95 +18,9 @@ from pydantic import (
     model_validator,
 )
 
+from deployments.http_limits import HTTPLimits
 from deployments.model_config import MODEL_SECTIONS, ModelConfig, ModelSections
 from deployments.replica_options import DiarizerOptions, ReplicaOptions
-
-API_KEYS_ENV = "WHISPER_DISAGG_API_KEYS"
-
-
-class HTTPLimits(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_upload_mb: float = Field(25.0, gt=0, description="OpenAI's limit is 25 MB")
-    max_audio_duration_s: float = Field(3600.0, gt=0, description="longest audio a request may send (413)")
-    max_in_flight_requests: int = Field(
-        256,
-        ge=1,
-        description="requests one ingress replica works on at once; beyond it new ones get 503 + Retry-After",
-    )
-    upload_timeout_s: float = Field(
-        60.0, gt=0, description="longest a client may go without sending any of its request body (408 after)"
-    )
-    min_upload_bytes_per_s: float = Field(
-        500.0,
-        ge=0,
-        description="slowest a request body may come: it may take upload_timeout_s plus a second for "
-        "every this many bytes that have come, 408 after (Apache mod_reqtimeout's MinRate); 0: no "
-        "minimum. Without it a client that trickles bytes holds its in-flight slot for as long as it likes",
-    )
-    max_windows_in_flight: int = Field(
-        16,
-        ge=1,
-        description="30 s windows of one file encoded or decoded at once (parallel long-form); the next "
-        "starts as the oldest is answered, so an hour-long file holds at most this many windows' K/V",
-    )
-    interactive_max_duration_s: float = Field(
-        30.0,
-        ge=0,
-        description="requests without a `priority` field are interactive up to this audio length, "
-        "batch beyond it",
-    )
-    vad_by_default: bool = Field(
-        True,
-        description="requests that send no `chunking_strategy` (and no long_form=sequential) get Silero "
-        "VAD as with chunking_strategy=auto: windows packed from detected speech, no-speech stretches not "
-        "decoded, so audio without speech gives an empty transcript, as OpenAI's API answers for "
-        "silence. A request may still send chunking_strategy=none for windows cut at quiet points "
-        "without speech detection. Costs ingress CPU time (benchmarks/bench_ingest.py measures it); off, "
-        "every request's audio is decoded whole, and Whisper may write words into silence",
-    )
-    default_beam_size: int = Field(
-        1,
-        ge=1,
-        description="beam_size for requests that send none: 1 decodes greedily (OpenAI's whisper-1 "
-        "behaviour); 5 is openai-whisper's CLI and faster-whisper's default. Beams apply at temperature "
-        "0; each beam counts as a sequence against engine.max_num_seqs",
-    )
-    max_beam_size: int = Field(
-        8, ge=1, description="the largest beam_size (or best_of) a request may ask for"
-    )
-    inline_window_kb: int = Field(
-        0,
-        ge=0,
-        description="a window's samples up to this size travel inside the ingress's call to the encoder or "
-        "decoder replica: one message, where Ray would send every argument over its own limit (100 KB) "
-        "through its object store. Such calls are cheaper alone, but the app on a GPU serves no more "
-        "tokens a second with them, so 0 (Ray's own limit) is the default; long windows cost the "
-        "answering replica more CPU inside the call than through the store (bench_serve_call.py)",
-    )
-    benchmark_fields: bool = Field(
-        False,
-        description="accept the request fields that exist for benchmarks only (`fixed_output_tokens`: every "
-        "window decodes exactly that many tokens, text or not); off, a request sending one gets a 400",
-    )
-    api_keys: list[str] = Field(
-        default_factory=list,
-        description="when non-empty, requests need `Authorization: Bearer <key>`; also read from "
-        f"${API_KEYS_ENV} (comma-separated) when the config gives none, so keys need not sit in the YAML",
-    )
-
-    def ingress_runtime_env(self) -> dict[str, dict[str, str]] | None:
-        """The ingress replicas' runtime_env: Ray's workers read their argument limit from its
-        environment (None: Ray's own limit)."""
-        if not self.inline_window_kb:
-            return None
-        return {"env_vars": {"RAY_max_direct_call_object_size": str(self.inline_window_kb * 1024)}}
-
-    @model_validator(mode="after")
-    def _api_keys_from_environment(self) -> "HTTPLimits":
-        if not self.api_keys and os.environ.get(API_KEYS_ENV):
-            self.api_keys = [key.strip() for key in os.environ[API_KEYS_ENV].split(",") if key.strip()]
-        return self
 
 
 class RealtimeOptions(BaseModel):
@@ -281,11 +194,13 @@ class AppConfig(ModelSections):
 
     @model_validator(mode="after")
     def _ingress_sheds_load_before_serve_does(self) -> "AppConfig":
-        if self.ingress.max_ongoing_requests <= self.http.max_in_flight_requests:
+        http = self.http
+        if self.ingress.max_ongoing_requests <= http.max_in_flight_requests + http.max_pending_uploads:
             raise ValueError(
                 f"ingress.max_ongoing_requests ({self.ingress.max_ongoing_requests}) must exceed "
-                f"http.max_in_flight_requests ({self.http.max_in_flight_requests}), so that overload is "
-                "answered by the ingress (OpenAI error JSON) rather than by Serve's proxy"
+                f"http.max_in_flight_requests ({http.max_in_flight_requests}) plus "
+                f"http.max_pending_uploads ({http.max_pending_uploads}), so that overload and slow "
+                "uploads are answered by the ingress (OpenAI error JSON) rather than by Serve's proxy"
             )
         return self
 

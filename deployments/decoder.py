@@ -23,6 +23,7 @@ from deployments.decoder_stats import DecoderStats
 from deployments.encoder import EncoderStats
 from deployments.engine_process import EngineProcess, EngineProcessExited
 from deployments.window_batcher import WindowJob
+from engine.errors import RequestRejectedError
 from engine.types import DecodeOptions, DecodeResult, Priority
 from kv_transfer.base import TransferHandle
 
@@ -50,10 +51,19 @@ class DecoderDeployment:
         if not self.engine.alive:
             raise EngineProcessExited("the engine process has exited")
 
-    async def check_options(self, options: DecodeOptions) -> None:
-        """Raise RequestRejectedError if this model cannot decode with ``options`` (checked before
-        any window is encoded, so a bad request costs no encoder work)."""
-        await self.engine.check_options(options)
+    async def check_options(self, options: DecodeOptions) -> RequestRejectedError | None:
+        """The RequestRejectedError of options this model cannot decode with, None for options it
+        can (checked before any window is encoded, so a bad request costs no encoder work).
+
+        Returned, not raised: Serve logs every exception a replica's method raises as an ERROR with
+        its traceback, and a client's bad option is no fault of the server's. One line at INFO, with
+        the request id Serve adds to it, records it."""
+        try:
+            await self.engine.check_options(options)
+        except RequestRejectedError as rejection:
+            logger.info("a request's options were rejected (400): %s", rejection)
+            return rejection
+        return None
 
     async def occupancy(self) -> float:
         """Running and waiting windows over ``max_num_seqs`` (encoder replicas batch by it)."""

@@ -16,12 +16,15 @@ from functools import partial
 
 import numpy as np
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
 from deployments.diarizer import DiarizerJob
+from deployments.http.api_keys import APIKeys
+from deployments.http.decoded_audio import DecodedAudio
 from deployments.http.errors import (
     APIError,
     add_exception_handlers,
@@ -32,6 +35,7 @@ from deployments.http.errors import (
 )
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
+from deployments.http.pending_uploads import PendingUploads
 from deployments.http.readiness import models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
@@ -46,17 +50,23 @@ from deployments.served_models import ServedModel, ServedModels
 from engine import (
     SAMPLE_RATE,
     AudioWindow,
+    DecodeProcesses,
     DiarizationRequest,
-    decode_audio,
     detect_speech,
     long_form_cursor,
     speech_windows,
 )
 from engine.types import Priority
 
-SUBPROTOCOL_KEY_PREFIX = "openai-insecure-api-key."
-
-app = FastAPI(title="whisper-disagg", description="OpenAI-compatible Whisper transcription on Ray Serve")
+# FastAPI's own schema and docs routes are off: the Ingress serves them itself, behind the API key
+# like every route but /health and /ready.
+app = FastAPI(
+    title="whisper-disagg",
+    description="OpenAI-compatible Whisper transcription on Ray Serve",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
+)
 add_exception_handlers(app)
 
 logger = logging.getLogger("ray.serve")
@@ -80,11 +90,20 @@ class Ingress:
         diarizer deployment (config `diarizer`), or None."""
         self.config = config
         self.models = ServedModels.of(config, handles)
+        self.api_keys = APIKeys(config.http.api_keys)
         self.diarization = DiarizationClient(diarizer) if diarizer is not None else None
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
+        self.pending_uploads = PendingUploads(
+            config.http.max_pending_uploads,
+            config.http.max_pending_uploads_per_address,
+            config.http.min_upload_bytes_per_s,
+        )
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
+        # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
+        self.audio_decoder = DecodeProcesses(config.http.decode_processes)
+        self.decoded_audio = DecodedAudio(config.http.max_decoded_audio_s, config.http.decoded_audio_wait_s)
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -98,12 +117,12 @@ class Ingress:
 
     @app.get("/v1/models")
     async def list_models(self, request: Request) -> Response:
-        self._authorize(request)
+        self.api_keys.authorize(request)
         return JSONResponse({"object": "list", "data": [_model_object(name) for name in self.models.ids]})
 
     @app.get("/v1/models/{model_id:path}")
     async def model(self, model_id: str, request: Request) -> Response:
-        self._authorize(request)
+        self.api_keys.authorize(request)
         self._served(model_id)
         return JSONResponse(_model_object(model_id))
 
@@ -111,7 +130,7 @@ class Ingress:
     async def realtime(self, websocket: WebSocket) -> None:
         offered = websocket.scope.get("subprotocols") or []
         authorization = websocket.headers.get("authorization", "")
-        if not self._key_accepted(authorization, offered):
+        if not self.api_keys.accepted(authorization, offered):
             await websocket.close(code=1008)  # before the upgrade: the client gets HTTP 403
             return
         # Browsers authenticate with a subprotocol; the handshake must then echo one they offered.
@@ -147,7 +166,7 @@ class Ingress:
                 self.models,
                 self.metrics,
                 self.partial_pass_slots,
-                api_key_label(self._presented_key(authorization, offered)),
+                api_key_label(self.api_keys.presented(authorization, offered)),
                 LiveSpeakers(self.diarization),
             )
             await session.run()
@@ -180,10 +199,31 @@ class Ingress:
         return JSONResponse({"status": "ready", "warm_up_s": warm_up_s, "models": states})
 
     @app.get("/metrics")
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        self.api_keys.authorize(
+            request
+        )  # a scraper sends the key as a bearer token (Prometheus: authorization)
+        self.metrics.decoded_audio_seconds.set(self.decoded_audio.held_s)
         figures = await asyncio.gather(*(served.replica_stats() for served in self.models))
         body = self.metrics.render({served.name: stats for served, stats in zip(self.models, figures)})
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema(self, request: Request) -> Response:
+        self.api_keys.authorize(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_docs(self, request: Request) -> Response:
+        # With keys set a browser cannot send one, so these pages load only for a client that can
+        # (curl); the schema at /openapi.json is the same document.
+        self.api_keys.authorize(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} - docs")
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc_docs(self, request: Request) -> Response:
+        self.api_keys.authorize(request)
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{app.title} - ReDoc")
 
     # ---- the work -----------------------------------------------------------------------------
 
@@ -197,33 +237,48 @@ class Ingress:
     async def _handle(self, request: Request, task: str) -> Response:
         route = "translations" if task == "translate" else "transcriptions"
         started = time.perf_counter()
+        phases = ServerTiming()
+        try:
+            api_key = self.api_keys.authorize(request)
+            # The body arrives first, holding only a place among the pending uploads: a client that
+            # sends slowly, or not at all, takes no in-flight slot from those whose bodies came.
+            form = await parse_transcription_form(request, task, self.config, self.pending_uploads)
+        except Exception as error:
+            api_error = api_error_of(error)
+            self._observe(route, None, started, api_error.status)
+            return error_response(api_error)
+        phases.mark("upload")
         if self.in_flight >= self.config.http.max_in_flight_requests:
-            # Shed load before reading the body: memory stays bounded and admitted requests keep
-            # their latency, instead of every request slowing down together.
+            # Shed load before the audio is decoded: memory stays bounded and admitted requests
+            # keep their latency, instead of every request slowing down together.
             self._observe(route, None, started, 503)
             return error_response(at_capacity())
         self.in_flight += 1
         try:
-            return await self._transcription_response(request, task, route, started)
+            return await self._transcription_response(form, api_key, task, route, started, phases)
         finally:
             self.in_flight -= 1
 
     async def _transcription_response(
-        self, request: Request, task: str, route: str, started: float
+        self,
+        form: TranscriptionForm,
+        api_key: str,
+        task: str,
+        route: str,
+        started: float,
+        phases: ServerTiming,
     ) -> Response:
-        phases = ServerTiming()
-        served = None  # the model, once the form names one
+        served = None  # the model, once the form's name is resolved
         speakers = None  # the recording's diarization under way, when the request asks for speakers
         try:
-            api_key = self._authorize(request)
-            form = await parse_transcription_form(request, task, self.config)
-            phases.mark("upload")
             served = self._served(form.model)
             await served.check_options(form.options)
             phases.mark("options")
             references = None
             if form.speakers is not None and form.speakers.references:
-                references = await asyncio.to_thread(decode_references, form.speakers.references)
+                references = await asyncio.to_thread(
+                    decode_references, form.speakers.references, self.audio_decoder.decode
+                )
             samples, windows = await asyncio.to_thread(self._ingest, form)
             phases.mark("audio")
             if form.speakers is not None:
@@ -295,16 +350,19 @@ class Ingress:
     def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
         """The upload's samples, and with speech detection on, the windows packed from its speech.
 
-        Runs on a worker thread (asyncio.to_thread), never on the event loop: FFmpeg and
-        onnxruntime release the GIL while they work, so the ingress keeps routing other requests'
-        windows meanwhile. Speech detection belongs here, before the encoder, because it decides
-        which windows exist at all: it must see the whole file once (an encoder sees one 30 s
-        window and would cut regions at its edges), and a stretch it rules out is never sent,
-        encoded or decoded. It is cheap for that place: a small share of what the encoder and
-        decoder spend on the same audio (benchmarks/bench_ingest.py measures it).
+        Runs on a worker thread (asyncio.to_thread), never on the event loop: decoding waits on a
+        decoding process (engine.model.decode_processes) and onnxruntime releases the GIL while it
+        works, so the ingress keeps routing other requests' windows meanwhile. Speech detection
+        belongs here, before the encoder, because it decides which windows exist at all: it must
+        see the whole file once (an encoder sees one 30 s window and would cut regions at its
+        edges), and a stretch it rules out is never sent, encoded or decoded. It is cheap for that
+        place: a small share of what the encoder and decoder spend on the same audio
+        (benchmarks/bench_ingest.py measures it).
         """
         # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
-        samples = decode_audio(form.data, self.config.http.max_audio_duration_s)
+        samples = self.decoded_audio.decoded(
+            self.audio_decoder.decode, form.data, self.config.http.max_audio_duration_s
+        )
         if form.speech is None:
             return samples, None
         return samples, speech_windows(samples, detect_speech(samples, form.speech))
@@ -332,26 +390,3 @@ class Ingress:
         self.metrics.observe_request(route, model or "", status, time.perf_counter() - started)
         if status == 200 and model is not None and api_key is not None:
             self.metrics.observe_usage(model, api_key, audio_s)
-
-    def _authorize(self, request: Request) -> str:
-        """The request's API key label (metrics.api_key_label); 401 without a configured key."""
-        key = self._presented_key(request.headers.get("authorization", ""))
-        if self.config.http.api_keys and key is None:
-            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
-        return api_key_label(key)
-
-    def _key_accepted(self, authorization: str, subprotocols: list[str] = ()) -> bool:
-        return not self.config.http.api_keys or self._presented_key(authorization, subprotocols) is not None
-
-    def _presented_key(self, authorization: str, subprotocols: list[str] = ()) -> str | None:
-        """The configured key that the request presents, or None: with http.api_keys set, in the
-        `Authorization: Bearer` header, or (WebSockets from a browser, which cannot set headers) an
-        `openai-insecure-api-key.<key>` subprotocol. None too where no keys are configured."""
-        keys = self.config.http.api_keys
-        presented = [authorization[7:].strip()] if authorization.lower().startswith("bearer ") else []
-        presented += [
-            p.removeprefix(SUBPROTOCOL_KEY_PREFIX)
-            for p in subprotocols
-            if p.startswith(SUBPROTOCOL_KEY_PREFIX)
-        ]
-        return next((key for key in presented if key in keys), None)

@@ -192,6 +192,11 @@ class ServingMetrics:
         )
 
         # Realtime sessions (deployments/http/realtime.py), this ingress replica's own.
+        self.decoded_audio_seconds = Gauge(
+            "whisper_ingress_decoded_audio_seconds",
+            "seconds of decoded audio this ingress replica holds (bounded by http.max_decoded_audio_s)",
+            registry=self.registry,
+        )
         self.realtime_sessions = Gauge(
             "whisper_realtime_sessions", "open realtime transcription sessions", registry=self.registry
         )

@@ -94,13 +94,21 @@ class ServedModel:
         colocated = self.encoder is None
         encoders, method = (self.decoder, "encoder_stats") if colocated else (self.encoder, "stats")
         encoder_stats, decoder_stats = await asyncio.gather(
-            encoders.broadcast(method).results_async(timeout_s=STATS_TIMEOUT_S, return_exceptions=True),
-            self.decoder.broadcast("stats").results_async(timeout_s=STATS_TIMEOUT_S, return_exceptions=True),
+            _answered(encoders, method), _answered(self.decoder, "stats")
         )
-        return (
-            [s for s in encoder_stats if not isinstance(s, Exception)],
-            [s for s in decoder_stats if not isinstance(s, Exception)],
+        return encoder_stats, decoder_stats
+
+
+async def _answered(deployment: DeploymentHandle, method: str) -> list:
+    """What the replicas of ``deployment`` answer to ``method`` in time; none when one is late:
+    Serve raises for the whole broadcast then, and a scrape must not fail (500) for a slow replica."""
+    try:
+        results = await deployment.broadcast(method).results_async(
+            timeout_s=STATS_TIMEOUT_S, return_exceptions=True
         )
+    except TimeoutError:
+        return []
+    return [result for result in results if not isinstance(result, Exception)]
 
 
 @dataclass

@@ -1,5 +1,20 @@
 """Error types raised by the engine; the HTTP layer maps each to a status code in one place."""
 
+# The most characters of one value a client sent that an error message quotes: enough to find the
+# mistake in, never a client's whole field (which may be megabytes, or made to fill a log).
+QUOTED_CHARS = 100
+
+
+def quoted(value: object) -> str:
+    """``value``, something a client sent, in single quotes for an error message: its first
+    QUOTED_CHARS characters, with characters that are not printable (newlines among them, which
+    could forge a log line) escaped."""
+    text = str(value)
+    shown = "".join(char if char.isprintable() else repr(char)[1:-1] for char in text[:QUOTED_CHARS])
+    if len(text) <= QUOTED_CHARS:
+        return f"'{shown}'"
+    return f"'{shown}...' ({len(text)} characters)"
+
 
 class EngineError(Exception):
     """Base class for every error the engine raises on purpose."""
@@ -47,3 +62,7 @@ class AudioTooLongError(EngineError, ValueError):
         self.duration_s = duration_s
         self.max_duration_s = max_duration_s
         self.claimed = claimed
+
+    def __reduce__(self):
+        # Pickled with its own arguments (it crosses from a decoding process), not its message.
+        return type(self), (self.duration_s, self.max_duration_s, self.claimed)

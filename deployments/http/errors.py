@@ -12,11 +12,22 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
+from deployments.http.decoded_audio import DecodedAudioFull
 from deployments.orchestration.pipeline import REPLICA_LOST
-from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError
+from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError, quoted
 from kv_transfer.base import StagingFullError
 
 logger = logging.getLogger("ray.serve")
+
+# The longest error message a client gets. Each value of the client's a message quotes is cut to
+# engine.errors.QUOTED_CHARS where it is quoted; this bounds the whole, whatever it quotes.
+MAX_MESSAGE_CHARS = 500
+
+
+def bounded_message(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[: MAX_MESSAGE_CHARS - 3] + "..."
 
 
 class APIError(Exception):
@@ -31,6 +42,7 @@ class APIError(Exception):
         error_type: str = "invalid_request_error",
         retry_after_s: int | None = None,
     ):
+        message = bounded_message(message)
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.error_type, self.retry_after_s = error_type, retry_after_s
@@ -41,7 +53,7 @@ class APIError(Exception):
 
 
 def unknown_model_message(model_id: str, served_ids: list[str]) -> str:
-    return f"The model '{model_id}' does not exist; this server serves {', '.join(served_ids)}."
+    return f"The model {quoted(model_id)} does not exist; this server serves {', '.join(served_ids)}."
 
 
 def model_not_found(model_id: str, served_ids: list[str]) -> APIError:
@@ -77,6 +89,15 @@ def api_error_of(error: Exception) -> APIError:
         return APIError(400, str(error), param=error.param, code="invalid_request")
     if isinstance(error, (BackPressureError, StagingFullError)):
         return at_capacity()
+    if isinstance(error, DecodedAudioFull):
+        return APIError(
+            503,
+            f"The server holds as much decoded audio as it may and none came free within "
+            f"{error.waited_s:g} s; retry shortly.",
+            code="overloaded",
+            error_type="server_overloaded",
+            retry_after_s=1,
+        )
     if isinstance(error, REPLICA_LOST):
         return APIError(
             503,
@@ -104,17 +125,17 @@ async def _api_error(_: Request, error: APIError) -> JSONResponse:
 async def _validation_error(_: Request, error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0] if error.errors() else {}
     field = str(first.get("loc", ["", "?"])[-1])
-    message = f"Invalid value for '{field}': {first.get('msg', 'invalid')}"
+    message = f"Invalid value for {quoted(field)}: {first.get('msg', 'invalid')}"
     return error_response(APIError(400, message, param=field))
 
 
 async def _http_error(request: Request, error: HTTPException) -> JSONResponse:
     """FastAPI's own answers (an unknown route, a wrong method) in OpenAI's error shape."""
     if error.status_code == 404:
-        message = f"Unknown request URL: {request.method} {request.url.path}."
+        message = f"Unknown request URL: {request.method} {quoted(request.url.path)}."
         return error_response(APIError(404, message, code="unknown_url"))
     if error.status_code == 405:
-        message = f"Method {request.method} is not allowed for {request.url.path}."
+        message = f"Method {request.method} is not allowed for {quoted(request.url.path)}."
         return error_response(APIError(405, message, code="method_not_allowed"))
     return error_response(APIError(error.status_code, str(error.detail)))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from starlette.datastructures import FormData
 
 from deployments.http.errors import APIError
+from engine.errors import quoted
 
 
 def parse_flag(raw, name: str, default: bool) -> bool:
@@ -15,7 +16,7 @@ def parse_flag(raw, name: str, default: bool) -> bool:
         return True
     if str(raw).lower() in ("false", "0"):
         return False
-    raise APIError(400, f"Invalid {name} '{raw}'; expected true or false.", param=name)
+    raise APIError(400, f"Invalid {name} {quoted(raw)}; expected true or false.", param=name)
 
 
 def parse_number(raw, name: str, kind: type, low: float, high: float, default):
@@ -29,7 +30,7 @@ def parse_number(raw, name: str, kind: type, low: float, high: float, default):
     if value is None or not low <= value <= high:
         expected = "a whole number" if kind is int else "a number"
         raise APIError(
-            400, f"Invalid {name} '{raw}'; expected {expected} from {low:g} to {high:g}.", param=name
+            400, f"Invalid {name} {quoted(raw)}; expected {expected} from {low:g} to {high:g}.", param=name
         )
     return value
 

@@ -13,9 +13,11 @@ from deployments.config import AppConfig
 from deployments.http.errors import APIError, model_not_found
 from deployments.http.fields import list_field, parse_flag, parse_number
 from deployments.http.formats import RESPONSE_FORMATS
+from deployments.http.pending_uploads import PendingUploads
 from deployments.http.speakers import SpeakerOptions, parse_speaker_fields
 from deployments.http.uploads import read_upload
 from engine import LongFormMode, SpeechOptions
+from engine.errors import quoted
 from engine.types import DecodeOptions, FallbackOptions, Priority
 
 
@@ -44,7 +46,9 @@ def _parse_threshold(raw, name: str, default: float | None) -> float | None:
     try:
         return float(raw)
     except ValueError:
-        raise APIError(400, f"Invalid {name} '{raw}'; expected a number or 'none'.", param=name) from None
+        raise APIError(
+            400, f"Invalid {name} {quoted(raw)}; expected a number or 'none'.", param=name
+        ) from None
 
 
 def _parse_temperature(raw) -> float:
@@ -54,7 +58,7 @@ def _parse_temperature(raw) -> float:
         value = float(raw)
     except ValueError:
         raise APIError(
-            400, f"Invalid temperature '{raw}'; expected a number between 0 and 1.", param="temperature"
+            400, f"Invalid temperature {quoted(raw)}; expected a number between 0 and 1.", param="temperature"
         ) from None
     if not 0.0 <= value <= 1.0:
         raise APIError(
@@ -77,7 +81,7 @@ def _refuse_benchmark_fields(form, config: AppConfig) -> None:
         if name in form:
             raise APIError(
                 400,
-                f"The field '{name}' is for benchmarks only and this server does not accept it "
+                f"The field {quoted(name)} is for benchmarks only and this server does not accept it "
                 "(its config has http.benchmark_fields off); send the request without it.",
                 param=name,
             )
@@ -97,7 +101,7 @@ def _parse_fixed_output_tokens(raw) -> int | None:
     if value < 1:
         raise APIError(
             400,
-            f"Invalid fixed_output_tokens '{raw}'; expected a whole number of at least 1.",
+            f"Invalid fixed_output_tokens {quoted(raw)}; expected a whole number of at least 1.",
             param="fixed_output_tokens",
         )
     return value
@@ -125,7 +129,7 @@ def _parse_priority(raw) -> Priority | None:
         return Priority(raw)
     except ValueError:
         raise APIError(
-            400, f"Invalid priority '{raw}'; expected 'interactive' or 'batch'.", param="priority"
+            400, f"Invalid priority {quoted(raw)}; expected 'interactive' or 'batch'.", param="priority"
         ) from None
 
 
@@ -176,13 +180,15 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
     if isinstance(fields, str):
         raise APIError(
             400,
-            f"Invalid {_CHUNKING} '{fields}'; expected \"auto\", a server_vad object or "
+            f'Invalid {_CHUNKING} {quoted(fields)}; expected "auto", a server_vad object or '
             f'"{_NO_SPEECH_DETECTION}".',
             param=_CHUNKING,
         )
     if fields.get("type") != "server_vad":
         raise APIError(
-            400, f"Invalid {_CHUNKING}.type '{fields.get('type')}'; expected 'server_vad'.", param=_CHUNKING
+            400,
+            f"Invalid {_CHUNKING}.type {quoted(fields.get('type'))}; expected 'server_vad'.",
+            param=_CHUNKING,
         )
     values = dict(_SERVER_VAD_DEFAULTS)
     for name, raw in fields.items():
@@ -192,7 +198,7 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
         if kind is None:
             raise APIError(
                 400,
-                f"Unknown {_CHUNKING} field '{name}'; expected {', '.join(_SERVER_VAD_FIELDS)}.",
+                f"Unknown {_CHUNKING} field {quoted(name)}; expected {', '.join(_SERVER_VAD_FIELDS)}.",
                 param=_CHUNKING,
             )
         try:
@@ -204,7 +210,9 @@ def _parse_chunking_strategy(form: FormData, default: SpeechOptions | None) -> S
             expected = (
                 "a number from 0 to 1" if name == "threshold" else "a whole number of milliseconds >= 0"
             )
-            raise APIError(400, f"Invalid {_CHUNKING}.{name} '{raw}'; expected {expected}.", param=_CHUNKING)
+            raise APIError(
+                400, f"Invalid {_CHUNKING}.{name} {quoted(raw)}; expected {expected}.", param=_CHUNKING
+            )
         values[name] = value
     return SpeechOptions(**values)
 
@@ -226,14 +234,14 @@ def _parse_granularities(form: FormData, response_format: str) -> tuple[str, ...
         if granularity not in ("segment", "word"):
             raise APIError(
                 400,
-                f"Invalid timestamp_granularities value '{granularity}'; expected 'segment' or 'word'.",
+                f"Invalid timestamp_granularities value {quoted(granularity)}; expected 'segment' or 'word'.",
                 param="timestamp_granularities[]",
             )
     if "word" in granularities and response_format != "verbose_json":
         raise APIError(
             400,
             "timestamp_granularities[]=word is only supported with response_format verbose_json, "
-            f"not '{response_format}'.",
+            f"not {quoted(response_format)}.",
             param="timestamp_granularities[]",
         )
     return granularities
@@ -244,18 +252,23 @@ def _parse_include(form: FormData, response_format: str) -> bool:
     include = list_field(form, "include")
     for item in include:
         if item != "logprobs":
-            raise APIError(400, f"Invalid include value '{item}'; expected 'logprobs'.", param="include[]")
+            raise APIError(
+                400, f"Invalid include value {quoted(item)}; expected 'logprobs'.", param="include[]"
+            )
     if include and response_format != "json":
         raise APIError(
             400,
-            f"include[]=logprobs is only available with response_format json, not '{response_format}'.",
+            f"include[]=logprobs is only available with response_format json, not {quoted(response_format)}.",
             param="include[]",
         )
     return bool(include)
 
 
-async def parse_transcription_form(request: Request, task: str, config: AppConfig) -> TranscriptionForm:
-    form, data = await read_upload(request, config)
+async def parse_transcription_form(
+    request: Request, task: str, config: AppConfig, pending: PendingUploads
+) -> TranscriptionForm:
+    """``pending``: the uploads arriving at this replica, the body's place among them while it comes."""
+    form, data = await read_upload(request, config, pending)
 
     model = form.get("model")
     if not model:
@@ -270,7 +283,8 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     if response_format not in RESPONSE_FORMATS:
         raise APIError(
             400,
-            f"Invalid response_format '{response_format}'; expected one of {', '.join(RESPONSE_FORMATS)}.",
+            f"Invalid response_format {quoted(response_format)}; expected one of "
+            f"{', '.join(RESPONSE_FORMATS)}.",
             param="response_format",
         )
     temperature = _parse_temperature(form.get("temperature"))
@@ -284,14 +298,16 @@ async def parse_transcription_form(request: Request, task: str, config: AppConfi
     if stream and response_format not in STREAMED_FORMATS:
         raise APIError(
             400,
-            f"stream=true gives text and segment events; response_format '{response_format}' cannot "
+            f"stream=true gives text and segment events; response_format {quoted(response_format)} cannot "
             f"be streamed (use {', '.join(STREAMED_FORMATS)}).",
             param="stream",
         )
     long_form = form.get("long_form") or "parallel"  # vendor field
     if long_form not in ("parallel", "sequential"):
         raise APIError(
-            400, f"Invalid long_form '{long_form}'; expected 'parallel' or 'sequential'.", param="long_form"
+            400,
+            f"Invalid long_form {quoted(long_form)}; expected 'parallel' or 'sequential'.",
+            param="long_form",
         )
     # The server's default applies to parallel long-form only: sequential seeks through all the audio.
     vad_by_default = config.http.vad_by_default and long_form == "parallel"

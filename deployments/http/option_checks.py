@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from engine.errors import RequestRejectedError
 from engine.types import DecodeOptions
 
 # Distinct option sets remembered (the least recently used are forgotten): requests with prompts
@@ -18,8 +19,13 @@ REMEMBERED = 512
 
 
 class AcceptedOptions:
-    def __init__(self, ask: Callable[[DecodeOptions], Awaitable[None]], capacity: int = REMEMBERED):
-        """``ask``: raises if the options are rejected (the decoder's check_options)."""
+    def __init__(
+        self,
+        ask: Callable[[DecodeOptions], Awaitable[RequestRejectedError | None]],
+        capacity: int = REMEMBERED,
+    ):
+        """``ask``: the decoder's check_options, which returns the rejection of options it cannot
+        decode with (None: accepted)."""
         self.ask = ask
         self.capacity = capacity
         self._accepted: OrderedDict[DecodeOptions, None] = OrderedDict()
@@ -28,7 +34,9 @@ class AcceptedOptions:
         if options in self._accepted:
             self._accepted.move_to_end(options)
             return
-        await self.ask(options)  # a rejection raises and is not remembered
+        rejection = await self.ask(options)
+        if rejection is not None:  # raised here, and not remembered
+            raise rejection
         self._accepted[options] = None
         if len(self._accepted) > self.capacity:
             self._accepted.popitem(last=False)

@@ -3,8 +3,7 @@ API events over one WebSocket (deployments/http/realtime_events.py), audio cut i
 server's VAD (engine/transcribe/turn_detection.py) or by the client's commits, and each turn's
 passes run by a ``LiveTurn`` (deployments/orchestration/live_turn.py) through the model the session
 chose (`transcription.model`; until it chooses, the app's default model). A turn keeps the model it
-opened with, and its audio seconds count toward that model's usage under the session's API key label
-(as a file request's do).
+opened with, and its audio seconds bill that model under the session's API key label, as a file's do.
 
 The session reads client events in one loop and never waits for a pass there: passes run as tasks
 beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
@@ -45,6 +44,7 @@ from deployments.metrics import ServingMetrics
 from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
 from deployments.served_models import ServedModel, ServedModels
 from engine import IdleTimedOut, SpeechStarted
+from engine.errors import quoted
 from engine.types import DecodeOptions
 
 logger = logging.getLogger("ray.serve")
@@ -127,7 +127,7 @@ class RealtimeSession:
             if handler is None:
                 raise RealtimeEventError(
                     "unknown_event_type",
-                    f"Unknown or unsupported event type '{event['type']}' in a transcription session.",
+                    f"Unknown or unsupported event type {quoted(event['type'])} in a transcription session.",
                     "type",
                 )
             await handler(self, event)

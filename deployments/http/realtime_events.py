@@ -18,8 +18,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from deployments.http.errors import bounded_message
 from engine import g711_to_float, pcm16_to_float
-from engine.errors import AudioDecodeError
+from engine.errors import AudioDecodeError, quoted
 
 AudioFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 # The GA API names the same formats by MIME type.
@@ -38,6 +39,7 @@ class RealtimeEventError(Exception):
     """A client event the session cannot take; the session answers with an `error` event and goes on."""
 
     def __init__(self, code: str, message: str, param: str | None = None):
+        message = bounded_message(message)
         super().__init__(message)
         self.code, self.message, self.param = code, message, param
 
@@ -163,7 +165,7 @@ def updated_settings(
         first = error.errors()[0]
         param = ".".join(["session", *(str(part) for part in first["loc"])])
         raise RealtimeEventError(
-            "invalid_value", f"Invalid value for '{param}': {first['msg']}", param
+            "invalid_value", f"Invalid value for {quoted(param)}: {first['msg']}", param
         ) from None
     changes: dict[str, Any] = {}
     if audio_format is not None:
@@ -172,7 +174,8 @@ def updated_settings(
         if transcription.model is not None and transcription.model not in model_names:
             raise RealtimeEventError(
                 "model_not_found",
-                f"The model '{transcription.model}' is not served here; use one of {', '.join(model_names)}.",
+                f"The model {quoted(transcription.model)} is not served here; use one of "
+                f"{', '.join(model_names)}.",
                 param=transcription_param(event["type"], "model"),
             )
         fields = transcription.model_fields_set & {"model", "language", "prompt"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +22,8 @@ from deployments.config import AppConfig
 from deployments.http.errors import APIError
 from deployments.http.fields import list_field, parse_flag, parse_number
 from deployments.http.segments import Segment
-from engine import SAMPLE_RATE, SpeakerTurn, decode_audio, speaker_at, split_by_speaker
-from engine.errors import AudioDecodeError, AudioTooLongError
+from engine import SAMPLE_RATE, SpeakerTurn, speaker_at, split_by_speaker
+from engine.errors import AudioDecodeError, AudioTooLongError, quoted
 from engine.types import TimedText, TimedWord
 
 # Bounds min_speakers / max_speakers may set: beyond any conversation clustering tells apart.
@@ -116,7 +117,8 @@ def parse_speaker_fields(
     if diarize and response_format not in ("verbose_json", "diarized_json"):
         raise APIError(
             400,
-            f"diarize=true puts speakers on verbose_json segments and words, not on '{response_format}'; "
+            f"diarize=true puts speakers on verbose_json segments and words, not on "
+            f"{quoted(response_format)}; "
             "send response_format verbose_json, or diarized_json for OpenAI's diarized format.",
             param="diarize",
         )
@@ -174,15 +176,19 @@ def _data_url_bytes(reference: str, index: int) -> bytes:
         ) from None
 
 
-def decode_references(references: dict[str, bytes]) -> dict[str, np.ndarray]:
+def decode_references(
+    references: dict[str, bytes], decode: Callable[[bytes, float], np.ndarray]
+) -> dict[str, np.ndarray]:
     """Each known speaker's reference as 16 kHz samples; a 400 naming the field for a reference
-    that is not audio or is not 2 to 10 seconds long. Blocking (FFmpeg): run it off the event loop."""
+    that is not audio or is not 2 to 10 seconds long. ``decode``: the ingress's decoding processes'
+    (a client's audio is never decoded in the replica's own process), or decode_audio. Blocking:
+    run it off the event loop."""
     decoded = {}
     for index, (name, data) in enumerate(references.items()):
-        where = f"{REFERENCES_FIELD} item {index} ('{name}')"
+        where = f"{REFERENCES_FIELD} item {index} ({quoted(name)})"
         try:
             # Decoding stops as soon as the reference is longer than any accepted one.
-            samples = decode_audio(data, REFERENCE_MAX_S)
+            samples = decode(data, REFERENCE_MAX_S)
             duration_s = len(samples) / SAMPLE_RATE
         except AudioTooLongError:
             duration_s = None

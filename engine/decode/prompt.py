@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.decode.request import Request
-from engine.errors import RequestRejectedError
+from engine.errors import RequestRejectedError, quoted
 from engine.kv.sources import CrossKVSource
 from engine.model.tokenizer import WhisperTokenizer
 from engine.model.weights import ModelDims
@@ -105,10 +105,11 @@ def _language_to_decode_in(
     if languages is not None:
         if not languages:
             raise RequestRejectedError("languages must name at least one language", param="languages")
-        unknown = ", ".join(f"'{code}'" for code in languages if code not in known)
+        unknown = [code for code in languages if code not in known]
         if unknown:
             raise RequestRejectedError(
-                f"languages must be language codes this model knows; not {unknown}", param="languages"
+                f"languages must be language codes this model knows; not {quoted(', '.join(unknown))}",
+                param="languages",
             )
         if not dims.is_multilingual and "en" not in languages:
             raise RequestRejectedError(
@@ -116,19 +117,21 @@ def _language_to_decode_in(
             )
         if options.language is not None and options.language not in languages:
             raise RequestRejectedError(
-                f"language '{options.language}' is not among languages ({', '.join(languages)}); "
+                f"language {quoted(options.language)} is not among languages "
+                f"({quoted(', '.join(languages))}); "
                 "send one of them, or languages alone",
                 param="language",
             )
     if not dims.is_multilingual:
         if options.language not in (None, "en"):
             raise RequestRejectedError(
-                f"model is English-only; language {options.language!r} is not available", param="language"
+                f"model is English-only; language {quoted(options.language)} is not available",
+                param="language",
             )
         return "en"
     if options.language is not None and options.language not in known:
         raise RequestRejectedError(
-            f"language {options.language!r} is not one this model knows", param="language"
+            f"language {quoted(options.language)} is not one this model knows", param="language"
         )
     if options.language is None and languages is not None and len(languages) == 1:
         return languages[0]

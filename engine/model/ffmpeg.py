@@ -19,10 +19,21 @@ import numpy as np
 from engine.errors import AudioDecodeError, AudioTooLongError
 
 SAMPLE_RATE = 16000
-# The resampler keeps the channels (planar float) and we mix them to mono as their mean, as
-# librosa and transformers do for Whisper; FFmpeg's own downmix weighs each channel by 1/sqrt(2),
-# a louder mix that the log-mel would see as a shift.
-_PLANAR_FLOAT = "fltp"
+# The resampler keeps the channels and we mix them to mono as their mean, as librosa and
+# transformers do for Whisper; FFmpeg's own downmix weighs each channel by 1/sqrt(2), a louder mix
+# that the log-mel would see as a shift. Its output is packed (interleaved) float, never planar:
+# PyAV finds a planar frame's planes by walking FFmpeg's channel pointers to the first null, and
+# a frame of 8 or more channels has none after its last, so reading one (to_ndarray) reads past
+# the array and faults. A packed frame has a single plane whatever its channel count.
+_PACKED_FLOAT = "flt"
+# The largest sample magnitude taken. Float audio's full scale is 1.0 and a file past it holds
+# overs of a few dB; the one honest source of larger values is integer PCM stored as floats
+# unscaled, which peaks at 2**15 (16-bit) and still transcribes. Anything larger is no recording
+# (the log-mel's power would overflow float32 not far above it): it is refused as bad audio, not
+# scaled down, because a single absurd sample would scale real speech beside it into silence.
+MAX_SAMPLE_MAGNITUDE = 2.0**15
+# libswresample's channel limit (SWR_CH_MAX): a file with more is refused before it reaches it.
+MAX_CHANNELS = 64
 
 
 def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
@@ -56,9 +67,22 @@ def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray
                 raise AudioTooLongError(claimed_s, max_duration_s, claimed=True)
         max_samples = None if max_duration_s is None else math.floor(max_duration_s * SAMPLE_RATE)
         samples = _decode_stream(container, stream, max_samples, max_duration_s)
-    if not np.isfinite(samples).all():
-        raise AudioDecodeError("the audio contains NaN or infinite samples")
+    _check_sample_range(samples)
     return samples
+
+
+def _check_sample_range(samples: np.ndarray) -> None:
+    if samples.size == 0:
+        return
+    low, high = float(samples.min()), float(samples.max())  # NaN propagates through both
+    if not (np.isfinite(low) and np.isfinite(high)):
+        raise AudioDecodeError("the audio contains NaN or infinite samples")
+    peak = max(-low, high)
+    if peak > MAX_SAMPLE_MAGNITUDE:
+        raise AudioDecodeError(
+            f"the audio's samples reach {peak:.3g}, far outside full scale (-1 to 1); "
+            f"this server takes at most {MAX_SAMPLE_MAGNITUDE:g}"
+        )
 
 
 def _decode_stream(
@@ -70,7 +94,7 @@ def _decode_stream(
     pieces: list[np.ndarray] = []
     total = 0
     resampler: av.AudioResampler | None = None
-    layout = None
+    frame_kind = None  # what the resampler was set up for: a frame's sample format, layout and rate
     bad_packets = 0
     last_error: av.FFmpegError | None = None
     try:
@@ -84,11 +108,14 @@ def _decode_stream(
                 last_error = error
                 continue
             for frame in frames:
-                if resampler is None or frame.layout.name != layout:
-                    if resampler is not None:  # the channel layout changed mid-stream
+                kind = (frame.format.name, frame.layout.name, frame.layout.nb_channels, frame.sample_rate)
+                if resampler is None or kind != frame_kind:
+                    if resampler is not None:  # the format, layout or rate changed mid-stream
                         total += _append(pieces, resampler.resample(None))
-                    layout = frame.layout.name
-                    resampler = av.AudioResampler(format=_PLANAR_FLOAT, layout=layout, rate=SAMPLE_RATE)
+                    _check_channels(frame.layout.nb_channels)
+                    frame_kind = kind
+                    # The frame's own layout, kept: the channels are mixed in _append.
+                    resampler = av.AudioResampler(format=_PACKED_FLOAT, rate=SAMPLE_RATE)
                 frame.pts = None  # the resampler times its output itself; broken pts only upset it
                 total += _append(pieces, resampler.resample(frame))
                 if max_samples is not None and total > max_samples:
@@ -110,14 +137,25 @@ def _decode_stream(
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
+def _check_channels(channels: int) -> None:
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise AudioDecodeError(
+            f"could not decode audio: its stream has {channels} channels; this server reads 1 to "
+            f"{MAX_CHANNELS}"
+        )
+
+
 def _append(pieces: list[np.ndarray], frames: list[av.AudioFrame]) -> int:
-    """Mix each resampled frame to mono (the mean of its channels) onto ``pieces``; returns the
-    number of samples added."""
+    """Mix each resampled frame (packed float) to mono, the mean of its channels, onto ``pieces``;
+    returns the number of samples added."""
     added = 0
     for frame in frames:
-        planes = frame.to_ndarray()  # [channels, samples], float32
-        mono = planes[0] if planes.shape[0] == 1 else planes.mean(axis=0, dtype=np.float32)
-        pieces.append(mono)
+        if frame.format.is_planar:  # see _PACKED_FLOAT: never read a planar frame's planes
+            raise AssertionError(f"the resampler gave a planar frame ({frame.format.name})")
+        channels = frame.layout.nb_channels
+        interleaved = frame.to_ndarray().reshape(-1, channels)  # [samples, channels], float32
+        mono = interleaved[:, 0] if channels == 1 else interleaved.mean(axis=1, dtype=np.float32)
+        pieces.append(np.ascontiguousarray(mono))
         added += mono.shape[0]
     return added
 

@@ -31,6 +31,13 @@ def test_every_shipped_config_decodes_only_speech_for_requests_without_a_chunkin
     assert config.http.vad_by_default
 
 
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
+def test_no_shipped_config_accepts_the_benchmark_only_fields_or_live_benchmark_decoding(path):
+    """`fixed_output_tokens` from any client would force full-length decoding of every window."""
+    config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])
+    assert not config.http.benchmark_fields and config.realtime.fixed_output_tokens is None
+
+
 def _disaggregated_models(path) -> list:
     """A shipped config's disaggregated models, each as its replicas see the config."""
     config = parse_app_config(yaml.safe_load(path.read_text())["applications"][0]["args"])

@@ -174,7 +174,7 @@ def test_languages_on_base_make_the_transcripts_language_one_of_them_in_every_sh
     [
         ("base", {"languages": ["de", "xx"]}, "languages", "not 'xx'"),
         ("tiny.en", {"languages": ["de", "fr"]}, "languages", "English-only"),
-        ("base", {"language": "it", "languages": ["de", "fr"]}, "language", "not among languages (de, fr)"),
+        ("base", {"language": "it", "languages": ["de", "fr"]}, "language", "not among languages ('de, fr')"),
     ],
     ids=["unknown-code", "english-only-without-en", "language-not-among-them"],
 )

@@ -31,6 +31,7 @@ from tests.support.speech import SPEECH_DIR, english_clips
 pytestmark = pytest.mark.ray
 
 API_KEY = "realtime-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 MAX_SESSIONS = 10
 SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
 # Utterances of 2.9 to 4.5 s without pauses inside (a pause longer than silence_duration_ms ends a
@@ -111,20 +112,20 @@ def _words_apart(live_text: str, file_text: str) -> int:
 
 def metric_sum_plain(server_url: str, name: str) -> float:
     """A metric without labels, as this ingress replica reports it."""
-    lines = httpx.get(f"{server_url}/metrics", timeout=30).text.splitlines()
+    lines = httpx.get(f"{server_url}/metrics", headers=AUTH, timeout=30).text.splitlines()
     return sum(float(line.split()[-1]) for line in lines if line.startswith(name + " "))
 
 
 def _assert_everything_is_free(server_url: str, within_s: float = 10.0) -> None:
     deadline = time.monotonic() + within_s
     while True:
-        used = metric_sum(server_url, "whisper_decoder_kv_blocks_used")
-        staged = metric_sum(server_url, "whisper_encoder_staged")
+        used = metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH)
+        staged = metric_sum(server_url, "whisper_encoder_staged", AUTH)
         if used == 0 and staged == 0:
             break
         assert time.monotonic() < deadline, f"{used} KV blocks still used, {staged} windows still staged"
         time.sleep(0.25)
-    assert metric_sum(server_url, "whisper_decoder_kv_blocks_free") > 0, "the decoder reported its pool"
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_free", AUTH) > 0, "the decoder reported its pool"
 
 
 def test_server_vad_turns_have_started_deltas_stopped_and_the_file_endpoints_text(client, server_url):
@@ -330,7 +331,7 @@ def test_a_completed_turn_has_usage_and_with_include_its_logprobs_and_bills_the_
 ):
     utterance = _utterances(["osr72_05"])[0]
     billed = dict(model="tiny.en", api_key=api_key_label(API_KEY))
-    billed_before = labelled_sum(server_url, "whisper_audio_seconds_total", **billed)
+    billed_before = labelled_sum(server_url, "whisper_audio_seconds_total", AUTH, **billed)
     connection = _connect(client).enter()
     try:
         created = _recv(connection)
@@ -353,7 +354,7 @@ def test_a_completed_turn_has_usage_and_with_include_its_logprobs_and_bills_the_
     logprobs = completed["logprobs"]
     assert "".join(item["token"] for item in logprobs).strip() == completed["transcript"]
     assert all(item["logprob"] <= 0 and item["bytes"] == list(item["token"].encode()) for item in logprobs)
-    billed_after = labelled_sum(server_url, "whisper_audio_seconds_total", **billed)
+    billed_after = labelled_sum(server_url, "whisper_audio_seconds_total", AUTH, **billed)
     assert billed_after - billed_before == pytest.approx(audio_s, abs=1e-6), "the turn's seconds, to tiny.en"
 
 

@@ -18,11 +18,13 @@ from engine.types import DecodeOptions
 
 
 def _model(name: str, aliases: tuple[str, ...] = (), answer: Exception | None = None) -> ServedModel:
-    """A model whose decoders answer every options check with ``answer`` (None: accepted)."""
+    """A model whose decoders answer every options check with ``answer`` (None: accepted): a
+    rejection is returned, as a decoder replica returns it; any other error is raised."""
 
-    async def ask(options: DecodeOptions) -> None:
-        if answer is not None:
+    async def ask(options: DecodeOptions) -> RequestRejectedError | None:
+        if answer is not None and not isinstance(answer, RequestRejectedError):
             raise answer
+        return answer
 
     return ServedModel(name, (name, *aliases), None, AcceptedOptions(ask))
 

@@ -118,8 +118,8 @@ def test_thirty_two_concurrent_requests_each_match_their_single_request_text_and
     with ThreadPoolExecutor(32) as pool:
         texts = list(pool.map(lambda clip: _transcribe(client, clip.path).text, clips))
     assert texts == [offline_texts[clip.id] for clip in clips]
-    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
-    assert metric_sum(server_url, "whisper_decoder_kv_blocks_free") > 0, "the decoder reported its pool"
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH) == 0
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_free", AUTH) > 0, "the decoder reported its pool"
 
 
 def _seconds(clock: str) -> float:
@@ -197,7 +197,7 @@ def test_sequential_long_form_over_http_matches_the_offline_sequential_transcrip
 
 def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     _transcribe(client, SPEECH_DIR / "osr72_02.flac")
-    metrics = httpx.get(f"{server_url}/metrics", timeout=30).text
+    metrics = httpx.get(f"{server_url}/metrics", headers=AUTH, timeout=30).text
     assert (
         'whisper_transfer_info{connector="nixl",model="tiny.en",payload="cross_kv",replica="0"} 1.0'
         in metrics
@@ -209,7 +209,7 @@ def test_the_default_app_moves_cross_attention_kv_over_nixl(client, server_url):
     )
     staged = [line for line in metrics.splitlines() if line.startswith("whisper_encoder_staged{")]
     assert staged and float(staged[0].split()[-1]) == 0, "every staged window was pulled and released"
-    assert metric_sum(server_url, "whisper_decoder_kv_loads") > 0, "pulled beside the decode loop"
+    assert metric_sum(server_url, "whisper_decoder_kv_loads", AUTH) > 0, "pulled beside the decode loop"
 
 
 def test_the_ingress_replicas_processes_carry_the_inline_window_limit_ray_reads(server_url):
@@ -235,7 +235,7 @@ def _read_or_empty(path: Path) -> bytes:
 
 
 def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
-    before = scrape(server_url)
+    before = scrape(server_url, AUTH)
     started = time.monotonic()
     response = httpx.post(
         f"{server_url}/v1/audio/transcriptions",
@@ -245,7 +245,7 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
         timeout=120,
     )
     latency_s = time.monotonic() - started
-    after = scrape(server_url)
+    after = scrape(server_url, AUTH)
     figures = steady_figures(before, after, latency_s)
     assert response.status_code == 200
     # The ingress's own phases come back as a Server-Timing header, within what the client saw.
@@ -281,12 +281,12 @@ def test_metrics_and_server_timing_account_for_a_windows_time(server_url):
 
 def test_the_audio_seconds_counter_labels_an_api_keys_usage_by_a_hash_never_by_the_key(server_url, client):
     label = hashlib.sha256(API_KEY.encode()).hexdigest()[:8]
-    before = labelled_sum(server_url, "whisper_audio_seconds_total", model="tiny.en", api_key=label)
+    before = labelled_sum(server_url, "whisper_audio_seconds_total", AUTH, model="tiny.en", api_key=label)
     verbose = _transcribe(client, SPEECH_DIR / "jfk.flac", response_format="verbose_json")
-    after = labelled_sum(server_url, "whisper_audio_seconds_total", model="tiny.en", api_key=label)
+    after = labelled_sum(server_url, "whisper_audio_seconds_total", AUTH, model="tiny.en", api_key=label)
     assert verbose.usage.seconds == pytest.approx(verbose.duration, abs=0.01)
     assert after - before == pytest.approx(verbose.usage.seconds, abs=0.01), "the response's usage, billed"
-    assert API_KEY not in httpx.get(f"{server_url}/metrics", timeout=30).text
+    assert API_KEY not in httpx.get(f"{server_url}/metrics", headers=AUTH, timeout=30).text
 
 
 def test_ready_is_503_until_a_warm_up_window_has_gone_through_encoder_and_decoder_then_200(server_url):
@@ -311,12 +311,12 @@ def test_models_and_health_routes(server_url):
 def test_fixed_output_tokens_makes_a_window_decode_exactly_that_many_tokens_for_benchmarks(
     client, server_url
 ):
-    before = metric_sum(server_url, "whisper_decoder_tokens_generated")
+    before = metric_sum(server_url, "whisper_decoder_tokens_generated", AUTH)
     with open(SPEECH_DIR / "jfk.flac", "rb") as audio:  # one window
         client.audio.transcriptions.create(
             model="whisper-1", file=audio, extra_body={"fixed_output_tokens": 37}
         )
-    assert metric_sum(server_url, "whisper_decoder_tokens_generated") - before == 37, (
+    assert metric_sum(server_url, "whisper_decoder_tokens_generated", AUTH) - before == 37, (
         "past its end of text too"
     )
     with pytest.raises(openai.BadRequestError) as refused:
@@ -487,17 +487,17 @@ def test_a_short_load_of_sixteen_looping_clients_loses_nothing_and_frees_everyth
 
 
 def test_a_client_that_disconnects_mid_decode_aborts_its_windows_and_frees_their_blocks(server_url):
-    aborted_before = metric_sum(server_url, "whisper_decoder_windows_aborted")
+    aborted_before = metric_sum(server_url, "whisper_decoder_windows_aborted", AUTH)
     hang_up_once_decoding(server_url, AUTH, SPEECH_DIR / "multilingual.flac")
     # The connection is closed: Serve cancels the request, the decoder aborts and frees its windows.
     deadline = time.monotonic() + 30
     while (
-        metric_sum(server_url, "whisper_decoder_windows_aborted") == aborted_before
+        metric_sum(server_url, "whisper_decoder_windows_aborted", AUTH) == aborted_before
         and time.monotonic() < deadline
     ):
         time.sleep(0.2)
-    assert metric_sum(server_url, "whisper_decoder_windows_aborted") > aborted_before
-    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+    assert metric_sum(server_url, "whisper_decoder_windows_aborted", AUTH) > aborted_before
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH) == 0
 
 
 _MODEL_FIELD = b'--XYZ\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
@@ -599,7 +599,7 @@ def test_a_burst_beyond_the_in_flight_limit_gets_503_with_retry_after_and_loses_
     for response in responses:
         if response.status_code == 503:
             assert response.headers["retry-after"] == "1" and response.json()["error"]["code"] == "overloaded"
-    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH) == 0
     assert "ask not what your country" in _transcribe(client, SPEECH_DIR / "jfk.flac").text
 
 
@@ -616,10 +616,10 @@ def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if (
-            metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
-            and metric_sum(server_url, "whisper_encoder_staged") == 0
+            metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH) == 0
+            and metric_sum(server_url, "whisper_encoder_staged", AUTH) == 0
         ):
             break
         time.sleep(2)
-    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
-    assert metric_sum(server_url, "whisper_encoder_staged") == 0
+    assert metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH) == 0
+    assert metric_sum(server_url, "whisper_encoder_staged", AUTH) == 0

@@ -10,39 +10,46 @@ import re
 import httpx
 
 
-def metric_sum(url: str, prefix: str) -> float:
-    """The sum over replicas of one Prometheus metric the app exports at /metrics."""
-    return scrape(url).get(prefix, 0.0)
+def metric_sum(url: str, prefix: str, headers: dict[str, str] | None = None) -> float:
+    """The sum over replicas of one Prometheus metric the app exports at /metrics. ``headers``: an
+    app with API keys answers /metrics only with one (``Authorization: Bearer``)."""
+    return scrape(url, headers).get(prefix, 0.0)
 
 
-def scrape(url: str) -> dict[str, float]:
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[str, float]:
     """/metrics as sums over replicas: by metric name, and by name and stage label
     (``name[stage]``)."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = _metrics_text(url, headers)
     sums: dict[str, float] = {}
     for sample in _SAMPLE.finditer(text):
         name, labels, value = sample.groups()
-        stage = _STAGE.search(labels)
+        stage = _STAGE.search(labels or "")
         for key in (name, f"{name}[{stage.group(1)}]" if stage else None):
             if key is not None:
                 sums[key] = sums.get(key, 0.0) + float(value)
     return sums
 
 
-def labelled_sum(url: str, name: str, **labels: str) -> float:
+def labelled_sum(url: str, name: str, headers: dict[str, str] | None = None, **labels: str) -> float:
     """The sum of one metric's samples whose labels include ``labels``, e.g. the audio seconds
     billed to a model: ``labelled_sum(url, "whisper_audio_seconds_total", model="tiny.en")``."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    text = _metrics_text(url, headers)
     total = 0.0
     for sample in _SAMPLE.finditer(text):
         sample_name, sample_labels, value = sample.groups()
-        found = dict(_LABEL.findall(sample_labels))
+        found = dict(_LABEL.findall(sample_labels or ""))
         if sample_name == name and all(found.get(key) == wanted for key, wanted in labels.items()):
             total += float(value)
     return total
 
 
-_SAMPLE = re.compile(r"^(\w+)\{(.*)\} (\S+)$", re.MULTILINE)
+def _metrics_text(url: str, headers: dict[str, str] | None) -> str:
+    response = httpx.get(f"{url}/metrics", headers=headers, timeout=30)
+    response.raise_for_status()  # a 401 is not an empty set of metrics
+    return response.text
+
+
+_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? (\S+)$", re.MULTILINE)  # labels optional
 _STAGE = re.compile(r'stage="(\w+)"')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 

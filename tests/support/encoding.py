@@ -44,19 +44,61 @@ UPLOAD_FORMATS = [
 ]
 
 
+@dataclass(frozen=True)
+class ChannelLayoutUpload:
+    name: str
+    upload: UploadFormat
+    layout: str  # FFmpeg's name: "7.1", or "64C" for 64 channels in no named order
+
+
+# Files of many channels, as films and broadcast archives carry them: the layouts that once crashed
+# the server (PyAV could not read a planar frame of 8 or more channels).
+MANY_CHANNEL_UPLOADS = [
+    ChannelLayoutUpload("wav-7.1", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "7.1"),
+    ChannelLayoutUpload("flac-7.1", UploadFormat("flac", "flac", "flac", "flac", "s16", SAMPLE_RATE), "7.1"),
+    ChannelLayoutUpload("m4a-aac-7.1", UploadFormat("m4a", "m4a", "ipod", "aac", "fltp", 48000), "7.1"),
+    ChannelLayoutUpload(
+        "wav-64-channels", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "64C"
+    ),
+]
+
+
+def in_every_channel(samples: np.ndarray, case: ChannelLayoutUpload) -> bytes:
+    """Mono ``samples`` (16 kHz) copied into every channel of ``case``'s layout, as its file."""
+    channels = np.repeat(samples[None], av.AudioLayout(case.layout).nb_channels, axis=0)
+    return encode_channels(channels, case.upload, case.layout)
+
+
 def encode(samples: np.ndarray, upload: UploadFormat, rate: int = SAMPLE_RATE) -> bytes:
     """Mono float32 samples at ``rate`` -> the bytes of a file in ``upload``'s format."""
+    frame = av.AudioFrame.from_ndarray(
+        np.ascontiguousarray(samples, dtype=np.float32)[None], format="flt", layout="mono"
+    )
+    frame.sample_rate = rate
+    return _written(frame, upload, "stereo" if upload.channels == 2 else "mono")
+
+
+def encode_channels(
+    channels: np.ndarray, upload: UploadFormat, layout: str, rate: int = SAMPLE_RATE
+) -> bytes:
+    """[channels, samples] float32 at ``rate`` -> a file in ``upload``'s format with ``layout`` (a
+    name FFmpeg parses: "7.1", "octagonal", "64C" for 64 channels in no named order), each channel
+    kept as given."""
+    assert channels.shape[0] == av.AudioLayout(layout).nb_channels
+    # Packed (interleaved), so that PyAV never walks the planes of a frame of many channels.
+    interleaved = np.ascontiguousarray(channels.T, dtype=np.float32).reshape(1, -1)
+    frame = av.AudioFrame.from_ndarray(interleaved, format="flt", layout=layout)
+    frame.sample_rate = rate
+    return _written(frame, upload, layout)
+
+
+def _written(frame: av.AudioFrame, upload: UploadFormat, layout: str) -> bytes:
     buffer = io.BytesIO()
-    layout = "stereo" if upload.channels == 2 else "mono"
     with av.open(buffer, mode="w", format=upload.container) as container:
         stream = container.add_stream(upload.codec, rate=upload.rate, layout=layout)
         if upload.codec == "vorbis":
             stream.codec_context.options = {"strict": "experimental"}  # FFmpeg's own vorbis encoder
         resampler = av.AudioResampler(format=upload.sample_format, layout=layout, rate=upload.rate)
-        frame = av.AudioFrame.from_ndarray(
-            np.ascontiguousarray(samples, dtype=np.float32)[None], format="flt", layout="mono"
-        )
-        frame.sample_rate = rate
         for chunk in [*resampler.resample(frame), *resampler.resample(None)]:
             chunk.pts = None
             for packet in stream.encode(chunk):

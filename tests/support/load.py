@@ -193,17 +193,18 @@ def run_load(
     generator's own interpreter (one GIL for every client thread) does not slow the clients down
     and count against the server."""
     clips = [c for c in load_manifest(SPEECH_DIR) if c.text]
+    auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     work = ClientWork(
         url,
         [(c.path.name, c.path.read_bytes(), c.duration_s) for c in clips],
-        {"Authorization": f"Bearer {api_key}"} if api_key else {},
+        auth,
         {"model": "whisper-1", **(fields or {})},
         request_timeout_s,
         time.monotonic() + duration_s,
     )
     stop_at = work.stop_at
     report = LoadReport(clients, duration_s)
-    tokens_at_start = metric_sum(url, "whisper_decoder_tokens_generated")
+    tokens_at_start = metric_sum(url, "whisper_decoder_tokens_generated", auth)
     pool = (
         concurrent.futures.ThreadPoolExecutor(1)
         if processes == 1
@@ -220,12 +221,12 @@ def run_load(
         with contextlib.suppress(psutil.Error):
             if "multiprocessing" in " ".join(child.cmdline()):  # the pool's, not a Ray this process started
                 measured[child.pid] = "a load generator process (clients)"
-    steady_from, counters_from, cpu_from = time.monotonic(), scrape(url), _cpu_seconds(measured)
+    steady_from, counters_from, cpu_from = time.monotonic(), scrape(url, auth), _cpu_seconds(measured)
     machine_from = _machine_busy_seconds()
 
     def measure_steady_part() -> None:
         seconds = time.monotonic() - steady_from
-        report.steady = steady_figures(counters_from, scrape(url), seconds)
+        report.steady = steady_figures(counters_from, scrape(url, auth), seconds)
         report.cpu_cores = {
             name: (used - cpu_from[name]) / seconds
             for name, used in _cpu_seconds(measured).items()
@@ -252,7 +253,7 @@ def run_load(
         measure_steady_part()
     report.wall_s = time.monotonic() - (stop_at - duration_s)
     time.sleep(2)  # releases of the last pulls are asynchronous
-    report.kv_blocks_used_at_end = metric_sum(url, "whisper_decoder_kv_blocks_used")
-    report.staged_at_end = metric_sum(url, "whisper_encoder_staged")
-    report.tokens_decoded = metric_sum(url, "whisper_decoder_tokens_generated") - tokens_at_start
+    report.kv_blocks_used_at_end = metric_sum(url, "whisper_decoder_kv_blocks_used", auth)
+    report.staged_at_end = metric_sum(url, "whisper_encoder_staged", auth)
+    report.tokens_decoded = metric_sum(url, "whisper_decoder_tokens_generated", auth) - tokens_at_start
     return report

@@ -90,7 +90,7 @@ def hang_up_once_decoding(server_url: str, headers: dict[str, str], clip: Path) 
     with socket.create_connection((url.host, url.port)) as connection:
         connection.sendall(head.encode() + b"\r\n" + request.read())
         deadline = time.monotonic() + 60
-        while metric_sum(server_url, "whisper_decoder_running") == 0:  # its windows are decoding now
+        while metric_sum(server_url, "whisper_decoder_running", headers) == 0:  # its windows are decoding now
             assert time.monotonic() < deadline, "the request never reached the decoder"
             time.sleep(0.05)
 

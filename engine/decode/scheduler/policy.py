@@ -59,9 +59,11 @@ from engine.kv.block_pool import BlockPool, RequestBlocks, blocks_needed
 from engine.kv.shared_blocks import BlockCopy
 from engine.types import FinishReason, Priority, is_promoted
 
+# What happened, and the cure only where it applies: a float32 deployment has no wider precision
+# to move to, so the advice names the float16 case.
 NON_FINITE_LOGITS = (
-    "the model's activations overflowed in this precision (the logits are not finite numbers); "
-    "serve this model with engine.dtype bfloat16 or float32"
+    "the model's activations overflowed on this window (its logits are not finite numbers); a "
+    "deployment in float16 avoids this with engine.dtype bfloat16 or float32"
 )
 
 

@@ -12,9 +12,11 @@ from fastapi import FastAPI, Request
 from starlette.testclient import TestClient
 
 from deployments.config import AppConfig, parse_app_config
-from deployments.http.errors import add_exception_handlers
+from deployments.http.errors import MAX_MESSAGE_CHARS, APIError, add_exception_handlers
 from deployments.http.forms import parse_transcription_form
+from deployments.http.pending_uploads import PendingUploads
 from engine import SpeechOptions
+from engine.errors import QUOTED_CHARS
 from tests.support.serving import default_app_args
 
 GRANULARITIES = "timestamp_granularities[]"
@@ -26,10 +28,14 @@ def form_client(config: AppConfig) -> TestClient:
     what it parsed instead of transcribing."""
     app = FastAPI()
     add_exception_handlers(app)
+    http = config.http
+    pending = PendingUploads(
+        http.max_pending_uploads, http.max_pending_uploads_per_address, http.min_upload_bytes_per_s
+    )
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> dict:
-        form = await parse_transcription_form(request, "transcribe", config)
+        form = await parse_transcription_form(request, "transcribe", config, pending)
         return {
             "model": form.model,
             "granularities": list(form.timestamp_granularities),
@@ -111,3 +117,54 @@ def test_speech_detection_is_on_without_a_config_and_off_only_where_the_config_s
 
 def test_the_form_names_the_model_that_serves_it_for_an_alias_too(shipped):
     assert [post(shipped, model=name)["model"] for name in ("whisper-1", "tiny.en")] == ["tiny.en", "tiny.en"]
+
+
+HUGE = "x" * 10_000 + "\nforged log line"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"response_format": HUGE},
+        {"temperature": HUGE},
+        {"long_form": HUGE},
+        {"model": HUGE},
+        {"beam_size": HUGE},
+        {"chunking_strategy": HUGE},
+        {GRANULARITIES: [HUGE, HUGE]},
+    ],
+    ids=[
+        "response_format",
+        "temperature",
+        "long_form",
+        "model",
+        "beam_size",
+        "chunking_strategy",
+        "granularities",
+    ],
+)
+def test_an_error_quotes_at_most_a_hundred_characters_of_a_huge_field(shipped, fields):
+    answer = post(shipped, **fields)
+    message = answer["error"]["message"]
+    assert answer["status"] in (400, 404)
+    assert "x" * QUOTED_CHARS in message and "x" * (QUOTED_CHARS + 1) not in message
+    assert "10016 characters" in message and "\n" not in message
+    assert len(message) <= MAX_MESSAGE_CHARS
+
+
+def test_no_error_message_is_longer_than_the_bound_whatever_it_holds():
+    assert len(APIError(400, "y" * 5000).message) == MAX_MESSAGE_CHARS
+    assert APIError(400, "short").message == "short"
+
+
+def test_an_unknown_url_is_quoted_cut_short_too():
+    client = TestClient(FastAPI())
+    add_exception_handlers(client.app)
+    message = client.get("/" + "p" * 5000).json()["error"]["message"]
+    assert message.startswith("Unknown request URL: GET '/ppp") and len(message) < 200
+
+
+def test_the_shipped_config_refuses_the_benchmark_only_field_from_any_client(shipped):
+    answer = post(shipped, fixed_output_tokens="1000000000")
+    assert answer["status"] == 400 and answer["error"]["param"] == "fixed_output_tokens"
+    assert "for benchmarks only" in answer["error"]["message"]

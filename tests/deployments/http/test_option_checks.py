@@ -17,10 +17,11 @@ class Decoder:
     def __init__(self) -> None:
         self.asked: list[DecodeOptions] = []
 
-    async def check_options(self, options: DecodeOptions) -> None:
+    async def check_options(self, options: DecodeOptions) -> RequestRejectedError | None:
         self.asked.append(options)
         if options.beam_size > 5:
-            raise RequestRejectedError("beam_size must be at most 5")
+            return RequestRejectedError("beam_size must be at most 5")
+        return None
 
 
 def test_accepted_options_are_asked_once_and_rejected_ones_every_time():

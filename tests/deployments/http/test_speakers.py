@@ -16,9 +16,10 @@ from deployments.config import AppConfig, parse_app_config
 from deployments.http.errors import APIError, add_exception_handlers
 from deployments.http.formats import diarized_segment
 from deployments.http.forms import parse_transcription_form
+from deployments.http.pending_uploads import PendingUploads
 from deployments.http.segments import Segment, Word
 from deployments.http.speakers import Speakers, decode_references, letter_label, parse_known_speakers
-from engine import SAMPLE_RATE
+from engine import SAMPLE_RATE, decode_audio
 from engine.diarize import SpeakerTurn
 from tests.support.encoding import UploadFormat, encode
 from tests.support.serving import default_app_args
@@ -30,10 +31,14 @@ NAMES, REFERENCES = "known_speaker_names[]", "known_speaker_references[]"
 def form_client(config: AppConfig) -> TestClient:
     app = FastAPI()
     add_exception_handlers(app)
+    http = config.http
+    pending = PendingUploads(
+        http.max_pending_uploads, http.max_pending_uploads_per_address, http.min_upload_bytes_per_s
+    )
 
     @app.post("/v1/audio/transcriptions")
     async def transcriptions(request: Request) -> dict:
-        form = await parse_transcription_form(request, "transcribe", config)
+        form = await parse_transcription_form(request, "transcribe", config, pending)
         speakers = form.speakers
         return {
             "diarized": speakers is not None,
@@ -156,14 +161,14 @@ def test_a_server_without_a_diarizer_refuses_diarized_json_in_words():
 
 
 def test_references_of_two_to_ten_seconds_decode_and_others_are_400s_saying_why():
-    decoded = decode_references({"agent": base64.b64decode(data_url(3).split(",", 1)[1])})
+    decoded = decode_references({"agent": base64.b64decode(data_url(3).split(",", 1)[1])}, decode_audio)
     assert abs(len(decoded["agent"]) / SAMPLE_RATE - 3) < 0.05
     for seconds, words in ((1.0, "1.0 s"), (12.0, "more than 10")):
         with pytest.raises(APIError) as refused:
-            decode_references({"agent": base64.b64decode(data_url(seconds).split(",", 1)[1])})
+            decode_references({"agent": base64.b64decode(data_url(seconds).split(",", 1)[1])}, decode_audio)
         assert refused.value.param == REFERENCES and words in refused.value.message
     with pytest.raises(APIError) as refused:
-        decode_references({"agent": b"these bytes are not audio"})
+        decode_references({"agent": b"these bytes are not audio"}, decode_audio)
     assert refused.value.param == REFERENCES and "not audio" in refused.value.message
 
 

@@ -12,7 +12,7 @@ from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine
 from engine.decode.prompt import build_prompt
 from engine.encode.runner import EncoderRunner
-from engine.errors import RequestRejectedError
+from engine.errors import QUOTED_CHARS, RequestRejectedError
 from engine.kv.sources import CrossKVTensor
 from engine.model.audio import N_SAMPLES, load_audio_file, pad_or_trim
 from engine.model.loading import load_model
@@ -138,3 +138,12 @@ def test_every_long_form_window_detects_among_the_languages(base):
     assert "de" in free.languages and len(asked.windows) == len(free.windows) > 1
     assert {window.language for window in asked.windows} <= {"en", "fr"}
     assert asked.language in ("en", "fr") and set(asked.languages) <= {"en", "fr"}
+
+
+def test_a_huge_language_value_is_quoted_cut_short_in_the_rejection(base):
+    huge = "k" * 10_000
+    with pytest.raises(RequestRejectedError) as rejected:
+        build_prompt(base.tokenizer, base.weights.dims, DecodeOptions(language=huge))
+    message = str(rejected.value)
+    assert "k" * QUOTED_CHARS in message and "k" * (QUOTED_CHARS + 1) not in message
+    assert "10000 characters" in message

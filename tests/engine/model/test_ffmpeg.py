@@ -3,6 +3,9 @@ log-mel, and refuses broken or overlong files in words, early."""
 
 from __future__ import annotations
 
+import struct
+
+import av
 import numpy as np
 import pytest
 import torch
@@ -19,9 +22,11 @@ from engine.model.audio import (
 )
 from engine.model.ffmpeg import StreamResampler
 from tests.support.encoding import (
+    MANY_CHANNEL_UPLOADS,
     UPLOAD_FORMATS,
     UploadFormat,
     encode,
+    encode_channels,
     flac_claiming,
     video_only_mp4,
     zip_archive,
@@ -118,3 +123,60 @@ def test_a_stream_fed_in_chunks_of_any_length_resamples_as_the_whole_array():
     streamed = np.concatenate([*pieces, stream.flush()])
     np.testing.assert_array_equal(streamed, resample(samples, 24_000, SAMPLE_RATE))
     assert streamed.size == 32_000
+
+
+# Multi-channel uploads, each with its channels in the sample format its decoder gives: packed and
+# planar integers, planar float (AAC), and 64 channels in no named order.
+_MULTI_CHANNEL = [
+    *((case.name, case.upload, case.layout) for case in MANY_CHANNEL_UPLOADS),
+    ("wav-octagonal", UploadFormat("wav", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE), "octagonal"),
+    ("wav-9-channels", UploadFormat("wav", "wav", "wav", "pcm_f32le", "flt", SAMPLE_RATE), "9C"),
+    (
+        "nut-planar-64-channels",
+        UploadFormat("nut", "nut", "nut", "pcm_s16le_planar", "s16p", SAMPLE_RATE),
+        "64C",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("upload", "layout"), [case[1:] for case in _MULTI_CHANNEL], ids=[case[0] for case in _MULTI_CHANNEL]
+)
+def test_every_channel_layout_decodes_to_the_mean_of_its_channels(upload: UploadFormat, layout: str, jfk):
+    """Speech in one channel of many, silence in the rest: the mono mix is the speech divided by
+    the channel count (the mean), for layouts whose planar frames PyAV cannot read (8 and more)."""
+    speech = jfk[: 3 * SAMPLE_RATE]
+    count = av.AudioLayout(layout).nb_channels
+    channels = np.zeros((count, speech.size), np.float32)
+    channels[count // 2] = speech
+    decoded = decode_audio(encode_channels(channels, upload, layout)) * count
+    if upload.codec == "aac":  # lossy: the same speech, after the encoder's priming delay
+        assert _aligned_correlation(speech, decoded) > 0.9
+        return
+    assert len(decoded) == len(speech)
+    np.testing.assert_allclose(decoded, speech, atol=3 / 2**15)
+
+
+def _wav_header_and_samples(channels: int, frames: int) -> bytes:
+    """A 16-bit PCM WAV of ``channels`` channels written by hand: PyAV's encoders stop at 64."""
+    data = np.zeros((frames, channels), "<i2").tobytes()
+    fmt = struct.pack("<HHIIHH", 1, channels, SAMPLE_RATE, SAMPLE_RATE * 2 * channels, 2 * channels, 16)
+    chunks = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(chunks)) + chunks
+
+
+@pytest.mark.parametrize("channels", [65, 255])
+def test_more_channels_than_the_resampler_takes_are_refused_in_words(channels):
+    with pytest.raises(AudioDecodeError, match=f"has {channels} channels; this server reads 1 to 64"):
+        decode_audio(_wav_header_and_samples(channels, 1600))
+
+
+def test_float_samples_far_past_full_scale_are_refused_in_words(jfk):
+    wav_float = UploadFormat("wav", "wav", "wav", "pcm_f32le", "flt", SAMPLE_RATE)
+    absurd = jfk.copy()
+    absurd[1000] = 1e30  # finite, but its power overflows float32 in the log-mel
+    with pytest.raises(AudioDecodeError, match="samples reach 1e\\+30, far outside full scale"):
+        decode_audio(encode(absurd, wav_float))
+    # Integer PCM stored as unscaled floats is wrongly scaled, not absurd: it is taken as sent.
+    integer_scaled = decode_audio(encode(jfk * 2**15 * 0.99, wav_float))
+    np.testing.assert_allclose(integer_scaled, jfk * 2**15 * 0.99, rtol=1e-6)

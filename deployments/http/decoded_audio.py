@@ -1,0 +1,85 @@
+"""The decoded audio an ingress replica holds at once, bounded in seconds of samples across its
+requests (http.max_decoded_audio_s), so that its memory follows what the audio costs decoded,
+not its bytes on the wire: a small FLAC of silence can be an hour of samples.
+
+A request's samples are counted from the moment its decoding process reports how many there are
+(before they cross into the replica; the worker holds them while the request waits for room) until
+the array is freed, whichever way the request ends: a streamed response holds them until its stream
+is done, and a failed one gives them back as soon as nothing refers to them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+
+from engine import SAMPLE_RATE
+
+
+class DecodedAudioFull(Exception):
+    """No room for a request's samples within the wait."""
+
+    def __init__(self, waited_s: float):
+        super().__init__(waited_s)
+        self.waited_s = waited_s
+
+
+class DecodedAudio:
+    """Holds are taken on decoding threads (they wait there, off the event loop) and given back
+    wherever an array is freed; a lock-guarded condition serves both."""
+
+    def __init__(self, max_seconds: float, wait_s: float, clock: Callable[[], float] = time.monotonic):
+        self.max_samples = int(max_seconds * SAMPLE_RATE)
+        self.wait_s = wait_s
+        self.clock = clock
+        self._held_samples = 0
+        self._room = threading.Condition()
+
+    @property
+    def held_s(self) -> float:
+        return self._held_samples / SAMPLE_RATE
+
+    def hold(self, samples: int) -> None:
+        """Take room for ``samples``, waiting up to ``wait_s`` for others to give theirs back;
+        raises DecodedAudioFull after. One request alone always fits (the config's validator keeps
+        http.max_decoded_audio_s at least http.max_audio_duration_s)."""
+        deadline_s = self.clock() + self.wait_s
+        with self._room:
+            while self._held_samples + samples > self.max_samples and self._held_samples:
+                remaining_s = deadline_s - self.clock()
+                if remaining_s <= 0:
+                    raise DecodedAudioFull(self.wait_s)
+                self._room.wait(remaining_s)
+            self._held_samples += samples
+
+    def release(self, samples: int) -> None:
+        with self._room:
+            self._held_samples -= samples
+            self._room.notify_all()
+
+    def decoded(self, decode: Callable[..., np.ndarray], data: bytes, max_duration_s: float) -> np.ndarray:
+        """``data``'s samples by ``decode`` (DecodeProcesses.decode, which calls ``hold`` with their
+        count before they cross), held here until the array is freed."""
+        held: list[int] = []
+
+        def hold(samples: int) -> None:
+            self.hold(samples)
+            held.append(samples)
+
+        try:
+            samples = decode(data, max_duration_s, hold)
+        except BaseException:
+            for count in held:
+                self.release(count)
+            raise
+        for count in held:
+            self.held_until_freed(samples, count)
+        return samples
+
+    def held_until_freed(self, array: np.ndarray, samples: int) -> None:
+        """Give ``samples`` back when ``array`` (and every view of it) is freed."""
+        weakref.finalize(array, self.release, samples)
