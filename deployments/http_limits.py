@@ -61,7 +61,10 @@ class HTTPLimits(BaseModel):
         "The replica's memory for samples stays under it, plus each decoding process's one file",
     )
     decoded_audio_wait_s: float = Field(
-        30.0, ge=0, description="longest a request waits for room under max_decoded_audio_s (503 after)"
+        30.0,
+        ge=0,
+        description="longest a request waits for an idle decoding process (decode_processes), and then "
+        "for room under max_decoded_audio_s (503 after either)",
     )
     decode_processes: int = Field(
         2,

@@ -102,7 +102,7 @@ class Ingress:
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
         # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
-        self.audio_decoder = DecodeProcesses(config.http.decode_processes)
+        self.audio_decoder = DecodeProcesses(config.http.decode_processes, config.http.decoded_audio_wait_s)
         self.decoded_audio = DecodedAudio(config.http.max_decoded_audio_s, config.http.decoded_audio_wait_s)
 
     # ---- routes -------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 
 from deployments.http.decoded_audio import DecodedAudioFull
 from deployments.orchestration.pipeline import REPLICA_LOST
+from engine import DecodeProcessesBusy
 from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError, quoted
 from kv_transfer.base import StagingFullError
 
@@ -94,6 +95,14 @@ def api_error_of(error: Exception) -> APIError:
             503,
             f"The server holds as much decoded audio as it may and none came free within "
             f"{error.waited_s:g} s; retry shortly.",
+            code="overloaded",
+            error_type="server_overloaded",
+            retry_after_s=1,
+        )
+    if isinstance(error, DecodeProcessesBusy):
+        return APIError(
+            503,
+            f"Every audio decoding process stayed busy for {error.waited_s:g} s; retry shortly.",
             code="overloaded",
             error_type="server_overloaded",
             retry_after_s=1,

@@ -9,12 +9,17 @@ persistent processes pays that start once and, per request, only two copies thro
 upload in, the samples out), which run at memory speed, well under what decoding the same audio
 takes. A worker that dies is replaced, and only the request it was decoding fails.
 
+Memory: a worker holds one file's samples, as the decoder's short pieces, and sends them in
+batches, dropping each as it goes, so it never holds two copies of a file; the parent writes them
+into one array of the file's length. A request waits for an idle worker at most ``wait_s``.
+
 Run as ``python -m engine.model.decode_processes <fd>``, this module is a worker: it decodes what
 arrives on the connection at file descriptor ``fd`` until the connection closes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import queue
@@ -35,6 +40,17 @@ logger = logging.getLogger(__name__)
 
 # The directory that holds the `engine` package, for the worker's import path.
 _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
+# Samples per message from a worker: large enough that a message's own cost is lost in its copy,
+# small enough that joining a batch's pieces costs the worker no memory worth counting.
+_BATCH_SAMPLES = 2**18
+
+
+class DecodeProcessesBusy(Exception):
+    """Every decoding process stayed busy for the wait."""
+
+    def __init__(self, waited_s: float):
+        super().__init__(waited_s)
+        self.waited_s = waited_s
 
 
 @dataclass(frozen=True)
@@ -81,8 +97,9 @@ class _Worker:
         if hold is not None and reply.error is None:
             hold(reply.sample_count)
         samples = np.empty(reply.sample_count, dtype=np.float32)
-        if reply.sample_count:
-            self.connection.recv_bytes_into(samples)
+        received_bytes = 0
+        while received_bytes < samples.nbytes:  # the batches, each written where it belongs
+            received_bytes += self.connection.recv_bytes_into(samples, received_bytes)
         return reply, samples
 
     def death(self) -> str:
@@ -112,10 +129,12 @@ class _Worker:
 
 
 class DecodeProcesses:
-    """``processes`` persistent workers; ``decode`` takes an idle one (waiting for one when all are
-    busy), so at most ``processes`` uploads decode at once."""
+    """``processes`` persistent workers; ``decode`` takes an idle one (waiting up to ``wait_s`` for
+    one when all are busy, then raising DecodeProcessesBusy; None: as long as it takes), so at most
+    ``processes`` uploads decode at once."""
 
-    def __init__(self, processes: int):
+    def __init__(self, processes: int, wait_s: float | None = None):
+        self.wait_s = wait_s
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._workers = [_Worker() for _ in range(processes)]
         for worker in self._workers:
@@ -138,7 +157,10 @@ class DecodeProcesses:
         ``hold`` is called with the number of samples once the worker has them and before they
         cross into this process: it may wait for room for them, or raise to refuse them (the worker,
         which still holds them, is then replaced)."""
-        worker = self._idle.get()
+        try:
+            worker = self._idle.get(timeout=self.wait_s)
+        except queue.Empty:
+            raise DecodeProcessesBusy(self.wait_s) from None
         if (
             worker.process.poll() is not None
         ):  # died while idle (killed from outside): not this upload's doing
@@ -177,7 +199,7 @@ class DecodeProcesses:
 
 
 def _serve(connection: Connection) -> None:
-    from engine.model.ffmpeg import decode_audio
+    from engine.model.ffmpeg import decode_audio_pieces
 
     while True:
         try:
@@ -186,7 +208,7 @@ def _serve(connection: Connection) -> None:
         except EOFError:  # the parent closed the pool, or died
             return
         try:
-            samples = decode_audio(data, job.max_duration_s)
+            pieces = decode_audio_pieces(data, job.max_duration_s)
         except EngineError as error:
             connection.send(DecodeReply(error=error))
             continue
@@ -195,9 +217,36 @@ def _serve(connection: Connection) -> None:
             failure = RuntimeError(f"decoding failed unexpectedly: {type(error).__name__}: {error}")
             connection.send(DecodeReply(error=failure))
             continue
-        connection.send(DecodeReply(sample_count=samples.size))
-        if samples.size:
-            connection.send_bytes(memoryview(samples))
+        connection.send(DecodeReply(sample_count=sum(piece.size for piece in pieces)))
+        _send_samples(connection, pieces)
+        _return_freed_memory()
+
+
+def _send_samples(connection: Connection, pieces: list[np.ndarray | None]) -> None:
+    """``pieces``' samples in batches of about _BATCH_SAMPLES, never an empty one (the parent reads
+    until it has the count it was told), each piece dropped from the list as it joins a batch, so
+    what was sent is freed while the rest goes."""
+    batch: list[np.ndarray] = []
+    batch_samples = 0
+    for index, piece in enumerate(pieces):
+        pieces[index] = None
+        batch.append(piece)
+        batch_samples += piece.size
+        last = index == len(pieces) - 1
+        if batch_samples and (batch_samples >= _BATCH_SAMPLES or last):
+            connection.send_bytes(memoryview(np.concatenate(batch)))
+            batch.clear()
+            batch_samples = 0
+
+
+def _return_freed_memory() -> None:
+    """Give the pages of a file's freed samples back to the system. They were many small arrays
+    from the C heap, which glibc returns only from its top on its own: one live allocation above
+    them would keep a worker at its largest file's size while it sits idle."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError):  # not glibc: its allocator decides
+        pass
 
 
 if __name__ == "__main__":

@@ -38,13 +38,21 @@ MAX_CHANNELS = 64
 
 def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
     """Any container and codec FFmpeg reads -> float32 mono samples at 16 kHz, from the file's
-    first audio stream.
+    first audio stream: ``decode_audio_pieces``, joined."""
+    pieces = decode_audio_pieces(data, max_duration_s)
+    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+
+
+def decode_audio_pieces(data: bytes, max_duration_s: float | None = None) -> list[np.ndarray]:
+    """``data``'s samples (float32, mono, 16 kHz) as the decoder gave them, a short array per
+    frame, in order: a caller that passes them on (engine/model/decode_processes.py) never needs
+    room for a second copy of the whole file, as joining them would.
 
     ``max_duration_s`` bounds the work and memory: a file whose header claims more audio, or that
     decodes into more, raises AudioTooLongError as soon as that is known, not after decoding it
     all. Raises AudioDecodeError, with a message in words, for empty input, bytes that are not
     audio, a container without audio, a corrupt stream or non-finite samples; an audio stream
-    with no samples is valid and gives an empty array.
+    with no samples is valid and gives no pieces.
     """
     if not data:
         raise AudioDecodeError("the audio file is empty")
@@ -66,15 +74,18 @@ def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray
             if claimed_s is not None and claimed_s > max_duration_s:
                 raise AudioTooLongError(claimed_s, max_duration_s, claimed=True)
         max_samples = None if max_duration_s is None else math.floor(max_duration_s * SAMPLE_RATE)
-        samples = _decode_stream(container, stream, max_samples, max_duration_s)
-    _check_sample_range(samples)
-    return samples
+        pieces = _decode_stream(container, stream, max_samples, max_duration_s)
+    _check_sample_range(pieces)
+    return pieces
 
 
-def _check_sample_range(samples: np.ndarray) -> None:
-    if samples.size == 0:
+def _check_sample_range(pieces: list[np.ndarray]) -> None:
+    pieces = [piece for piece in pieces if piece.size]
+    if not pieces:
         return
-    low, high = float(samples.min()), float(samples.max())  # NaN propagates through both
+    # Through numpy's min and max, where a NaN propagates (Python's own would pass over it).
+    low = float(np.min([piece.min() for piece in pieces]))
+    high = float(np.max([piece.max() for piece in pieces]))
     if not (np.isfinite(low) and np.isfinite(high)):
         raise AudioDecodeError("the audio contains NaN or infinite samples")
     peak = max(-low, high)
@@ -90,7 +101,7 @@ def _decode_stream(
     stream: av.AudioStream,
     max_samples: int | None,
     max_duration_s: float | None,
-) -> np.ndarray:
+) -> list[np.ndarray]:
     pieces: list[np.ndarray] = []
     total = 0
     resampler: av.AudioResampler | None = None
@@ -134,7 +145,7 @@ def _decode_stream(
         )
     if max_samples is not None and total > max_samples:
         raise AudioTooLongError(total / SAMPLE_RATE, max_duration_s, claimed=False)
-    return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
+    return pieces
 
 
 def _check_channels(channels: int) -> None:

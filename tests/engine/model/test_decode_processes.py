@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
+import struct
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 
 from engine.errors import AudioDecodeError, AudioTooLongError
-from engine.model.decode_processes import DecodeProcesses
+from engine.model.decode_processes import DecodeProcesses, DecodeProcessesBusy
 from engine.model.ffmpeg import SAMPLE_RATE, decode_audio
 from tests.support.encoding import UploadFormat, encode_channels
 from tests.support.speech import SPEECH_DIR
@@ -44,6 +46,49 @@ def test_refusals_cross_from_the_worker_as_their_own_types(pool):
         pool.decode(b"not audio at all" * 64)
     with pytest.raises(AudioDecodeError, match="the audio file is empty"):
         pool.decode(b"")
+
+
+def _wav_claiming_one_hertz(duration_s: int) -> bytes:
+    """Silence whose header says 1 sample a second: a few KB that decode into ``duration_s`` of
+    16 kHz samples."""
+    data = np.zeros(duration_s, "<i2").tobytes()
+    fmt = struct.pack("<HHIIHH", 1, 1, 1, 2, 2, 16)
+    chunks = b"WAVEfmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    return b"RIFF" + struct.pack("<I", len(chunks)) + chunks
+
+
+def test_a_long_file_crosses_in_batches_and_the_worker_gives_its_memory_back():
+    pool = DecodeProcesses(1)
+    try:
+        worker = psutil.Process(pool.pids[0])
+        np.testing.assert_array_equal(pool.decode(JFK), decode_audio(JFK))
+        idle_bytes = worker.memory_info().rss
+        samples = pool.decode(_wav_claiming_one_hertz(600))  # ten minutes: 38 MB of samples
+        assert samples.shape == (600 * SAMPLE_RATE,) and not samples.any()
+        time.sleep(0.2)  # the worker frees them after the last batch has gone
+        assert worker.memory_info().rss - idle_bytes < 10 * 2**20
+        # The exchange is still in step: the next upload gets its own samples.
+        np.testing.assert_array_equal(pool.decode(JFK), decode_audio(JFK))
+    finally:
+        pool.close()
+
+
+def test_an_upload_waits_for_an_idle_worker_at_most_the_pools_wait():
+    pool = DecodeProcesses(1, wait_s=0.2)
+    release = threading.Event()
+    holder = threading.Thread(target=lambda: pool.decode(JFK, hold=lambda _: release.wait()))
+    holder.start()
+    try:
+        time.sleep(0.2)  # the holder has the one worker
+        started = time.monotonic()
+        with pytest.raises(DecodeProcessesBusy):
+            pool.decode(JFK)
+        assert 0.2 <= time.monotonic() - started < 2
+    finally:
+        release.set()
+        holder.join()
+    np.testing.assert_array_equal(pool.decode(JFK), decode_audio(JFK))
+    pool.close()
 
 
 def _state(pid: int) -> str:
