@@ -44,6 +44,11 @@ class CacheFullError(EngineError, RuntimeError):
     """The KV block pool cannot hold a request even when empty: the memory budget is too small."""
 
 
+class WindowFailedError(EngineError, RuntimeError):
+    """A window failed for a reason of the server's that trying again would not cure (the model's
+    activations overflowed on it): the request fails with what happened, in words."""
+
+
 class RetriableError(EngineError, RuntimeError):
     """A request failed for a reason that trying again (re-encoding, another replica) may cure,
     such as a lost cross-attention K/V transfer. The HTTP layer retries or answers 503."""

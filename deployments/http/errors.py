@@ -15,7 +15,14 @@ from starlette.exceptions import HTTPException
 from deployments.http.decoded_audio import DecodedAudioFull
 from deployments.orchestration.pipeline import REPLICA_LOST
 from engine import DecodeProcessesBusy
-from engine.errors import AudioDecodeError, AudioTooLongError, RequestRejectedError, RetriableError, quoted
+from engine.errors import (
+    AudioDecodeError,
+    AudioTooLongError,
+    RequestRejectedError,
+    RetriableError,
+    WindowFailedError,
+    quoted,
+)
 from kv_transfer.base import StagingFullError
 
 logger = logging.getLogger("ray.serve")
@@ -106,6 +113,10 @@ def api_error_of(error: Exception) -> APIError:
             code="overloaded",
             error_type="server_overloaded",
             retry_after_s=1,
+        )
+    if isinstance(error, WindowFailedError):  # logged where it happened, with its window
+        return APIError(
+            500, f"Transcription failed: {error}.", code="window_failed", error_type="server_error"
         )
     if isinstance(error, REPLICA_LOST):
         return APIError(

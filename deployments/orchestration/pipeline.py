@@ -19,7 +19,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.engine_process import EngineProcessExited
 from deployments.window_batcher import WindowJob
 from engine import SAMPLE_RATE, LongFormCursor, PendingWindow, Transcription
-from engine.errors import RetriableError
+from engine.errors import RetriableError, WindowFailedError
 from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer.base import TransferHandle
 
@@ -100,7 +100,10 @@ class WindowPipeline:
             if result.finish_reason != FinishReason.ERROR:
                 return result
             if not result.retriable:
-                raise RuntimeError(f"decoding window {window_id} failed: {result.error}")
+                # The server's failure, said in one line for the operator (a traceback would only
+                # show this call) and in words to the client.
+                logger.error("window %s failed: %s", window_id, result.error)
+                raise WindowFailedError(result.error)
             failure = result.error or "cross-attention K/V transfer failed"
             logger.warning("window %s: %s; encoding again (attempt %d)", window_id, failure, attempt + 1)
         raise RetriableError(f"window {window_id} failed {WINDOW_ATTEMPTS} times; last: {failure}")

@@ -29,7 +29,7 @@ from engine.decode.kv_loader import CrossKVLoader
 from engine.decode.prompt import build_request
 from engine.decode.request import Request, RequestStatus
 from engine.decode.results import ResultBuilder
-from engine.decode.scheduler import Scheduler
+from engine.decode.scheduler import Scheduler, non_finite_logits_error
 from engine.decode.scheduler.rows import StepRows
 from engine.decode.step.logit_rules import LogitRules
 from engine.decode.step.pipeline import LaunchedStep, StepPipeline
@@ -102,6 +102,9 @@ class DecoderEngine:
                 self.stepped_prompt_tokens,
                 device_chooses=self.async_steps,  # beam searches choose on the device
             ),
+            # The model's precision is the one it loaded in: the config here may differ in cache and
+            # batching settings only.
+            non_finite_error=non_finite_logits_error(str(loaded.config.torch_dtype).removeprefix("torch.")),
         )
         self.rules = LogitRules(
             self.tokenizer,

@@ -59,12 +59,19 @@ from engine.kv.block_pool import BlockPool, RequestBlocks, blocks_needed
 from engine.kv.shared_blocks import BlockCopy
 from engine.types import FinishReason, Priority, is_promoted
 
-# What happened, and the cure only where it applies: a float32 deployment has no wider precision
-# to move to, so the advice names the float16 case.
-NON_FINITE_LOGITS = (
-    "the model's activations overflowed on this window (its logits are not finite numbers); a "
-    "deployment in float16 avoids this with engine.dtype bfloat16 or float32"
-)
+NON_FINITE_LOGITS = "the model's activations overflowed on this window (its logits are not finite numbers)"
+
+
+def non_finite_logits_error(model_dtype: str) -> str:
+    """What a window whose logits are not finite fails with: what happened, and a cure only where
+    the deployment has one. A model in float16 overflows at 65504 where bfloat16 and float32 reach
+    float32's range; one in float32 or bfloat16 has no wider precision to move to."""
+    if model_dtype != "float16":
+        return NON_FINITE_LOGITS
+    return (
+        f"{NON_FINITE_LOGITS}; this model runs in float16, whose range ends at 65504: engine.dtype "
+        "bfloat16 or float32 avoids it"
+    )
 
 
 @dataclass
@@ -88,11 +95,14 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         consecutive_cross_blocks: bool = False,
         rows: StepRows | None = None,
+        non_finite_error: str = NON_FINITE_LOGITS,
     ):
         """``consecutive_cross_blocks``: take each window's cross-attention blocks as one run of
         consecutive ids where the pool has one (the attention backend reads runs in place).
-        ``rows``: makes each step's rows (``rows_to_step``)."""
+        ``rows``: makes each step's rows (``rows_to_step``). ``non_finite_error``: what a window
+        whose logits are not finite fails with (``non_finite_logits_error``)."""
         self.pool = pool
+        self.non_finite_error = non_finite_error
         self.rows = rows
         # Launched steps not read yet, by step id: what applying their output needs.
         self.launched: dict[int, LaunchedRows] = {}
@@ -314,12 +324,11 @@ class Scheduler:
                     stopped.append((search.window, search.finish()))
         return stopped
 
-    @staticmethod
-    def _fail_non_finite(window: Request, stopped: list[tuple[Request, FinishReason]]) -> None:
-        """NaN or infinite logits: the activations overflowed (fp16's range ends at 65504). The
-        token would be garbage; fail the window in words instead."""
+    def _fail_non_finite(self, window: Request, stopped: list[tuple[Request, FinishReason]]) -> None:
+        """NaN or infinite logits: the activations overflowed. The token would be garbage; fail the
+        window in words instead."""
         if window.error is None:
-            window.error = NON_FINITE_LOGITS
+            window.error = self.non_finite_error
             stopped.append((window, FinishReason.ERROR))
 
     @staticmethod

@@ -1,5 +1,6 @@
 """The ingress's window pipeline when its caller goes away between the encoder and the decoder: the
-window's staged K/V is freed at once, not after transfer.unclaimed_timeout_s. The encoder and the
+window's staged K/V is freed at once, not after transfer.unclaimed_timeout_s; and when the model
+fails a window in a way trying again would not cure: one answer that says what happened. The encoder and the
 decoder are stand-ins for their deployments' handles (a Serve handle's method: ``.remote(...)``
 gives an awaitable); the staging, the transfer handle and its discard are the real local
 connector's."""
@@ -12,8 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from deployments.http.errors import api_error_of
 from deployments.orchestration.pipeline import WindowPipeline
-from engine.types import DecodeOptions, Priority
+from engine.decode.scheduler import NON_FINITE_LOGITS
+from engine.errors import WindowFailedError
+from engine.types import DecodeOptions, DecodeResult, FinishReason, Priority
 from kv_transfer import make_receiver, make_sender
 from kv_transfer.config import TransferConfig
 
@@ -84,3 +88,34 @@ def test_a_window_cancelled_after_encoding_and_before_a_decoder_took_it_frees_it
 
     asyncio.run(scenario())
     assert sender.num_staged == 0, "the staged K/V waits for unclaimed_timeout_s (120 s)"
+
+
+class OverflowingDecoder:
+    """A colocated decoder (it encodes its own windows) whose model overflows on every window."""
+
+    def __init__(self):
+        self.calls = 0
+        self.transcribe_window = Method(self._transcribe_window)
+
+    async def _transcribe_window(self, job, *args):
+        self.calls += 1
+        return DecodeResult(
+            job.request_id, [], "", 0.0, 0.0, None, 0.0, FinishReason.ERROR, error=NON_FINITE_LOGITS
+        )
+
+
+def test_a_window_the_model_overflows_on_fails_once_with_a_500_that_says_what_happened(caplog):
+    decoder = OverflowingDecoder()
+    pipeline = WindowPipeline(None, decoder, max_windows_in_flight=1)
+    samples = np.zeros(16000, dtype=np.float32)
+    with pytest.raises(WindowFailedError) as failed:
+        asyncio.run(pipeline.decode_window("w", samples, DecodeOptions(), Priority.INTERACTIVE))
+    assert decoder.calls == 1, "an overflow is not a transient failure: no attempt again"
+    error = api_error_of(failed.value)
+    assert error.status == 500 and error.code == "window_failed"
+    assert error.message == f"Transcription failed: {NON_FINITE_LOGITS}."
+    # One line for the operator, with the window it happened on; no traceback.
+    assert [record.getMessage() for record in caplog.records if record.levelname == "ERROR"] == [
+        f"window w failed: {NON_FINITE_LOGITS}"
+    ]
+    assert not any(record.exc_info for record in caplog.records)

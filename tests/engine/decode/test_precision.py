@@ -12,6 +12,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine
+from engine.decode.scheduler import non_finite_logits_error
 from engine.kv.sources import CrossKVTensor
 from engine.model.loading import LoadedModel, load_model
 from engine.types import DecodeOptions, FallbackOptions, FinishReason
@@ -49,6 +50,13 @@ def test_fp16_decodes_a_clip_to_the_tokens_fp32_does(tiny_en):
     _, fp16 = decode_one(engine, CrossKVTensor(cross_kv_of(fp16_model, JFK)), DecodeOptions())
     assert fp16.finish_reason == FinishReason.STOP and fp16.tokens == fp32.tokens
     assert engine.pool.num_used_blocks == 0
+
+
+def test_an_overflow_names_a_cure_only_where_the_deployment_has_one():
+    assert "engine.dtype bfloat16 or float32" in non_finite_logits_error("float16")
+    for dtype in ("float32", "bfloat16"):  # float32's range already: no precision to move to
+        message = non_finite_logits_error(dtype)
+        assert "overflowed" in message and "engine.dtype" not in message and "float16" not in message
 
 
 @pytest.mark.parametrize("where", ["decoder", "encoder"])
