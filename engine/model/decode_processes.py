@@ -7,7 +7,8 @@ request pays an interpreter start and the imports of numpy and PyAV each time, m
 decoding a short clip costs (benchmarks/bench_ingest.py measures decoding). A small pool of
 persistent processes pays that start once and, per request, only two copies through a pipe (the
 upload in, the samples out), which run at memory speed, well under what decoding the same audio
-takes. A worker that dies is replaced, and only the request it was decoding fails.
+takes (benchmarks/bench_decode_processes.py measures the three). A worker that dies is replaced,
+and only the request it was decoding fails.
 
 Memory: a worker holds one file's samples, as the decoder's short pieces, and sends them in
 batches, dropping each as it goes, so it never holds two copies of a file; the parent writes them
