@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
-from fastapi import WebSocket, WebSocketDisconnect
+from fastapi.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from deployments.config import RealtimeOptions
 from deployments.http.errors import api_error_of
@@ -112,8 +112,10 @@ class RealtimeSession:
 
     async def emit(self, event: dict[str, Any]) -> None:
         async with self._send_lock:
-            with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client is gone
-                await self.websocket.send_text(json.dumps(event))
+            # Once the client has gone, nothing: Serve's proxy would fail on the closed socket.
+            if self.websocket.client_state != WebSocketState.DISCONNECTED:
+                with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client is going
+                    await self.websocket.send_text(json.dumps(event))
 
     # ---- client events ------------------------------------------------------------------------
 
@@ -161,11 +163,9 @@ class RealtimeSession:
         self.settings = settings
         if detection_changed:
             self._configure_turn_detection()
-        reply = (
-            "transcription_session.updated"
-            if event["type"].startswith("transcription")
-            else "session.updated"
-        )
+        reply = "session.updated"
+        if event["type"].startswith("transcription"):
+            reply = "transcription_session.updated"
         await self.emit(self._session_event(reply))
 
     async def _append(self, event: dict[str, Any]) -> None:

@@ -244,3 +244,59 @@ def test_quiet_past_the_idle_timeout_is_committed_as_a_turn_after_timeout_trigge
         assert done["usage"]["seconds"] == (timeout["audio_end_ms"] - timeout["audio_start_ms"]) / 1000
     assert events.index(timeouts[0]) < events.index(committed[0]), "timeout_triggered, then committed"
     assert committed[1]["previous_item_id"] == committed[0]["item_id"]
+
+
+class SlowPipeline(RecordingPipeline):
+    """Every pass takes a while: long enough for its client to go away meanwhile."""
+
+    def __init__(self, delay_s: float):
+        super().__init__()
+        self.delay_s = delay_s
+        self.answered = 0
+
+    async def decode_window(self, *args) -> DecodeResult:
+        await asyncio.sleep(self.delay_s)
+        result = await super().decode_window(*args)
+        self.answered += 1
+        return result
+
+
+class SentAfterDisconnect:
+    """ASGI middleware that keeps (and does not pass on) what the app sends once it has received
+    the client's disconnect: Serve's proxy fails on such a message, its socket being closed."""
+
+    def __init__(self, app):
+        self.app = app
+        self.late: list[dict] = []
+
+    async def __call__(self, scope, receive, send):
+        disconnected = False
+
+        async def receive_noting_disconnect():
+            nonlocal disconnected
+            message = await receive()
+            disconnected = disconnected or message["type"] == "websocket.disconnect"
+            return message
+
+        async def send_before_disconnect(message):
+            if disconnected:
+                self.late.append(message)
+            else:
+                await send(message)
+
+        await self.app(scope, receive_noting_disconnect, send_before_disconnect)
+
+
+def test_a_pass_that_ends_after_its_client_has_gone_sends_it_nothing():
+    pipeline = SlowPipeline(delay_s=0.3)
+    app = SentAfterDisconnect(session_app(RealtimeOptions(), ServingMetrics(), pipeline))
+    with TestClient(app).websocket_connect("/v1/realtime") as ws:
+        ws.receive_json()
+        _update(ws, None)
+        _append_silence(ws, 1.0)
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        assert ws.receive_json()["type"] == "input_audio_buffer.committed"
+        ws.close()  # the client hangs up with the turn's final pass under way
+        _wait_for(lambda: pipeline.answered)  # the pass runs to its end
+        time.sleep(0.2)  # and whatever follows its answer has run
+    assert app.late == []
