@@ -30,7 +30,7 @@ def _deployment_options(
     """``access_log``: Serve's line per call to a replica. The ingress keeps it (one line per client
     request, with its status and request id); the encoders and decoders, whose calls are the
     ingress's and each other's (a window each, and the encoders' polls of the decoders' load many
-    times a second, idle or not), go without, so that an idle server's log stays quiet."""
+    times a second while they have windows), go without, so that the log has a line per request."""
     deployment = {
         "logging_config": {"enable_access_log": access_log},
         "name": name,

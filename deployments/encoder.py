@@ -34,6 +34,10 @@ from kv_transfer.base import BlockLayout, KVSender, TransferHandle, TransferPayl
 
 logger = logging.getLogger("ray.serve")
 
+# Reads of the decoders' load an encoder goes on with after its last window: windows that come
+# with short gaps between them (a request's next ones, a live turn's passes) keep a fresh reading.
+_IDLE_POLLS = 10
+
 
 @dataclass(frozen=True)
 class EncoderStats:
@@ -169,18 +173,26 @@ class EncoderDeployment:
 
     async def encode(self, job: WindowJob) -> TransferHandle:
         """Encode one window (batched with others waiting meanwhile) and stage its payload."""
-        if self._load_watch is None and self._decoder is not None:
+        if self._decoder is not None and (self._load_watch is None or self._load_watch.done()):
             self._load_watch = asyncio.create_task(self._watch_decoder_load())
         return await self.batcher.submit(job)
 
     async def _watch_decoder_load(self) -> None:
-        while True:
+        """Read the decoders' load while this encoder has windows, and a few polls past its last:
+        an idle encoder asks nothing (each read is a call that costs both replicas CPU time), and
+        reads 0, room, as before its first read. ``encode`` starts the watch again."""
+        idle_polls = 0
+        while idle_polls < _IDLE_POLLS:
             try:
                 self._decoder_occupancy = await self._decoder.occupancy.remote()
             except Exception:  # a decoder replica restarting: assume room, so no window waits for it
                 logger.debug("could not read the decoders' load", exc_info=True)
                 self._decoder_occupancy = 0.0
             await asyncio.sleep(self.config.encoder.decoder_load_poll_ms / 1000)
+            # No await from this check to the return: a window that arrives after it finds the
+            # watch done and starts another.
+            idle_polls = 0 if self.num_pending else idle_polls + 1
+        self._decoder_occupancy = 0.0
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve calls this every metrics interval; deployments/autoscaling.py reads it."""

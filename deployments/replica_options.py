@@ -117,7 +117,11 @@ class EncoderOptions(ReplicaOptions):
         description="the decoders are busy when the emptiest replica's running and waiting windows reach "
         "this share of engine.max_num_seqs",
     )
-    decoder_load_poll_ms: float = Field(100.0, gt=0, description="how often the decoders' load is read")
+    decoder_load_poll_ms: float = Field(
+        100.0,
+        gt=0,
+        description="how often an encoder reads the decoders' load while it has windows (idle: never)",
+    )
 
     def fill_wait_ms(self, decoder_occupancy: float) -> float:
         """How long a forward waits to fill, given the emptiest decoder's occupancy."""
