@@ -40,7 +40,7 @@ MAX_AUDIO_S = 3600
 MAX_DECODED_AUDIO_S = 2 * MAX_AUDIO_S  # two of the longest files at once
 DECODE_PROCESSES = 2
 # Short: a bomb that finds no room, or no idle decoding process, is answered 503 within it.
-DECODED_AUDIO_WAIT_S = 10
+DECODED_AUDIO_WAIT_S = 3
 
 
 @pytest.fixture(scope="module")
@@ -375,7 +375,7 @@ def test_bad_fields_get_a_400_with_a_short_message_and_write_no_traceback_to_any
 # ---- quiet when idle ----------------------------------------------------------------------------------
 
 
-IDLE_S = 20
+IDLE_S = 10
 # CPU time of every replica process together (their engine and decoding processes included) over
 # IDLE_S with no traffic, as a share of one core. Loose: most of it is Ray's own upkeep of each
 # actor (metrics reports, health checks), the machine is shared, and its clock ticks count in

@@ -23,6 +23,7 @@ from deployments.http.formats import duration_usage
 from deployments.metrics import api_key_label
 from engine.model.audio import load_audio_file
 from engine.transcribe.evaluation import normalize_english, word_error_rate
+from tests.support import ray_logs
 from tests.support.app_metrics import labelled_sum, metric_sum
 from tests.support.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
 from tests.support.serving import default_app_args, replica_actor, running_app
@@ -234,7 +235,11 @@ def test_eight_concurrent_streams_all_complete_and_free_every_block(client, serv
     _assert_everything_is_free(server_url)
 
 
-def test_a_client_that_hangs_up_mid_turn_leaves_nothing_held(client, server_url):
+def test_a_client_that_hangs_up_mid_turn_leaves_nothing_held_and_nothing_in_the_logs(client, server_url):
+    """Its passes still out run to their end and free what they hold; what they would send goes
+    nowhere, so no process of the app (Serve's proxy included) logs an abandoned stream or task."""
+    logs = ray_logs.session_logs()
+    sizes = ray_logs.log_sizes(logs)
     utterance = _utterances(["jfk"])[0]
     connection = _open(client, SERVER_VAD)
     # 0.5 s lead silence and 6 s of an 11 s utterance: partial passes are under way.
@@ -242,6 +247,11 @@ def test_a_client_that_hangs_up_mid_turn_leaves_nothing_held(client, server_url)
     connection.close()
     _assert_everything_is_free(server_url)
     assert metric_sum_plain(server_url, "whisper_realtime_sessions") == 0, "the session is gone"
+    time.sleep(2)  # a pass that was out has ended by now; its lines, if any, have landed
+    written = ray_logs.written_since(sizes, logs)
+    troubles = ("GeneratorExit", "Task was destroyed but it is pending", "Traceback", "ERROR")
+    troubled = {name: text for name, text in written.items() if any(word in text for word in troubles)}
+    assert not troubled, {name: text[-3000:] for name, text in troubled.items()}
 
 
 def test_a_connection_without_the_api_key_is_refused_and_one_with_it_works(server_url):
