@@ -17,6 +17,10 @@ if not torch.cuda.is_available():
     # Some test modules import transformers, which imports triton, so here, before any of them.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Ray starts its workers (the app's replicas) at niceness 15 unless told otherwise; at 0 they keep
+# their priority over the second test worker, which runs at 19 (pytest_runtest_setup below).
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from tests.support.models import save_random_whisper  # noqa: E402
