@@ -26,16 +26,15 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-# Every test, as CI runs it (.ci/run), in one process. The slowest 30 tests are listed at the end:
-# the run must stay inside CI's 90 minutes. (`-n 2` keeps the modules that start Ray on one worker
-# and the rest, in this order, on the other (tests/conftest.py), but on two cores it took longer
-# than one process: the Ray tests' requests wait on a CPU the other worker keeps busy.)
+# Every test, as CI runs it (.ci/run), on two workers: one runs the modules that start Ray, the
+# other every other module at the lowest CPU priority, so it uses what the app's processes leave
+# (tests/conftest.py). The slowest 30 tests are listed at the end.
 test: lint
-	$(PY) -m pytest -q --durations=30 tests
+	$(PY) -m pytest -q -n 2 --durations=30 tests
 
 # The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint
-	$(PY) -m pytest -q -m "not slow and not ray and not gpu" tests
+	$(PY) -m pytest -q -n 2 -m "not slow and not ray and not gpu" tests
 
 serve: install
 	$(VENV)/bin/serve run configs/default.yaml

@@ -17,6 +17,10 @@ if not torch.cuda.is_available():
     # Some test modules import transformers, which imports triton, so here, before any of them.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Ray starts its workers (the app's replicas) at niceness 15 unless told otherwise; at 0 they keep
+# their priority over the second test worker, which runs at 19 (pytest_runtest_setup below).
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 from engine.config import EngineConfig  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from tests.support.models import save_random_whisper  # noqa: E402
@@ -60,18 +64,57 @@ def _starts_ray(module: str) -> bool:
     return "mark.ray" in (REPO_ROOT / module).read_text()
 
 
+# The modules without Ray that take longest, in that order: the scheduler starts them first, so the
+# run does not end waiting on one long module. Only the order depends on this list.
+LONGEST_MODULES = [
+    "tests/engine/decode/test_beam_search.py",
+    "tests/engine/transcribe/test_accuracy.py",
+    "tests/engine/decode/test_parity_hf.py",
+    "tests/engine/attention/test_attention_backends.py",
+    "tests/engine/diarize/test_error_rate.py",
+    "tests/engine/model/test_small_products.py",
+    "tests/engine/decode/test_multilingual.py",
+    "tests/engine/decode/test_async_steps.py",
+    "tests/engine/decode/test_continuous_batching.py",
+]
+
+_yielding = False
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under `make test`'s two workers, the worker that runs the modules without Ray yields the
+    CPU: at the lowest priority and on one thread, it takes the cycles the app's processes leave
+    (a Ray test spends much of its time waiting on streams paced in real time), so Serve's start-up
+    checks and the timed streams never queue behind a torch product. Once the Ray modules are done,
+    both workers run at that priority and neither starves the other."""
+    global _yielding
+    if _yielding or "PYTEST_XDIST_WORKER" not in os.environ or item.get_closest_marker("ray"):
+        return
+    if not _starts_ray(item.nodeid.split("::")[0]):
+        os.nice(19)
+        torch.set_num_threads(1)
+        _yielding = True
+
+
 if importlib.util.find_spec("xdist"):
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
-        """`make test` runs on two pytest-xdist workers: one runs every module with tests that
-        start Ray, one after another (some of those tests find the app's processes by name on this
-        machine, where a second app would answer too); the other runs every other module, in the
-        order one process would run them (module-scoped fixtures are made once, and no test meets
-        another module's leftovers in an order a single process never has)."""
+        """`make test` runs on two pytest-xdist workers. The first takes every module with tests
+        that start Ray, one after another (some of those tests find the app's processes by name on
+        this machine, where a second app would answer too); the other takes the other modules one
+        at a time, slowest first, and the first joins it when the Ray modules are done. A module's
+        tests stay on one worker, so its module-scoped fixtures are made once."""
         from xdist.scheduler import LoadScopeScheduling
 
-        class RayAndTheRest(LoadScopeScheduling):
+        class RayFirstThenModules(LoadScopeScheduling):
             def _split_scope(self, nodeid: str) -> str:
-                return "ray" if _starts_ray(nodeid.split("::")[0]) else "the rest"
+                module = nodeid.split("::")[0]
+                return "ray" if _starts_ray(module) else module
 
-        return RayAndTheRest(config, log)
+            def _assign_work_unit(self, node) -> None:
+                for scope in reversed(["ray", *LONGEST_MODULES]):
+                    if scope in self.workqueue:
+                        self.workqueue.move_to_end(scope, last=False)
+                super()._assign_work_unit(node)
+
+        return RayFirstThenModules(config, log)
