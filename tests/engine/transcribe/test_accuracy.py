@@ -52,13 +52,20 @@ def our_word_error_rate(our_transcripts) -> float:
     return wer
 
 
-@pytest.mark.slow
-def test_tiny_en_is_no_worse_than_faster_whisper_on_the_speech_set(our_word_error_rate):
-    clips = english_clips()
-    theirs = faster_whisper_transcripts(
-        resolve_model_folder("tiny.en"), clips, compute_type="float32", threads=2
+@pytest.fixture(scope="module")
+def faster_whisper_greedy() -> list[str]:
+    """faster-whisper fp32 greedy on the speech set, computed once for the tests that compare with it."""
+    return faster_whisper_transcripts(
+        resolve_model_folder("tiny.en"), english_clips(), compute_type="float32", threads=2
     )
-    their_wer = word_error_rate([clip.text for clip in clips], theirs)
+
+
+@pytest.mark.slow
+def test_tiny_en_is_no_worse_than_faster_whisper_on_the_speech_set(
+    our_word_error_rate, faster_whisper_greedy
+):
+    clips = english_clips()
+    their_wer = word_error_rate([clip.text for clip in clips], faster_whisper_greedy)
     print(
         f"WER on {len(clips)} clips: ours {our_word_error_rate:.2%}, "
         f"faster-whisper fp32 beam 1 {their_wer:.2%}"
@@ -68,6 +75,7 @@ def test_tiny_en_is_no_worse_than_faster_whisper_on_the_speech_set(our_word_erro
     assert our_word_error_rate <= their_wer + 0.005
 
 
+@pytest.fixture(scope="module")
 def same_windows_as_ours() -> list[list]:
     """Each clip's 30 s windows as our front end makes them: log-mel arrays for CTranslate2."""
     clip_windows = []
@@ -78,29 +86,31 @@ def same_windows_as_ours() -> list[list]:
 
 
 @pytest.mark.slow
-def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_windows(our_word_error_rate):
+def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_windows(
+    our_word_error_rate, same_windows_as_ours
+):
     clips = english_clips()
-    theirs = ctranslate2_transcripts(resolve_model_folder("tiny.en"), same_windows_as_ours(), threads=2)
+    theirs = ctranslate2_transcripts(resolve_model_folder("tiny.en"), same_windows_as_ours, threads=2)
     their_wer = word_error_rate([clip.text for clip in clips], theirs)
     print(f"WER on the same windows: ours {our_word_error_rate:.2%}, CTranslate2 fp32 greedy {their_wer:.2%}")
     assert abs(our_word_error_rate - their_wer) <= 0.005
 
 
 @pytest.mark.slow
-def test_beam_five_is_within_half_a_point_of_faster_whisper_at_beam_five(tiny_en, our_word_error_rate):
+def test_beam_five_is_within_half_a_point_of_faster_whisper_at_beam_five(
+    tiny_en, our_word_error_rate, faster_whisper_greedy, same_windows_as_ours
+):
     clips = english_clips()
     references = [clip.text for clip in clips]
     ours = Transcriber(loaded=tiny_en).transcribe([clip.path for clip in clips], DecodeOptions(beam_size=5))
     our_beam_wer = word_error_rate(references, [result.text for result in ours])
     folder = resolve_model_folder("tiny.en")
-    their_greedy_wer = word_error_rate(
-        references, faster_whisper_transcripts(folder, clips, compute_type="float32", threads=2)
-    )
+    their_greedy_wer = word_error_rate(references, faster_whisper_greedy)
     their_beam_wer = word_error_rate(
         references, faster_whisper_transcripts(folder, clips, compute_type="float32", threads=2, beam_size=5)
     )
     same_windows_wer = word_error_rate(
-        references, ctranslate2_transcripts(folder, same_windows_as_ours(), threads=2, beam_size=5)
+        references, ctranslate2_transcripts(folder, same_windows_as_ours, threads=2, beam_size=5)
     )
     print(
         f"WER on {len(clips)} clips, greedy -> beam 5: ours {our_word_error_rate:.2%} -> {our_beam_wer:.2%}; "
