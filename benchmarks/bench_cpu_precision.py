@@ -7,7 +7,7 @@ scored against the references (WER) and against float32's transcripts (how many 
 Ablations look at the tuning split only; the held-out split is for the final figures.
 
     .venv/bin/python benchmarks/bench_cpu_precision.py --split tuning --variants all [--record]
-    .venv/bin/python benchmarks/bench_cpu_precision.py --split all --variants float32,bfloat16 [--record]
+    .venv/bin/python benchmarks/bench_cpu_precision.py --split all --variants 'float32;bfloat16' [--record]
 
 Transcripts are kept in --cache (JSON, by variant and clip id), so a later run adds variants
 without transcribing float32 again. Prints a table; --record appends it to benchmarks/RESULTS.md.
@@ -130,7 +130,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--split", choices=("tuning", "held_out", "all"), default="tuning")
-    parser.add_argument("--variants", default="all", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default="all", help=f"separated by ';', of: {'; '.join(VARIANTS)}")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=Path("/tmp/cpu_precision_transcripts.json"))
     parser.add_argument(
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true", help="append the table to the results log")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(";")
     if "float32" not in names:
         names.insert(0, "float32")
     clips = broad_clips(None if args.split == "all" else args.split)

@@ -11,8 +11,9 @@ not compress and the set must stay small enough to live in the repository.
 
     python benchmarks/broad_speech_clips.py [--folder tests/data/broad_speech]
 
-Needs espeak-ng and sox; writes FOLDER/<id>.flac (16 kHz mono) and FOLDER/manifest.jsonl. The same
-command makes the same files (seeded choices, no dither).
+Needs espeak-ng and sox; writes FOLDER/<id>.flac (16 kHz mono) and FOLDER/manifest.jsonl, and
+prints how many utterances and voices it made and their size. The same command makes the same files
+(seeded choices, no dither).
 """
 
 from __future__ import annotations
