@@ -1,11 +1,15 @@
-"""Offline throughput on the speech set: our engine vs faster-whisper (same tiny.en weights, fp32
-and int8) vs transformers' generate, one request at a time and with 16 in flight.
+"""Offline throughput on the broad speech set: our engine vs faster-whisper (same tiny.en weights,
+fp32 and int8) vs transformers' generate, one request at a time and with 16 in flight, each run a
+whole process as a user of a CLI runs it: interpreter start-up, imports and model load are counted.
 
-RTFx = audio seconds / wall seconds. All engines get the same CPU threads and the same clips
-(the single-window English clips of tests/data/speech), greedy decoding (or ``--beam-size`` beams)
-without timestamps.
+RTFx = audio seconds / wall seconds of the process. All engines get the same CPU threads and the same
+clips (the broad speech set of tests/support/speech.py: the English clips of tests/data/speech and
+the synthetic utterances of tests/data/broad_speech, their noise added and written as WAV files
+first; or an even sample of it with ``--sample``), greedy decoding (or ``--beam-size`` beams)
+without timestamps. "start-up s" is how long each process took to be ready to transcribe.
 
-    .venv/bin/python benchmarks/bench_offline.py [--threads 2] [--beam-size 5] [--no-transformers] [--record]
+    .venv/bin/python benchmarks/bench_offline.py [--threads 2] [--beam-size 5] [--sample 120] \
+        [--no-transformers] [--record]
 
 Prints a table of RTFx and WER per system and requests in flight; --record appends it to the
 results log (benchmarks/recording.py). `make bench` runs it with the defaults.
@@ -14,62 +18,67 @@ results log (benchmarks/recording.py). `make bench` runs it with the defaults.
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import sys
+import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import torch
+REPO = Path(__file__).resolve().parents[1]
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.recording import markdown_table, record  # noqa: E402
-from engine.config import EngineConfig, cpu_has_bf16_instructions  # noqa: E402
-from engine.decode.step.logit_rules import LogitRules  # noqa: E402
-from engine.model.audio import N_SAMPLES, load_audio_file  # noqa: E402
-from engine.model.loading import load_model  # noqa: E402
-from engine.model.weights import resolve_model_folder  # noqa: E402
-from engine.transcribe.evaluation import load_manifest, word_error_rate  # noqa: E402
-from engine.transcribe.offline import Transcriber  # noqa: E402
-from engine.types import DecodeOptions  # noqa: E402
-
-SPEECH_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "speech"
+# Each system: what its process runs (see worker) and the precision it is given.
+SYSTEMS = {
+    "ours (fp32)": ("ours", "float32"),
+    "ours (cpu_dtype bfloat16)": ("ours", "bfloat16"),
+    "faster-whisper fp32": ("faster-whisper", "float32"),
+    "faster-whisper int8": ("faster-whisper", "int8"),
+    "transformers generate (fp32)": ("transformers", "float32"),
+}
 
 
-def timed(fn):
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
+def run_ours(files: list[str], in_flight: int, beam_size: int, cpu_dtype: str, ready) -> list[str]:
+    from engine.config import EngineConfig
+    from engine.model.loading import load_model
+    from engine.transcribe.offline import Transcriber
+    from engine.types import DecodeOptions
 
-
-def run_ours(clips, in_flight: int, beam_size: int, cpu_dtype: str = "float32"):
     # Each beam is a sequence of the decode loop: room for every window in flight and its beams.
     loaded = load_model(EngineConfig(max_num_seqs=max(in_flight, 1) * beam_size, cpu_dtype=cpu_dtype))
     transcriber = Transcriber(loaded=loaded, encoder_batch_size=min(in_flight, 8))
-    audio = [load_audio_file(c.path) for c in clips]
     options = DecodeOptions(beam_size=beam_size)
-    transcriber.transcribe(audio[:1], options)  # warm-up
+    ready()
     if in_flight == 1:
-        return timed(lambda: [transcriber.transcribe([a], options)[0].text for a in audio])
-    return timed(lambda: [t.text for t in transcriber.transcribe(audio, options)])
+        return [transcriber.transcribe([path], options)[0].text for path in files]
+    return [t.text for t in transcriber.transcribe(files, options)]
 
 
-def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int, beam_size: int):
+def run_faster_whisper(
+    files: list[str],
+    in_flight: int,
+    beam_size: int,
+    compute_type: str,
+    ready,
+    model_folder: str,
+    threads: int,
+) -> list[str]:
+    from concurrent.futures import ThreadPoolExecutor
+
     from faster_whisper import WhisperModel
 
     workers = 1 if in_flight == 1 else threads  # one CTranslate2 worker per core, fed by 16 client threads
     model = WhisperModel(
-        str(resolve_model_folder("tiny.en")),
+        model_folder,
         device="cpu",
         compute_type=compute_type,
         cpu_threads=threads // workers,
         num_workers=workers,
     )
-    audio = [load_audio_file(c.path) for c in clips]
+    ready()
 
-    def one(samples):
+    def one(path: str) -> str:
         segments, _ = model.transcribe(
-            samples,
+            path,
             language="en",
             beam_size=beam_size,
             temperature=0.0,
@@ -78,20 +87,24 @@ def run_faster_whisper(clips, in_flight: int, compute_type: str, threads: int, b
         )
         return "".join(s.text for s in segments).strip()
 
-    one(audio[0])
     if in_flight == 1:
-        return timed(lambda: [one(a) for a in audio])
+        return [one(path) for path in files]
     with ThreadPoolExecutor(in_flight) as pool:
-        return timed(lambda: list(pool.map(one, audio)))
+        return list(pool.map(one, files))
 
 
-def run_transformers(clips, in_flight: int, beam_size: int):
+def run_transformers(files: list[str], in_flight: int, beam_size: int, ready) -> list[str]:
+    import torch
     from transformers import GenerationMixin, WhisperFeatureExtractor
 
+    from engine.config import EngineConfig
+    from engine.decode.step.logit_rules import LogitRules
+    from engine.model.audio import N_SAMPLES, load_audio_file
+    from engine.model.loading import load_model
     from tests.support.hf_reference import hf_model
 
     model, weights = hf_model("tiny.en")
-    loaded = load_model(EngineConfig())
+    loaded = load_model(EngineConfig(dtype="float32"))
     special = loaded.tokenizer.special
     rules = LogitRules(
         loaded.tokenizer,
@@ -101,8 +114,9 @@ def run_transformers(clips, in_flight: int, beam_size: int):
         torch.device("cpu"),
     )
     extractor = WhisperFeatureExtractor(feature_size=80)
-    audio = [load_audio_file(c.path)[:N_SAMPLES] for c in clips]
     prompt = [special.sot, special.no_timestamps]
+    ready()
+    audio = [load_audio_file(path)[:N_SAMPLES] for path in files]
 
     def batch(samples_list):
         features = torch.from_numpy(
@@ -122,10 +136,84 @@ def run_transformers(clips, in_flight: int, beam_size: int):
         )
         return [loaded.tokenizer.decode(row[len(prompt) :].tolist()).strip() for row in out]
 
-    batch(audio[:1])
-    return timed(
-        lambda: [t for i in range(0, len(audio), in_flight) for t in batch(audio[i : i + in_flight])]
+    return [t for i in range(0, len(audio), in_flight) for t in batch(audio[i : i + in_flight])]
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One system's whole run, in a process of its own: prints its texts and when it was ready."""
+    kind, precision = SYSTEMS[args.worker]
+    files = Path(args.files_from).read_text().splitlines()
+    ready_at = {}
+
+    def ready() -> None:
+        ready_at["s"] = time.time() - args.spawned_at
+
+    if kind != "faster-whisper":  # faster-whisper's process never imports torch
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if kind == "ours":
+        texts = run_ours(files, args.in_flight, args.beam_size, precision, ready)
+    elif kind == "faster-whisper":
+        texts = run_faster_whisper(
+            files, args.in_flight, args.beam_size, precision, ready, args.model_folder, args.threads
+        )
+    else:
+        texts = run_transformers(files, args.in_flight, args.beam_size, ready)
+    print(json.dumps({"texts": texts, "ready_s": ready_at["s"]}))
+
+
+def whole_process(
+    name: str, in_flight: int, files_from: Path, args, model_folder: str
+) -> tuple[list[str], float, float]:
+    """``name``'s run as a child process: its texts, its wall seconds from spawn to exit, and how
+    long it took to be ready to transcribe."""
+    spawned_at = time.time()
+    start = time.perf_counter()
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--worker",
+            name,
+            "--in-flight",
+            str(in_flight),
+            "--files-from",
+            str(files_from),
+            "--threads",
+            str(args.threads),
+            "--beam-size",
+            str(args.beam_size),
+            "--model-folder",
+            model_folder,
+            "--spawned-at",
+            repr(spawned_at),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
+    seconds = time.perf_counter() - start
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return result["texts"], seconds, result["ready_s"]
+
+
+def write_clips(clips, folder: Path) -> Path:
+    """The clips as they are scored (noise added) in WAV files, and a list of their paths."""
+    import soundfile
+
+    from engine.model.audio import SAMPLE_RATE
+    from engine.transcribe.evaluation import clip_samples
+
+    paths = []
+    for clip in clips:
+        path = folder / f"{clip.id}.wav"
+        soundfile.write(path, clip_samples(clip), SAMPLE_RATE, subtype="FLOAT")
+        paths.append(str(path))
+    files_from = folder / "files.txt"
+    files_from.write_text("\n".join(paths))
+    return files_from
 
 
 def main() -> None:
@@ -134,59 +222,78 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--beam-size", type=int, default=1)
+    parser.add_argument("--sample", type=int, default=None, help="an even sample of this many clips")
     parser.add_argument("--no-transformers", action="store_true", help="leave transformers' generate out")
     parser.add_argument("--record", action="store_true", help="append the table to the results log")
+    # A system's own process (see whole_process):
+    parser.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
+    parser.add_argument("--in-flight", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--files-from", help=argparse.SUPPRESS)
+    parser.add_argument("--model-folder", help=argparse.SUPPRESS)
+    parser.add_argument("--spawned-at", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    clips = [c for c in load_manifest(SPEECH_DIR) if c.text and c.duration_s <= 30]
+    sys.path.insert(0, str(REPO))
+    if args.worker:
+        worker(args)
+        return
+
+    import torch
+
+    from benchmarks.recording import markdown_table, record
+    from engine.config import EngineConfig, cpu_has_bf16_instructions
+    from engine.model.weights import resolve_model_folder
+    from engine.transcribe.evaluation import word_error_rate
+    from tests.support.speech import broad_clips, sample_of
+
+    clips = broad_clips()
+    if args.sample:
+        clips = sample_of(clips, args.sample)
     audio_s = sum(c.duration_s for c in clips)
     references = [c.text for c in clips]
-    beams = args.beam_size
-    systems = {
-        "ours (fp32)": lambda n: run_ours(clips, n, beams),
-        "ours (cpu_dtype bfloat16)": lambda n: run_ours(clips, n, beams, "bfloat16"),
-        "faster-whisper fp32": lambda n: run_faster_whisper(clips, n, "float32", args.threads, beams),
-        "faster-whisper int8": lambda n: run_faster_whisper(clips, n, "int8", args.threads, beams),
-    }
+    default_dtype = EngineConfig().cpu_dtype
+    systems = [name for name in SYSTEMS if args.no_transformers is False or "transformers" not in name]
     if not cpu_has_bf16_instructions():
-        del systems["ours (cpu_dtype bfloat16)"]  # the engine refuses bf16 without the instructions
-    best_ours = list(systems)[1] if len(systems) > 3 else "ours (fp32)"
-    if not args.no_transformers:
-        systems["transformers generate (fp32)"] = lambda n: run_transformers(clips, n, beams)
+        systems.remove("ours (cpu_dtype bfloat16)")  # the engine refuses bf16 without the instructions
+    labels = {
+        name: f"{name}, the default" if SYSTEMS[name] == ("ours", default_dtype) else name for name in systems
+    }
+    model_folder = str(resolve_model_folder("tiny.en"))
     rows, rtfx = [], {}
-    for in_flight in (1, 16):
-        for name, run in systems.items():
-            texts, seconds = run(in_flight)
-            rtfx[(name, in_flight)] = audio_s / seconds
-            rows.append(
-                [
-                    name,
+    with tempfile.TemporaryDirectory() as folder:
+        files_from = write_clips(clips, Path(folder))
+        for in_flight in (1, 16):
+            for name in systems:
+                texts, seconds, ready_s = whole_process(name, in_flight, files_from, args, model_folder)
+                rtfx[(name, in_flight)] = audio_s / seconds
+                row = [
+                    labels[name],
                     in_flight,
-                    round(seconds, 2),
+                    round(ready_s, 1),
+                    round(seconds, 1),
                     round(audio_s / seconds, 1),
-                    f"{word_error_rate(references, texts):.1%}",
                 ]
-            )
-            print(rows[-1], flush=True)
-    for row in rows:
-        row.append(round(rtfx[("ours (fp32)", row[1])] / rtfx[(row[0], row[1])], 2))
-        row.append(round(rtfx[(best_ours, row[1])] / rtfx[(row[0], row[1])], 2))
+                rows.append([*row, f"{word_error_rate(references, texts):.1%}"])
+                print(rows[-1], flush=True)
+    for row, (name, in_flight) in zip(rows, [(n, f) for f in (1, 16) for n in systems]):
+        row.append(f"{rtfx[(name, in_flight)] / rtfx[('faster-whisper int8', in_flight)]:.2f}x")
     table = markdown_table(
-        ["system", "in flight", "wall s", "RTFx", "WER", "ours fp32 / this", f"{best_ours} / this"], rows
+        ["system", "in flight", "start-up s", "wall s", "RTFx", "WER", "RTFx / faster-whisper int8"], rows
     )
+    voices = len({c.voice for c in clips if c.voice})
     notes = (
-        f"{len(clips)} clips, {audio_s:.0f} s of audio, {args.threads} threads for every system; CPU "
-        f"{torch.backends.cpu.get_cpu_capability()}, bf16 instructions "
+        f"{len(clips)} clips of the broad speech set ({voices} synthetic voices; {audio_s:.0f} s of audio), "
+        f"{args.threads} threads for every system, each run a whole process (start-up, imports and model "
+        f"load counted); CPU {torch.backends.cpu.get_cpu_capability()}, bf16 instructions "
         f"{'yes' if cpu_has_bf16_instructions() else 'no'}, "
         f"AMX {'yes' if torch.cpu._is_amx_tile_supported() else 'no'}; "
-        f"{'greedy' if beams == 1 else f'beam {beams}'}, no timestamps, no fallback. 16 in flight: "
-        "ours = continuous batching (encoder batches of 8); faster-whisper = 16 client threads over one "
-        "CTranslate2 worker per core; transformers = static batches of 16."
+        f"{'greedy' if args.beam_size == 1 else f'beam {args.beam_size}'}, no timestamps, no fallback. "
+        "16 in flight: ours = continuous batching (encoder batches of 8); faster-whisper = 16 client "
+        "threads over one CTranslate2 worker per core; transformers = static batches of 16."
     )
     print(table)
     if args.record:
-        title = "Offline throughput, tiny.en on CPU (bench_offline.py)"
-        record(title if beams == 1 else f"{title}, beam {beams}", table, notes)
+        title = "Offline throughput, tiny.en on CPU, whole processes (bench_offline.py)"
+        record(title if args.beam_size == 1 else f"{title}, beam {args.beam_size}", table, notes)
 
 
 if __name__ == "__main__":

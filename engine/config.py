@@ -173,8 +173,8 @@ class EngineConfig(BaseModel):
     device: str = Field("cpu", description="'cpu', 'cuda' or 'cuda:N'")
     dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
         "auto",
-        description="'auto': float32 on CPU (no fast half matmuls there; engine.cpu_dtype may run the "
-        "heaviest products in bf16), float16 on CUDA (Whisper was "
+        description="'auto': float32 on CPU (no fast half matmuls there; engine.cpu_dtype 'bfloat16' "
+        "runs the heaviest products in bf16), float16 on CUDA (Whisper was "
         "trained in fp16; bf16's 8-bit mantissa costs accuracy on real weights). A window whose "
         "activations overflow fp16 fails with a clear error",
     )
@@ -183,9 +183,9 @@ class EngineConfig(BaseModel):
         description="precision of the heavy products on a CPU when engine.dtype is float32: 'bfloat16' "
         "runs the encoder, and the decoder's first pass over the vocabulary, on the CPU's bf16 "
         "instructions (AVX-512 BF16 or AMX); the decoder's layers stay float32 and the likeliest "
-        "tokens' logits are recomputed in float32. Faster at a small WER cost. 'auto' takes bfloat16 "
-        "where the CPU has the instructions and float32 "
-        "elsewhere, or where engine.dtype is float32 by name. Ignored on CUDA, where engine.dtype rules",
+        "tokens' logits are recomputed in float32. Opt-in: markedly faster, but on speech unlike what "
+        "it was tuned on it changes more transcripts than float32's accuracy allows (measurements in "
+        "benchmarks/RESULTS.md). 'auto' is float32. Ignored on CUDA, where engine.dtype rules",
     )
     block_size: int = Field(
         128,
@@ -263,10 +263,9 @@ class EngineConfig(BaseModel):
     @model_validator(mode="after")
     def _resolve_dtype(self) -> "EngineConfig":
         if self.cpu_dtype == "auto":
-            # An engine.dtype of float32 asked for by name means float32 throughout; left to auto,
-            # a CPU with bf16 instructions runs the heavy products in bf16.
-            bf16 = self.dtype == "auto" and cpu_has_bf16_instructions()
-            self.cpu_dtype = "bfloat16" if bf16 else "float32"
+            # float32: the default must keep float32's text on speech no tuning looked at, and the
+            # bf16 path, measured on the broad speech set, does not (benchmarks/bench_cpu_precision.py).
+            self.cpu_dtype = "float32"
         if self.dtype == "auto":
             self.dtype = "float16" if torch.device(self.device).type == "cuda" else "float32"
         return self

@@ -15,11 +15,23 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class ClipNoise:
+    """Noise added to a clip as it is read (clip_samples): stored, noise would not compress."""
+
+    color: str  # "white" or "pink"
+    snr_db: float  # the clip's power over the noise's
+    seed: int
+
+
+@dataclass(frozen=True)
 class SpeechClip:
     id: str
     path: Path
     text: str | None
     duration_s: float
+    noise: ClipNoise | None = None
+    voice: str | None = None  # the synthetic voice that spoke it, where one did
+    split: str | None = None  # "tuning" or "held_out", in a set that keeps one apart
 
 
 def load_manifest(folder: Path) -> list[SpeechClip]:
@@ -27,8 +39,40 @@ def load_manifest(folder: Path) -> list[SpeechClip]:
     for line in (folder / "manifest.jsonl").read_text().splitlines():
         if line.strip():
             item = json.loads(line)
-            clips.append(SpeechClip(item["id"], folder / item["audio"], item.get("text"), item["duration_s"]))
+            noise = ClipNoise(**item["noise"]) if item.get("noise") else None
+            clips.append(
+                SpeechClip(
+                    item["id"],
+                    folder / item["audio"],
+                    item.get("text"),
+                    item["duration_s"],
+                    noise,
+                    item.get("voice"),
+                    item.get("split"),
+                )
+            )
     return clips
+
+
+def clip_samples(clip: SpeechClip) -> np.ndarray:
+    """The clip's 16 kHz float32 samples, with its noise added (the same noise on every read)."""
+    from engine.model.audio import load_audio_file
+
+    samples = load_audio_file(clip.path)
+    if clip.noise is None:
+        return samples
+    rng = np.random.default_rng(clip.noise.seed)
+    noise = rng.standard_normal(len(samples))
+    if clip.noise.color == "pink":  # power falling as 1/f: white noise shaped in frequency
+        spectrum = np.fft.rfft(noise)
+        spectrum[1:] /= np.sqrt(np.arange(1, len(spectrum)))
+        spectrum[0] = 0
+        noise = np.fft.irfft(spectrum, n=len(samples))
+    elif clip.noise.color != "white":
+        raise ValueError(f"clip {clip.id}: unknown noise colour {clip.noise.color!r}")
+    signal_power = float(np.mean(samples.astype(np.float64) ** 2))
+    noise *= np.sqrt(signal_power / 10 ** (clip.noise.snr_db / 10) / np.mean(noise**2))
+    return np.clip(samples + noise, -1.0, 1.0).astype(np.float32)
 
 
 @dataclass(frozen=True)

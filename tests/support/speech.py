@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Iterable
 from os import PathLike
@@ -11,15 +12,41 @@ import soundfile
 import torch
 
 from engine.model.audio import SAMPLE_RATE, load_audio_file, pad_or_trim
-from engine.transcribe.evaluation import SpeechClip, load_manifest
+from engine.transcribe.evaluation import SpeechClip, clip_samples, load_manifest
 from tests.support.paths import REPO_ROOT
 
 SPEECH_DIR = REPO_ROOT / "tests" / "data" / "speech"
+BROAD_SPEECH_DIR = REPO_ROOT / "tests" / "data" / "broad_speech"
+SPLITS = ("tuning", "held_out")
 
 
 def english_clips() -> list[SpeechClip]:
     """Every clip with a reference transcript (42 English clips, one of them long-form)."""
     return [clip for clip in load_manifest(SPEECH_DIR) if clip.text]
+
+
+def broad_clips(split: str | None = None) -> list[SpeechClip]:
+    """The broad speech set: the English clips above and tests/data/broad_speech's synthetic
+    utterances (benchmarks/broad_speech_clips.py), all of them or one split. Every third English
+    clip is held out, as a third of the synthetic voices are."""
+    if split not in (None, *SPLITS):
+        raise ValueError(f"split must be one of {SPLITS} or None, got {split!r}")
+    real = [
+        dataclasses.replace(clip, split=SPLITS[index % 3 == 2]) for index, clip in enumerate(english_clips())
+    ]
+    clips = real + load_manifest(BROAD_SPEECH_DIR)
+    return [clip for clip in clips if split is None or clip.split == split]
+
+
+def sample_of(clips: list[SpeechClip], count: int) -> list[SpeechClip]:
+    """``count`` clips spread evenly over ``clips`` (the same ones on every run)."""
+    step = len(clips) / count
+    return [clips[int(index * step)] for index in range(count)]
+
+
+def samples_of(clips: Iterable[SpeechClip]) -> list[np.ndarray]:
+    """Each clip's samples as it is scored: with the noise its manifest names."""
+    return [clip_samples(clip) for clip in clips]
 
 
 def short_english_clips() -> list[SpeechClip]:

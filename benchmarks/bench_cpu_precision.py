@@ -1,0 +1,177 @@
+"""Where the CPU's bf16 path moves tiny.en's tokens: float32 against engine.cpu_dtype bfloat16 and
+against bf16 with one part of it put back in float32, on the broad speech set (tests/data/broad_speech
+and the English clips of tests/data/speech).
+
+Each variant transcribes the clips of the split asked for (greedy, no timestamps, 2 threads) and is
+scored against the references (WER) and against float32's transcripts (how many are identical).
+Ablations look at the tuning split only; the held-out split is for the final figures.
+
+    .venv/bin/python benchmarks/bench_cpu_precision.py --split tuning --variants all [--record]
+    .venv/bin/python benchmarks/bench_cpu_precision.py --split all --variants 'float32;bfloat16' [--record]
+
+Transcripts are kept in --cache (JSON, by variant and clip id), so a later run adds variants
+without transcribing float32 again. Prints a table; --record appends it to benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.recording import markdown_table, record  # noqa: E402
+from engine.config import EngineConfig  # noqa: E402
+from engine.model import cpu_attention  # noqa: E402
+from engine.model.loading import LoadedModel, load_model  # noqa: E402
+from engine.transcribe.evaluation import word_error_rate  # noqa: E402
+from engine.transcribe.offline import Transcriber  # noqa: E402
+from tests.support.speech import broad_clips, sample_of, samples_of  # noqa: E402
+
+
+def bf16() -> LoadedModel:
+    return load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16"))
+
+
+def vocabulary_in_float32() -> LoadedModel:
+    loaded = bf16()
+    loaded.model.decoder.vocabulary.bf16 = None
+    return loaded
+
+
+def cross_kv_in_float32() -> LoadedModel:
+    loaded = bf16()
+    loaded.model.decoder.cross_kv.float()
+    loaded.model.decoder.cross_kv_in_bf16 = False
+    return loaded
+
+
+def encoder_in_float32() -> LoadedModel:
+    """The decoder's side of the bf16 path (vocabulary, cross-K/V) on a float32 encoder."""
+    loaded = load_model(EngineConfig(model="tiny.en", dtype="float32"))
+    loaded.model.decoder.vocabulary.keep_bf16_copy()
+    loaded.model.decoder.project_cross_kv_in_bf16()
+    return loaded
+
+
+def sdpa_attention() -> LoadedModel:
+    """torch's bf16 SDPA in the encoder instead of the explicit products."""
+    loaded = bf16()
+    for layer in loaded.model.encoder.layers:
+        layer.attention_by_products = False
+    return loaded
+
+
+def float32_attention_scores() -> LoadedModel:
+    """The encoder's attention scores and softmax in float32 (the products' inputs bf16)."""
+
+    def attend(q, k, v):
+        scores = (q.float() * q.shape[-1] ** -0.5) @ k.float().transpose(-1, -2)
+        return (scores.softmax(-1).to(v.dtype) @ v).transpose(1, 2).contiguous()
+
+    loaded = bf16()
+    cpu_attention_fn = cpu_attention.attention_by_products
+    import engine.model.whisper as whisper
+
+    whisper.attention_by_products = attend  # this process only: the variant is measured, not shipped
+    loaded.restore = lambda: setattr(whisper, "attention_by_products", cpu_attention_fn)
+    return loaded
+
+
+def encoder_layers_in_float32(indices: tuple[int, ...]) -> Callable[[], LoadedModel]:
+    """The bf16 path with the encoder layers of ``indices`` (and the norm after the last) in float32."""
+
+    def make() -> LoadedModel:
+        loaded = bf16()
+        encoder = loaded.model.encoder
+        for index in indices:
+            layer = encoder.layers[index].float()
+            layer.attention_by_products = False
+            layer.register_forward_pre_hook(lambda module, args: (args[0].float(),))
+            layer.register_forward_hook(lambda module, args, out: out.to(torch.bfloat16))
+        return loaded
+
+    return make
+
+
+VARIANTS: dict[str, Callable[[], LoadedModel]] = {
+    "float32": lambda: load_model(EngineConfig(model="tiny.en", dtype="float32")),
+    "bfloat16": bf16,
+    "bf16, encoder float32": encoder_in_float32,
+    "bf16, vocabulary float32": vocabulary_in_float32,
+    "bf16, cross-K/V float32": cross_kv_in_float32,
+    "bf16, attention scores float32": float32_attention_scores,
+    "bf16, encoder layer 0 float32": encoder_layers_in_float32((0,)),
+    "bf16, encoder last layer float32": encoder_layers_in_float32((-1,)),
+    "bf16, SDPA attention": sdpa_attention,
+}
+
+
+def transcribe(variant: str, clips, cache: dict) -> tuple[dict[str, str], float]:
+    done = cache.setdefault(variant, {})
+    todo = [clip for clip in clips if clip.id not in done]
+    start = time.perf_counter()
+    if todo:
+        loaded = VARIANTS[variant]()
+        texts = Transcriber(loaded=loaded).transcribe(samples_of(todo))
+        getattr(loaded, "restore", lambda: None)()
+        done.update({clip.id: text.text for clip, text in zip(todo, texts)})
+    return {clip.id: done[clip.id] for clip in clips}, time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--split", choices=("tuning", "held_out", "all"), default="tuning")
+    parser.add_argument("--variants", default="all", help=f"separated by ';', of: {'; '.join(VARIANTS)}")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/cpu_precision_transcripts.json"))
+    parser.add_argument(
+        "--changed-by",
+        metavar="VARIANT",
+        help="only the clips whose transcript VARIANT (transcribed before, in --cache) changed, and as "
+        "many it left alone: an ablation that asks which part of the bf16 path moves the tokens",
+    )
+    parser.add_argument("--record", action="store_true", help="append the table to the results log")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(";")
+    if "float32" not in names:
+        names.insert(0, "float32")
+    clips = broad_clips(None if args.split == "all" else args.split)
+    cache = json.loads(args.cache.read_text()) if args.cache.exists() else {}
+    if args.changed_by:
+        before, after = cache["float32"], cache[args.changed_by]
+        changed = [clip for clip in clips if before[clip.id] != after[clip.id]]
+        kept = [clip for clip in clips if before[clip.id] == after[clip.id]]
+        clips = changed + sample_of(kept, len(changed))
+    references = [clip.text for clip in clips]
+    rows, float32 = [], None
+    for name in names:
+        texts, seconds = transcribe(name, clips, cache)
+        args.cache.write_text(json.dumps(cache, indent=1))
+        hypotheses = [texts[clip.id] for clip in clips]
+        float32 = float32 or hypotheses
+        identical = sum(ours == theirs for ours, theirs in zip(hypotheses, float32))
+        rows.append([name, f"{word_error_rate(references, hypotheses):.2%}", f"{identical}/{len(clips)}"])
+        print(rows[-1], f"{seconds:.0f} s", flush=True)
+    table = markdown_table(["variant", "WER", "identical to float32"], rows)
+    print(table)
+    if args.record:
+        subset = f", those {args.changed_by} changed and as many it did not" if args.changed_by else ""
+        notes = (
+            f"tiny.en, greedy, {args.threads} threads; split {args.split}{subset}: {len(clips)} clips, "
+            f"{len({clip.voice for clip in clips if clip.voice})} synthetic voices"
+        )
+        record(f"CPU precision ablation, tiny.en, {args.split} split (bench_cpu_precision.py)", table, notes)
+
+
+if __name__ == "__main__":
+    main()
