@@ -100,6 +100,24 @@ def encoder_layers_in_float32(indices: tuple[int, ...]) -> Callable[[], LoadedMo
     return make
 
 
+def bf16_products_bf16_scores() -> LoadedModel:
+    """engine.cpu_dtype 'bfloat16-products' with its attention scores rounded to bf16, as the
+    'bfloat16' path rounds them."""
+    loaded = load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16-products"))
+    for layer in loaded.model.encoder.layers:
+        layer.attention_scores_dtype = None
+    return loaded
+
+
+def float32_windows_one_at_a_time() -> LoadedModel:
+    """float32 with the encoder given one window per forward instead of eight: the same arithmetic
+    in another summation order (other matrix shapes, other kernel blocking), the noise floor of
+    "identical to float32"."""
+    loaded = load_model(EngineConfig(model="tiny.en", dtype="float32"))
+    loaded.encoder_batch_size = 1
+    return loaded
+
+
 VARIANTS: dict[str, Callable[[], LoadedModel]] = {
     "float32": lambda: load_model(EngineConfig(model="tiny.en", dtype="float32")),
     "bfloat16": bf16,
@@ -110,6 +128,9 @@ VARIANTS: dict[str, Callable[[], LoadedModel]] = {
     "bf16, encoder layer 0 float32": encoder_layers_in_float32((0,)),
     "bf16, encoder last layer float32": encoder_layers_in_float32((-1,)),
     "bf16, SDPA attention": sdpa_attention,
+    "bfloat16-products": lambda: load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16-products")),
+    "bfloat16-products, scores bf16": bf16_products_bf16_scores,
+    "float32, windows one at a time": float32_windows_one_at_a_time,
 }
 
 
@@ -119,7 +140,8 @@ def transcribe(variant: str, clips, cache: dict) -> tuple[dict[str, str], float]
     start = time.perf_counter()
     if todo:
         loaded = VARIANTS[variant]()
-        texts = Transcriber(loaded=loaded).transcribe(samples_of(todo))
+        batch = getattr(loaded, "encoder_batch_size", 8)
+        texts = Transcriber(loaded=loaded, encoder_batch_size=batch).transcribe(samples_of(todo))
         getattr(loaded, "restore", lambda: None)()
         done.update({clip.id: text.text for clip, text in zip(todo, texts)})
     return {clip.id: done[clip.id] for clip in clips}, time.perf_counter() - start

@@ -178,14 +178,16 @@ class EngineConfig(BaseModel):
         "trained in fp16; bf16's 8-bit mantissa costs accuracy on real weights). A window whose "
         "activations overflow fp16 fails with a clear error",
     )
-    cpu_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    cpu_dtype: Literal["auto", "float32", "bfloat16-products", "bfloat16"] = Field(
         "auto",
-        description="precision of the heavy products on a CPU when engine.dtype is float32: 'bfloat16' "
-        "runs the encoder, and the decoder's first pass over the vocabulary, on the CPU's bf16 "
-        "instructions (AVX-512 BF16 or AMX); the decoder's layers stay float32 and the likeliest "
-        "tokens' logits are recomputed in float32. Opt-in: markedly faster, but on speech unlike what "
-        "it was tuned on it changes more transcripts than float32's accuracy allows (measurements in "
-        "benchmarks/RESULTS.md). 'auto' is float32. Ignored on CUDA, where engine.dtype rules",
+        description="precision of the heavy products on a CPU when engine.dtype is float32, on the "
+        "CPU's bf16 instructions (AVX-512 BF16 or AMX) where it names bf16. 'bfloat16-products': the "
+        "encoder's matrix products in bf16 around a float32 residual stream, with float32 attention "
+        "scores; the decoder float32. 'bfloat16': the whole encoder, and the decoder's first pass "
+        "over the vocabulary, in bf16 (the likeliest tokens' logits recomputed in float32): the "
+        "fastest, but on speech unlike what it was tuned on it changes more transcripts than "
+        "float32's accuracy allows. 'auto' is float32. Measurements in benchmarks/RESULTS.md. "
+        "Ignored on CUDA, where engine.dtype rules",
     )
     block_size: int = Field(
         128,
@@ -272,9 +274,9 @@ class EngineConfig(BaseModel):
 
     @model_validator(mode="after")
     def _cpu_has_what_cpu_dtype_needs(self) -> "EngineConfig":
-        if self.cpu_dtype == "bfloat16" and self.on_cpu and not cpu_has_bf16_instructions():
+        if self.cpu_dtype.startswith("bfloat16") and self.on_cpu and not cpu_has_bf16_instructions():
             raise ValueError(
-                "cpu_dtype 'bfloat16' needs a CPU with bf16 instructions (AVX-512 BF16 or AMX); "
+                f"cpu_dtype '{self.cpu_dtype}' needs a CPU with bf16 instructions (AVX-512 BF16 or AMX); "
                 "this one has neither, and emulated bf16 is slower than float32: use 'float32' or 'auto'"
             )
         return self
@@ -303,10 +305,17 @@ class EngineConfig(BaseModel):
 
     @property
     def encoder_torch_dtype(self) -> torch.dtype:
-        """The encoder's dtype: engine.dtype, but for cpu_dtype on a CPU running float32."""
-        if self.on_cpu and self.torch_dtype == torch.float32:
-            return getattr(torch, self.cpu_dtype)
+        """The encoder's dtype: engine.dtype, but bf16 for cpu_dtype 'bfloat16' on a CPU running
+        float32 (with 'bfloat16-products' the encoder's stream stays float32)."""
+        if self.on_cpu and self.torch_dtype == torch.float32 and self.cpu_dtype == "bfloat16":
+            return torch.bfloat16
         return self.torch_dtype
+
+    @property
+    def cpu_bf16_products(self) -> bool:
+        """Whether the encoder's products run in bf16 around a float32 stream (cpu_dtype
+        'bfloat16-products')."""
+        return self.on_cpu and self.torch_dtype == torch.float32 and self.cpu_dtype == "bfloat16-products"
 
     @property
     def cpu_bf16_logits(self) -> bool:
@@ -316,6 +325,8 @@ class EngineConfig(BaseModel):
     @property
     def encoder_precision(self) -> str:
         """The encoder's precision path in words, for the logs and /metrics."""
+        if self.cpu_bf16_products:
+            return "float32 with bf16 products on CPU"
         if self.on_cpu:
             return f"{str(self.encoder_torch_dtype).removeprefix('torch.')} on CPU"
         fp8 = " + FP8 products" if self.gpu_switches().fp8_encoder else ""

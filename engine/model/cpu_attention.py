@@ -12,6 +12,12 @@ product there), so the scores are rounded to bf16 before the softmax, which itse
 (torch's bf16 softmax accumulates in fp32) and hands bf16 probabilities to the second product, as
 SDPA's bf16 path does. tests/engine/transcribe/test_accuracy.py holds the engine's bf16 path to
 float32's WER.
+
+With ``scores_dtype=torch.float32`` (engine.cpu_dtype 'bfloat16-products') the scores are a float32
+product of float32 copies of Q and K, so the softmax sees them unrounded; only the probabilities
+are rounded to bf16 for the second product. A bf16 score near the largest of a row is off by up to
+a sixteenth of a unit, which moves its probability by about 6%: the rounding that, accumulated
+over the layers, changes transcripts on speech the model is unsure of.
 """
 
 from __future__ import annotations
@@ -24,26 +30,34 @@ import torch
 QUERY_CHUNK = 384
 
 
-def attention_by_products(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def attention_by_products(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Non-causal attention, q/k/v [N, H, L, D] (any strides, last dim contiguous) -> [N, L, H, D]
-    contiguous (the layout the output projection reads), scale 1/sqrt(D)."""
+    contiguous (the layout the output projection reads), scale 1/sqrt(D). ``scores_dtype``: the
+    dtype of the scores and the softmax (default: q's)."""
     batch, heads, frames, head_dim = q.shape
+    scores_dtype = scores_dtype or q.dtype
     out = torch.empty(batch, frames, heads, head_dim, dtype=q.dtype, device=q.device)
     # Scaled up front: 1/sqrt(64) is a power of two, so this is exact in bf16 (Whisper's heads are 64).
-    scaled_q = q * head_dim**-0.5
+    scaled_q = q.to(scores_dtype) * head_dim**-0.5
     chunk = min(QUERY_CHUNK, frames)
-    scores_buffer = q.new_empty(heads * chunk * frames)
+    scores_buffer = q.new_empty(heads * chunk * frames, dtype=scores_dtype)
+    # The probabilities in v's dtype for the second product, where the scores are kept wider.
+    probabilities_buffer = q.new_empty(heads * chunk * frames) if scores_dtype != v.dtype else None
     attended_buffer = q.new_empty(heads * chunk * head_dim)
     for window in range(batch):
         # Laid out once per window as the products read them (given strided, each product of a
         # slice would copy its operand again).
-        keys_t = k[window].transpose(-1, -2).contiguous()
+        keys_t = k[window].transpose(-1, -2).to(scores_dtype).contiguous()
         values = v[window].contiguous()
         for start in range(0, frames, chunk):
             rows = min(chunk, frames - start)
             scores = scores_buffer[: heads * rows * frames].view(heads, rows, frames)
             torch.matmul(scaled_q[window, :, start : start + rows], keys_t, out=scores)
             torch.softmax(scores, dim=-1, out=scores)  # row by row: safe in place
+            if probabilities_buffer is not None:
+                scores = probabilities_buffer[: heads * rows * frames].view(heads, rows, frames).copy_(scores)
             attended = attended_buffer[: heads * rows * head_dim].view(heads, rows, head_dim)
             torch.matmul(scores, values, out=attended)
             out[window, start : start + rows] = attended.transpose(0, 1)

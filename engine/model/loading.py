@@ -31,6 +31,8 @@ def load_model(config: EngineConfig, weights: LoadedWeights | None = None) -> Lo
     model.encoder.to(config.encoder_torch_dtype)  # a CPU's bf16 encoder beside a float32 decoder
     if config.on_cpu and config.encoder_torch_dtype == torch.bfloat16:
         model.encoder.attend_by_products()
+    if config.cpu_bf16_products:
+        model.encoder.run_products_in_bf16()
     if config.on_cpu and config.torch_dtype == torch.float32:
         model.decoder.store_widening_weights_column_major()
     if config.torch_device.type == "cuda":

@@ -20,6 +20,7 @@ from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_nor
 from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
 from engine.kernels.small_products import FoldedNorm, KVSlots
 from engine.kv.storage import PagedKVStorage
+from engine.model.bf16_products import products_in_bf16
 from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import Fp8Linear, quantize_linears
 from engine.model.sublayers import SmallRowsSublayers, Sublayers, norm_params
@@ -68,6 +69,7 @@ class EncoderLayer(nn.Module):
         self.mlp_norm = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, ffn_dim)
         self.attention_by_products = False  # see AudioEncoder.attend_by_products
+        self.attention_scores_dtype: torch.dtype | None = None  # see AudioEncoder.run_products_in_bf16
         self.flash_attention: FlashAttention3 | None = None  # see AudioEncoder.use_flash_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -105,7 +107,7 @@ class EncoderLayer(nn.Module):
             return self.flash_attention(q, k, v).view(batch, frames, -1)
         q, k, v = qkv.view(batch, frames, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)  # [N, H, frames, D]
         if self.attention_by_products:
-            return attention_by_products(q, k, v).view(batch, frames, -1)
+            return attention_by_products(q, k, v, self.attention_scores_dtype).view(batch, frames, -1)
         return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch, frames, -1)
 
 
@@ -137,6 +139,15 @@ class AudioEncoder(nn.Module):
         (engine/model/cpu_attention.py), faster there than torch's SDPA."""
         for layer in self.layers:
             layer.attention_by_products = True
+
+    def run_products_in_bf16(self) -> None:
+        """On a CPU with bf16 instructions, in a float32 model: each layer's four products and its
+        attention's P V product in bf16, its attention scores a float32 product; the convolutions,
+        norms and residual stream stay float32 (engine/model/bf16_products.py)."""
+        for layer in self.layers:
+            products_in_bf16(layer)
+            layer.attention_by_products = True
+            layer.attention_scores_dtype = torch.float32
 
     def use_flash_attention(self, build: FlashAttention3, dtype: torch.dtype) -> None:
         """Each layer's self-attention through FlashAttention-3 (engine/attention/flash_attention_3.py)
