@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 # Each system: what its process runs (see worker) and the precision it is given.
 SYSTEMS = {
     "ours (fp32)": ("ours", "float32"),
+    "ours (cpu_dtype bfloat16-products)": ("ours", "bfloat16-products"),
     "ours (cpu_dtype bfloat16)": ("ours", "bfloat16"),
     "faster-whisper fp32": ("faster-whisper", "float32"),
     "faster-whisper int8": ("faster-whisper", "int8"),
@@ -224,6 +225,10 @@ def main() -> None:
     parser.add_argument("--beam-size", type=int, default=1)
     parser.add_argument("--sample", type=int, default=None, help="an even sample of this many clips")
     parser.add_argument("--no-transformers", action="store_true", help="leave transformers' generate out")
+    parser.add_argument(
+        "--systems",
+        help=f"only these systems, separated by ';' (faster-whisper int8 always runs): {'; '.join(SYSTEMS)}",
+    )
     parser.add_argument("--record", action="store_true", help="append the table to the results log")
     # A system's own process (see whole_process):
     parser.add_argument("--worker", choices=list(SYSTEMS), help=argparse.SUPPRESS)
@@ -252,8 +257,11 @@ def main() -> None:
     references = [c.text for c in clips]
     default_dtype = EngineConfig().cpu_dtype
     systems = [name for name in SYSTEMS if args.no_transformers is False or "transformers" not in name]
-    if not cpu_has_bf16_instructions():
-        systems.remove("ours (cpu_dtype bfloat16)")  # the engine refuses bf16 without the instructions
+    if args.systems:
+        asked = set(args.systems.split(";")) | {"faster-whisper int8"}  # every ratio is against it
+        systems = [name for name in systems if name in asked]
+    if not cpu_has_bf16_instructions():  # the engine refuses bf16 without the instructions
+        systems = [name for name in systems if not SYSTEMS[name][1].startswith("bfloat16")]
     labels = {
         name: f"{name}, the default" if SYSTEMS[name] == ("ours", default_dtype) else name for name in systems
     }
