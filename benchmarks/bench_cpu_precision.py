@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model import cpu_attention  # noqa: E402
+from engine.model.bf16_products import ENCODER_LAYER_PRODUCTS, Bf16ProductLinear  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from engine.transcribe.evaluation import word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
@@ -100,13 +101,29 @@ def encoder_layers_in_float32(indices: tuple[int, ...]) -> Callable[[], LoadedMo
     return make
 
 
-def bf16_products_bf16_scores() -> LoadedModel:
-    """engine.cpu_dtype 'bfloat16-products' with its attention scores rounded to bf16, as the
-    'bfloat16' path rounds them."""
-    loaded = load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16-products"))
-    for layer in loaded.model.encoder.layers:
-        layer.attention_scores_dtype = None
-    return loaded
+def bf16_products_except(
+    layers: tuple[int, ...] = (), products: tuple[str, ...] = (), scores_in_float32: bool = True
+) -> Callable[[], LoadedModel]:
+    """engine.cpu_dtype 'bfloat16-products' in every encoder layer but those of ``layers`` (wholly
+    float32), with the products named in ``products`` (of ENCODER_LAYER_PRODUCTS) kept float32, and
+    the attention scores in bf16 unless ``scores_in_float32``. With the defaults: the shipped path."""
+
+    def make() -> LoadedModel:
+        loaded = load_model(EngineConfig(model="tiny.en", dtype="float32"))
+        encoder = loaded.model.encoder
+        for index, layer in enumerate(encoder.layers):
+            if index in [i % len(encoder.layers) for i in layers]:
+                continue
+            for name in ENCODER_LAYER_PRODUCTS:
+                if name not in products:
+                    parent_name, _, child = name.rpartition(".")
+                    parent = layer.get_submodule(parent_name) if parent_name else layer
+                    setattr(parent, child, Bf16ProductLinear(getattr(parent, child)))
+            layer.attention_by_products = True
+            layer.attention_scores_dtype = torch.float32 if scores_in_float32 else None
+        return loaded
+
+    return make
 
 
 def float32_windows_one_at_a_time() -> LoadedModel:
@@ -129,7 +146,10 @@ VARIANTS: dict[str, Callable[[], LoadedModel]] = {
     "bf16, encoder last layer float32": encoder_layers_in_float32((-1,)),
     "bf16, SDPA attention": sdpa_attention,
     "bfloat16-products": lambda: load_model(EngineConfig(model="tiny.en", cpu_dtype="bfloat16-products")),
-    "bfloat16-products, scores bf16": bf16_products_bf16_scores,
+    "bfloat16-products, scores bf16": bf16_products_except(scores_in_float32=False),
+    "bfloat16-products, layer 0 float32": bf16_products_except(layers=(0,)),
+    "bfloat16-products, last layer float32": bf16_products_except(layers=(-1,)),
+    "bfloat16-products, QKV float32": bf16_products_except(products=("qkv",)),
     "float32, windows one at a time": float32_windows_one_at_a_time,
 }
 
