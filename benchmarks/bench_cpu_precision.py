@@ -167,6 +167,28 @@ def transcribe(variant: str, clips, cache: dict) -> tuple[dict[str, str], float]
     return {clip.id: done[clip.id] for clip in clips}, time.perf_counter() - start
 
 
+def encoder_speed(cpu_dtypes: list[str], repeats: int = 5) -> str:
+    """Each cpu_dtype's encoder forward on random log-mels of 1 and 8 windows: the best of
+    ``repeats`` interleaved runs, and its speed against the first's."""
+    encoders = {
+        dtype: load_model(EngineConfig(model="tiny.en", cpu_dtype=dtype)).model.encoder
+        for dtype in cpu_dtypes
+    }
+    rows = []
+    for windows in (1, 8):
+        mels = torch.randn(windows, 80, 3000)
+        best = dict.fromkeys(encoders, float("inf"))
+        with torch.inference_mode():
+            for _ in range(repeats):
+                for dtype, encoder in encoders.items():
+                    start = time.perf_counter()
+                    encoder(mels)
+                    best[dtype] = min(best[dtype], time.perf_counter() - start)
+        first = best[cpu_dtypes[0]]
+        rows.append([windows, *(f"{1000 * s:.0f} ms ({first / s:.2f}x)" for s in best.values())])
+    return markdown_table(["windows", *cpu_dtypes], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -181,9 +203,20 @@ def main() -> None:
         help="only the clips whose transcript VARIANT (transcribed before, in --cache) changed, and as "
         "many it left alone: an ablation that asks which part of the bf16 path moves the tokens",
     )
+    parser.add_argument(
+        "--encoder-speed",
+        action="store_true",
+        help="instead: time the encoder under each engine.cpu_dtype (float32, bfloat16-products, bfloat16)",
+    )
     parser.add_argument("--record", action="store_true", help="append the table to the results log")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.encoder_speed:
+        table = encoder_speed(["float32", "bfloat16-products", "bfloat16"])
+        print(table)
+        if args.record:
+            record("Encoder speed by engine.cpu_dtype, tiny.en (bench_cpu_precision.py)", table)
+        return
     names = list(VARIANTS) if args.variants == "all" else args.variants.split(";")
     if "float32" not in names:
         names.insert(0, "float32")
