@@ -216,6 +216,24 @@ def test_without_bf16_instructions_auto_is_float32_and_bfloat16_is_refused_in_wo
     assert EngineConfig(device="cuda", cpu_dtype="float32").cpu_dtype == "float32"
 
 
+def test_bfloat16_products_is_opt_in_refused_without_bf16_instructions_and_says_its_path(monkeypatch):
+    """cpu_dtype 'bfloat16-products' keeps the encoder's stream float32 (only its products take bf16),
+    leaves the vocabulary float32, says so in the logs' and /metrics' words, and is refused in words
+    on a CPU without bf16 instructions."""
+    import engine.config
+
+    if cpu_has_bf16_instructions():
+        config = EngineConfig(cpu_dtype="bfloat16-products")
+        assert config.cpu_bf16_products and not config.cpu_bf16_logits
+        assert config.encoder_torch_dtype == torch.float32
+        assert config.encoder_precision == "float32 with bf16 products on CPU"
+        assert EngineConfig.model_validate(config.model_dump()).cpu_dtype == "bfloat16-products"
+    assert not EngineConfig().cpu_bf16_products
+    monkeypatch.setattr(engine.config, "cpu_has_bf16_instructions", lambda: False)
+    with pytest.raises(ValueError, match="cpu_dtype 'bfloat16-products' needs a CPU with bf16 instructions"):
+        EngineConfig(cpu_dtype="bfloat16-products")
+
+
 def test_the_bf16_vocabulary_projection_gives_the_likeliest_tokens_float32_logits(tiny_en):
     """The refined projection: each row's REFINED_TOKENS likeliest tokens carry float32's logits,
     the argmax is float32's, and every other logit is within bf16's rounding of float32's."""
