@@ -271,12 +271,16 @@ class ConfigError(ValueError):
     """The app's configuration is invalid; the message lists every bad field and why."""
 
 
+def validation_problems(error: ValidationError) -> str:
+    """One indented line per bad field: its dotted path and what is wrong with it."""
+    return "\n".join(
+        f"  {'.'.join(str(part) for part in item['loc']) or '(top level)'}: {item['msg']}"
+        for item in error.errors()
+    )
+
+
 def parse_app_config(args: dict[str, Any] | None) -> AppConfig:
     try:
         return AppConfig.model_validate(args or {})
     except ValidationError as error:
-        problems = "\n".join(
-            f"  {'.'.join(str(part) for part in item['loc']) or '(top level)'}: {item['msg']}"
-            for item in error.errors()
-        )
-        raise ConfigError(f"invalid whisper-disagg app config:\n{problems}") from None
+        raise ConfigError(f"invalid whisper-disagg app config:\n{validation_problems(error)}") from None
