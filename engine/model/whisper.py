@@ -240,12 +240,9 @@ class TextDecoder(nn.Module):
     def __init__(self, dims: ModelDims):
         super().__init__()
         self.dims = dims
-        # Given its (empty) weight, the table skips its random init: built under the meta device,
-        # that init goes through a Python decomposition whose first call imports torch._dynamo,
-        # seconds of every process's start-up for values the loaded weights replace anyway.
-        self.embed_tokens = nn.Embedding(
-            dims.vocab_size, dims.d_model, _weight=torch.empty(dims.vocab_size, dims.d_model)
-        )
+        # Given a weight, the table skips its random init, whose meta-device form imports torch._dynamo.
+        weight = torch.empty(dims.vocab_size, dims.d_model)
+        self.embed_tokens = nn.Embedding(dims.vocab_size, dims.d_model, _weight=weight)
         self.positions = nn.Parameter(torch.empty(dims.n_text_ctx, dims.d_model), requires_grad=False)
         self.layers = nn.ModuleList(
             DecoderLayer(dims.d_model, dims.decoder_heads, dims.decoder_ffn_dim)
