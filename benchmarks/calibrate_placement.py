@@ -44,7 +44,7 @@ def loaded_model(args: argparse.Namespace) -> LoadedModel:
     dtype = bench_gpu.resolved_dtype(args.device, args.dtype)
     hf = random_hf_whisper(args.shape, args.device, dtype)
     config = EngineConfig(model=args.shape, device=args.device, dtype=str(dtype).removeprefix("torch."))
-    loaded = engine_model(hf, resolve_model_folder("base") / "tokenizer.json", config)
+    loaded = engine_model(hf, args.tokenizer or resolve_model_folder("base") / "tokenizer.json", config)
     del hf
     bench_gpu.release_memory(args.device)
     return loaded
@@ -86,6 +86,12 @@ def main() -> None:
     weights.add_argument("--shape", choices=sorted(SHAPES), help="random weights of this shape")
     weights.add_argument("--model", default="tiny.en", help="a bundled name, folder or cached HF id")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="with --shape: a multilingual Whisper tokenizer.json (default: base's)",
+    )
     bench_gpu.add_dtype_argument(parser)
     parser.add_argument("--encoder-batches", default="1,8,16,32,64")
     parser.add_argument("--decoder-rows", default="1,16,32,64,128,256")
