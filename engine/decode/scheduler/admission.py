@@ -65,6 +65,8 @@ class Admission:
         return sequences <= self.max_num_seqs - reserved and pool.can_allocate(needed_blocks * (1 + reserved))
 
     def _batch_is_owed_a_slot(self, running: list[Request]) -> bool:
+        if not self.batch_seqs_owed:
+            return False
         held = sum(r.options.max_hypotheses for r in running if r.priority == Priority.BATCH)
         return held < self.batch_seqs_owed
 
