@@ -43,6 +43,7 @@ class ColocatedEncoder:
             config.engine.batch_aging_s,
             fill_wait_ms=lambda: config.encoder.fill_wait_ms(decoder_occupancy()),
             may_start=self._may_encode,
+            batch_share=config.engine.batch_share,
         )
 
     async def encode(self, job: WindowJob) -> EncoderStates:

@@ -166,6 +166,7 @@ class EncoderDeployment:
             config.engine.batch_aging_s,
             fill_wait_ms=lambda: config.encoder.fill_wait_ms(self._decoder_occupancy),
             discard=lambda handle: self.sender.release(handle.request_id),
+            batch_share=config.engine.batch_share,
         )
         self._decoder = decoder  # read for its load only; windows reach it through the ingress
         self._decoder_occupancy = 0.0  # as last read; 0 (room) until read, or when the read fails

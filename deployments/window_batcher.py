@@ -4,9 +4,12 @@ workers (an encoder and a decoder in one replica, deployments/colocated_encoder.
 Windows queue inside the replica where interactive ones go first (Serve's own ``serve.batch`` is
 first come, first served); batch windows fill the room interactive ones leave in a forward, since a
 window that waits for a later forward holds its request back and spends the GPU on one more small
-batch. How long a forward waits to fill is the owner's call (``fill_wait_ms``, read before each
-forward), and so is whether one may start at all (``may_start``: a colocated worker holds windows
-back while its decoder has a queue, so encoded windows never pile up in GPU memory).
+batch. While both kinds wait, the oldest batch windows are owed ``batch_share`` of each forward's
+places (engine/types.py ``batch_places``), so a long file's windows are encoded however many
+interactive ones keep arriving. How long a forward waits to fill is the owner's call
+(``fill_wait_ms``, read before each forward), and so is whether one may start at all
+(``may_start``: a colocated worker holds windows back while its decoder has a queue, so encoded
+windows never pile up in GPU memory).
 
 A forward hands each window's outcome to its caller as soon as it has it, not when the batch is done:
 an encoder replica stages its windows one by one into staging that only a decoder's pull frees, and
@@ -24,7 +27,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from engine.types import Priority, is_promoted
+from engine.types import Priority, batch_places, is_promoted
 
 logger = logging.getLogger("ray.serve")
 
@@ -59,13 +62,15 @@ class WindowBatcher(Generic[Outcome]):
         fill_wait_ms: Callable[[], float],
         may_start: Callable[[], bool] = lambda: True,
         discard: Callable[[Outcome], None] = lambda outcome: None,
+        batch_share: float = 0.0,
     ):
         """``forward``: encodes a batch in a worker thread, yielding one outcome (or exception) per
         window in the batch's order, each handed on as it is yielded; ``discard``: frees an outcome
-        whose caller went away during its forward."""
+        whose caller went away during its forward; ``batch_share``: engine.batch_share."""
         self.forward = forward
         self.max_batch_size = max_batch_size
         self.batch_aging_s = batch_aging_s
+        self.batch_windows_owed = batch_places(max_batch_size, batch_share)
         self.fill_wait_ms = fill_wait_ms
         self.may_start = may_start
         self.discard = discard
@@ -186,13 +191,16 @@ class WindowBatcher(Generic[Outcome]):
                 break
 
     def _next_batch(self) -> list[QueuedWindow]:
-        """The oldest interactive (or aged batch) windows waiting, then the oldest batch ones."""
+        """The oldest interactive (or aged batch) windows waiting, less the places owed to batch
+        windows, then the oldest batch ones."""
         now = time.monotonic()
-
-        def rank(window: QueuedWindow) -> int:
-            return 0 if is_promoted(window.job.priority, now - window.arrived_s, self.batch_aging_s) else 1
-
-        batch = sorted(self._queue, key=rank)[: self.max_batch_size]  # a stable sort: arrival order in a rank
+        interactive, batch_work = [], []  # each in arrival order
+        for window in self._queue:
+            promoted = is_promoted(window.job.priority, now - window.arrived_s, self.batch_aging_s)
+            (interactive if promoted else batch_work).append(window)
+        owed = min(len(batch_work), self.batch_windows_owed)
+        batch = interactive[: self.max_batch_size - owed]
+        batch += batch_work[: self.max_batch_size - len(batch)]
         for window in batch:
             self._queue.remove(window)
         return batch

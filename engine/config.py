@@ -211,6 +211,17 @@ class EngineConfig(BaseModel):
         gt=0,
         description="a batch-priority window waiting this long is scheduled as interactive (no starvation)",
     )
+    batch_share: float = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="while interactive and batch-priority windows both wait, the share of the decoder's "
+        "sequence slots (max_num_seqs) and of each encoder forward's windows (encoder.max_batch_size) "
+        "that goes to the oldest batch work, rounded up to at least one but never all of them, so a long "
+        "file progresses under any interactive load; when only one class waits it takes everything "
+        "(batch work beyond its share still leaves interactive_reserved_seqs free). 0: batch work takes "
+        "only what interactive work leaves, and relies on batch_aging_s",
+    )
     kv_cache_dtype: Literal["auto", "fp8_e4m3"] = Field(
         "auto",
         description="dtype of the paged KV cache (self- and cross-attention blocks) and of the cross-K/V "

@@ -7,6 +7,7 @@ state (engine/decode/request.py) never leaves the engine.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal
@@ -79,9 +80,9 @@ class DecodeOptions:
 
 class Priority(str, enum.Enum):
     """Who waits for a request: a person (interactive) or a job (batch). Interactive work is
-    admitted first; batch work fills the capacity it leaves, and batch work that has waited
-    ``batch_aging_s`` to be admitted ranks as interactive, so a steady interactive stream cannot
-    starve it."""
+    admitted first; batch work fills the capacity it leaves, and is owed ``batch_share`` of it
+    while both wait (``batch_places``), so a long file progresses under any interactive load;
+    batch work that has waited ``batch_aging_s`` to be admitted ranks as interactive."""
 
     INTERACTIVE = "interactive"
     BATCH = "batch"
@@ -91,6 +92,19 @@ def is_promoted(priority: Priority, waited_s: float, batch_aging_s: float) -> bo
     """Whether a piece of work ranks as interactive now: it is, or it is batch work that has aged.
     One rule for the encoder's batches and the decoder's admissions."""
     return priority == Priority.INTERACTIVE or waited_s >= batch_aging_s
+
+
+def batch_places(capacity: int, batch_share: float) -> int:
+    """How many of ``capacity`` places (a decoder's sequence slots, an encoder forward's windows) the
+    oldest batch work is owed while interactive work waits too: ``batch_share`` of them rounded up,
+    so at least one when the share is above 0, but never all of them, so interactive work keeps a
+    place and its priority still means something. With one place there is nothing to share: batch
+    work then relies on ``batch_aging_s``. One rule for the encoder's batches and the decoder's
+    admissions."""
+    if batch_share <= 0 or capacity <= 1:
+        return 0
+    # Rounded first: a share times a capacity lands a hair above a whole number (0.1 * 70).
+    return min(capacity - 1, math.ceil(round(batch_share * capacity, 9)))
 
 
 class FinishReason(str, enum.Enum):

@@ -92,6 +92,7 @@ class DecoderEngine:
             config.max_num_batched_tokens,
             config.interactive_reserved_seqs,
             config.batch_aging_s,
+            batch_share=config.batch_share,
             eot=self.tokenizer.special.eot,
             n_text_ctx=dims.n_text_ctx,
             consecutive_cross_blocks=self.runner.backend.prefers_consecutive_blocks,

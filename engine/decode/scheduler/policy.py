@@ -9,17 +9,9 @@ in order (the next one waits for room rather than being overtaken, so large prom
 starve); every step runs every admitted request, so a short request never waits for a long one
 to finish.
 
-Priorities decide admission only; every admitted request runs at every step. The next request to
-admit is the oldest interactive one, or the oldest batch one when no interactive request waits.
-Batch work fills the capacity interactive work leaves: it is admitted only while
-``interactive_reserved_seqs`` sequence slots (and room in the pool for that many more requests of
-its size) stay free, so an interactive request arriving behind a batch backlog is admitted at the
-next step instead of waiting for batch windows to finish. A batch window that cannot be admitted
-waits holding nothing (no blocks, no slot; its K/V stays staged at the encoder), and once admitted
-it is never parked: a window that holds blocks and produces nothing costs the slots and memory
-interactive work could use and only lengthens its own latency. A batch request that has waited
-``batch_aging_s`` while no batch request runs ranks as interactive (so an interactive stream
-delays batch work by at most that long, never forever).
+Priorities decide which waiting request is admitted next (engine/decode/scheduler/admission.py:
+interactive first, batch work owed ``batch_share`` of the slots, reserved slots, aging); every
+admitted request runs at every step.
 
 A window decoded as several hypotheses (beams, or best-of samples: engine/decode/search/base.py)
 reserves one copy of its cross-attention blocks, the most hypotheses any of its attempts decodes
@@ -49,6 +41,7 @@ from dataclasses import dataclass
 
 from engine.decode.batch import Batch
 from engine.decode.request import Request, RequestStatus
+from engine.decode.scheduler.admission import Admission
 from engine.decode.scheduler.rows import LaunchedRows, StepRows
 from engine.decode.search.base import Search
 from engine.decode.search.beam import BeamSearch
@@ -57,7 +50,7 @@ from engine.decode.step.output import StepOutput
 from engine.errors import CacheFullError, RequestRejectedError
 from engine.kv.block_pool import BlockPool, RequestBlocks, blocks_needed
 from engine.kv.shared_blocks import BlockCopy
-from engine.types import FinishReason, Priority, is_promoted
+from engine.types import FinishReason, Priority
 
 NON_FINITE_LOGITS = "the model's activations overflowed on this window (its logits are not finite numbers)"
 
@@ -90,6 +83,7 @@ class Scheduler:
         max_num_batched_tokens: int,
         interactive_reserved_seqs: int = 0,
         batch_aging_s: float = 30.0,
+        batch_share: float = 0.0,
         eot: int | None = None,
         n_text_ctx: int = 448,
         clock: Callable[[], float] = time.monotonic,
@@ -113,8 +107,7 @@ class Scheduler:
         self.cross_blocks_per_request = blocks_needed(cross_tokens_per_request, pool.block_size)
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.interactive_reserved_seqs = interactive_reserved_seqs
-        self.batch_aging_s = batch_aging_s
+        self.admission = Admission(max_num_seqs, interactive_reserved_seqs, batch_aging_s, batch_share)
         self.waiting: list[Request] = []  # in arrival order
         self.running: list[Request] = []
         self.last_read_step = -1  # steps launched after it may still be on the device
@@ -167,9 +160,12 @@ class Scheduler:
         admitted: list[Request] = []
         now = self.clock()
         while self.waiting:
-            request = self._next_to_admit(now)
+            request = self.admission.next_to_admit(self.waiting, self.running, now)
             needed = self.blocks_for(request)
-            if not self._fits(request, needed, now) or len(request.pending_tokens) > budget:
+            if (
+                not self.admission.fits(request, needed, self.running, self.pool, now)
+                or len(request.pending_tokens) > budget
+            ):
                 break
             self.waiting.remove(request)
             self._allocate(request, needed)
@@ -221,29 +217,6 @@ class Scheduler:
         request.blocks.self_block_ids = []
         kind = BeamSearch if request.temperature == 0 else BestOfSamples
         request.search = kind(request, prompt_block_ids, self.pool.block_size, self.eot, self.n_text_ctx)
-
-    def _admits_as_interactive(self, request: Request, now: float) -> bool:
-        # Aging is against starvation: while batch requests are running, batch work makes progress
-        # and its waiting requests keep their rank (or a long backlog would age into interactive's).
-        if request.priority == Priority.BATCH and any(r.priority == Priority.BATCH for r in self.running):
-            return False
-        return is_promoted(request.priority, now - request.waiting_since_s, self.batch_aging_s)
-
-    def _next_to_admit(self, now: float) -> Request:
-        """The oldest request that ranks as interactive now, else the oldest (batch) one."""
-        for request in self.waiting:
-            if self._admits_as_interactive(request, now):
-                return request
-        return self.waiting[0]
-
-    def _fits(self, request: Request, needed_blocks: int, now: float) -> bool:
-        sequences = self.num_sequences + request.options.max_hypotheses
-        if self._admits_as_interactive(request, now):
-            return sequences <= self.max_num_seqs and self.pool.can_allocate(needed_blocks)
-        reserved = self.interactive_reserved_seqs
-        return sequences <= self.max_num_seqs - reserved and self.pool.can_allocate(
-            needed_blocks * (1 + reserved)
-        )
 
     def num_waiting_of(self, priority: Priority) -> int:
         return sum(1 for request in self.waiting if request.priority == priority)

@@ -218,7 +218,7 @@ def test_under_continuous_interactive_load_a_batch_window_holds_no_blocks_until_
 ):
     """Two interactive windows always wait for the engine's two slots. The batch window waits holding
     nothing, ranks as interactive once it has waited batch_aging_s, and then decodes at every step."""
-    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=0.5)
+    engine = engine_with(tiny_en, max_num_seqs=2, batch_aging_s=0.5, batch_share=0.0)  # aging alone
     engine.scheduler.clock = clock = FakeClock()
     step_s = 0.05
     batch = _submit(engine, cross_kvs[0], "batch", Priority.BATCH)
@@ -240,6 +240,49 @@ def test_under_continuous_interactive_load_a_batch_window_holds_no_blocks_until_
     running_steps = tokens_after_each_step[:-1]  # the last one is the step it finished in
     assert all(b > a for a, b in zip(running_steps, running_steps[1:])), "once admitted it runs every step"
     assert len(interactive) > 4 and engine.pool.num_used_blocks > 0, "interactive work went on meanwhile"
+
+
+def _file_steps_under_interactive_saturation(engine: DecoderEngine, cross_kvs, steps: int) -> list[int]:
+    """Four slots kept full of interactive windows (real clips, two more always waiting); after five
+    steps a long file's three windows arrive as batch work. Each step's count of the file's windows
+    that decoded a token, from the file's arrival."""
+    engine.scheduler.clock = FakeClock()  # aging never rescues the file here: time stands still
+    interactive, file_windows, decoded = [], [], []
+    for step in range(steps):
+        if step == 5:
+            file_windows = [_submit(engine, cross_kvs[i], f"file{i}", Priority.BATCH) for i in range(3)]
+        free_slots = 4 - len(engine.scheduler.running)
+        while sum(r.status == RequestStatus.WAITING for r in interactive) < free_slots + 2:  # not admitted
+            kv = cross_kvs[3 + len(interactive) % 13]
+            interactive.append(_submit(engine, kv, f"i{len(interactive)}", Priority.INTERACTIVE))
+        before = [window.num_computed_tokens for window in file_windows]
+        engine.step()
+        if file_windows:
+            decoded.append(sum(w.num_computed_tokens > b for w, b in zip(file_windows, before)))
+        if file_windows and all(window.finish_reason is not None for window in file_windows):
+            break
+    return decoded
+
+
+@pytest.mark.slow
+def test_under_interactive_saturation_a_long_files_windows_decode_at_no_less_than_batch_share(
+    tiny_en, cross_kvs
+):
+    engine = engine_with(tiny_en, max_num_seqs=4, batch_share=0.25)  # one slot of four
+    decoded = _file_steps_under_interactive_saturation(engine, cross_kvs, steps=400)
+    ramp = 20  # an interactive window's most tokens: by then a slot has freed up for the file
+    assert len(decoded) < 3 * 20 + ramp + 5, "the file finished, one window at a time beside the rest"
+    started = decoded.index(1)
+    assert started <= ramp and all(decoded[started:-1]), "from its first slot it decodes at every step"
+    assert sum(decoded) >= 0.25 * 4 * (len(decoded) - ramp)
+
+
+@pytest.mark.slow
+def test_with_no_batch_share_a_long_files_windows_wait_behind_interactive_saturation(tiny_en, cross_kvs):
+    engine = engine_with(tiny_en, max_num_seqs=4, batch_share=0.0)
+    # Past the ramp within which the share gave the file its slot.
+    decoded = _file_steps_under_interactive_saturation(engine, cross_kvs, steps=45)
+    assert len(decoded) == 40 and sum(decoded) == 0, "starved: only batch_aging_s would let it in"
 
 
 def test_block_pool_refuses_double_frees_and_over_allocation():

@@ -7,7 +7,7 @@ from engine.decode.request import Request, RequestStatus
 from engine.decode.scheduler import LaunchedRows, Scheduler
 from engine.decode.step.output import StepOutput
 from engine.kv.block_pool import BlockPool
-from engine.types import DecodeOptions, FinishReason, Priority
+from engine.types import DecodeOptions, FinishReason, Priority, batch_places
 from tests.support.clock import FakeClock
 
 BLOCK_SIZE = 16
@@ -201,3 +201,63 @@ def test_with_consecutive_cross_blocks_each_window_reads_one_run_of_blocks_after
     for request in list(scheduler.running):
         scheduler.finish(request, FinishReason.STOP)
     assert scheduler.pool.num_free_blocks == 12
+
+
+def _a_long_file_under_interactive_saturation(
+    batch_share: float, steps: int = 120
+) -> tuple[list[int], Request]:
+    """Ten slots kept full by interactive windows of 2 to 5 steps, two more always waiting; after
+    ten steps a long file's eight windows (six steps each) arrive as batch work. Aging never
+    rescues it here. Returns each step's batch rows from the file's arrival, and its last window."""
+    scheduler, clock = scheduler_with(
+        num_blocks=40, max_num_seqs=10, batch_aging_s=1e9, batch_share=batch_share
+    )
+    file_windows = [window(f"file{index}", Priority.BATCH) for index in range(8)]
+    steps_run: dict[str, int] = {}
+    batch_rows, sent = [], 0
+    for step in range(steps):
+        if step == 10:
+            for file_window in file_windows:
+                scheduler.add(file_window)
+        # Interactive work never lets up: enough for every free slot, and two more.
+        while scheduler.num_waiting_of(Priority.INTERACTIVE) < 10 - len(scheduler.running) + 2:
+            scheduler.add(window(f"i{sent}"))
+            sent += 1
+        ran = scheduler.schedule().batch
+        assert len(ran) == 10, "saturated: every slot runs a row at every step"
+        if step >= 10:
+            batch_rows.append(sum(request.priority == Priority.BATCH for request in ran))
+        for request in list(scheduler.running):
+            steps_run[request.request_id] = steps_run.get(request.request_id, 0) + 1
+            length = 6 if request.priority == Priority.BATCH else 2 + int(request.request_id[1:]) % 4
+            if steps_run[request.request_id] == length:
+                scheduler.finish(request, FinishReason.LENGTH)
+        clock.advance(0.1)
+    return batch_rows, file_windows[-1]
+
+
+def test_under_interactive_saturation_a_long_files_windows_keep_batch_share_of_every_steps_rows():
+    batch_rows, last_window = _a_long_file_under_interactive_saturation(batch_share=0.2)
+    owed = 2  # 0.2 of 10 slots
+    ramp = 5  # the longest interactive window: by then the slots it is owed have freed up
+    assert last_window.status == RequestStatus.FINISHED
+    finished_at = max(step for step, rows in enumerate(batch_rows) if rows) + 1
+    # Eight windows of six steps, two at a time, once the ramp is over: the share and no more.
+    assert finished_at <= ramp + 8 // owed * 6
+    assert all(rows == owed for rows in batch_rows[ramp : finished_at - 6]), batch_rows[:finished_at]
+    assert sum(batch_rows[:finished_at]) == 8 * 6
+    assert sum(batch_rows[:finished_at]) >= 0.2 * 10 * (finished_at - ramp)
+    assert batch_rows[finished_at:] == [0] * (len(batch_rows) - finished_at), "the file is done"
+
+
+def test_with_no_batch_share_a_long_file_starves_under_interactive_saturation():
+    """The same load with batch_share 0: interactive work takes every slot, the file never starts
+    (only batch_aging_s would rescue it), so the test above can fail."""
+    batch_rows, last_window = _a_long_file_under_interactive_saturation(batch_share=0.0)
+    assert sum(batch_rows) == 0 and last_window.status == RequestStatus.WAITING
+
+
+def test_batch_work_is_owed_its_share_of_slots_rounded_up_but_never_all_of_them():
+    assert [batch_places(10, share) for share in (0.0, 0.05, 0.1, 0.2, 0.25, 0.99)] == [0, 1, 1, 2, 3, 9]
+    assert batch_places(70, 0.1) == 7, "0.1 * 70 lands a hair above 7; it still rounds up to 7"
+    assert batch_places(1, 0.5) == 0, "one slot cannot be shared: batch work relies on aging there"
