@@ -162,7 +162,9 @@ def run_app(args, rates, schedules, audio, kinds, live_target_s) -> tuple[list[t
     url = args.url or start_default_app(benchmark_fields=bool(args.fixed_output_tokens))
     app = AppClient(url, args.api_key, fields, args.request_timeout_s)
     send = send_to_app(app, audio)
-    send(Arrival(0.0, SHORT, -1))  # warm-up: the first request pays for lazy start-up work
+    # Warm-up: the first request of each kind pays for lazy start-up work.
+    for kind in kinds:
+        send(Arrival(0.0, kind, -1))
     unloaded_s = measure_unloaded_p95_s(send, unloaded_short_arrivals(args.unloaded_requests, args.seed))
     print(f"short files unloaded p95: {unloaded_s:.3f} s", flush=True)
     targets = {
