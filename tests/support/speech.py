@@ -67,15 +67,21 @@ def wav_bytes(samples: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def dense_speech_file(duration_s: float = 85.0) -> bytes:
-    """The speech set's clips back to back with 0.3 s pauses: ~duration_s of continuous speech."""
-    pause = np.zeros(int(0.3 * SAMPLE_RATE), dtype=np.float32)
+def speech_tape(duration_s: float, pause_s: float = 0.3) -> np.ndarray:
+    """The speech set's clips up to 30 s back to back with pauses, over and over until at least
+    ``duration_s``: 16 kHz samples to cut files of any length from."""
+    clips = [load_audio_file(clip.path) for clip in short_english_clips()]
+    pause = np.zeros(int(pause_s * SAMPLE_RATE), dtype=np.float32)
     pieces, total = [], 0
-    clips = [clip for clip in load_manifest(SPEECH_DIR) if clip.text and clip.duration_s <= 30]
     while total < duration_s * SAMPLE_RATE:
-        for clip in clips:
-            pieces += [load_audio_file(clip.path), pause]
-            total += len(pieces[-2]) + len(pause)
+        for audio in clips:
+            pieces += [audio, pause]
+            total += len(audio) + len(pause)
             if total >= duration_s * SAMPLE_RATE:
                 break
-    return wav_bytes(np.concatenate(pieces))
+    return np.concatenate(pieces)
+
+
+def dense_speech_file(duration_s: float = 85.0) -> bytes:
+    """The speech set's clips back to back with 0.3 s pauses: ~duration_s of continuous speech."""
+    return wav_bytes(speech_tape(duration_s))
