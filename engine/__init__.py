@@ -31,7 +31,6 @@ _PUBLIC = {
     "N_SAMPLES": "engine.model.audio",
     "decode_audio": "engine.model.audio",
     "DecodeProcesses": "engine.model.decode_processes",
-    "DecodeProcessesBusy": "engine.model.decode_processes",
     "resample": "engine.model.audio",
     "g711_to_float": "engine.model.audio",
     "pcm16_to_float": "engine.model.audio",
