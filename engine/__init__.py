@@ -67,7 +67,8 @@ _PUBLIC = {
     "split_by_speaker": "engine.diarize.assignment",
     "speaker_at": "engine.diarize.assignment",
     "match_known_speakers": "engine.diarize.known_speakers",
-    "cosine_similarity": "engine.diarize.known_speakers",
+    "cosine_similarity": "engine.diarize.similarity",
+    "SESSION_TURN_THRESHOLD": "engine.diarize.similarity",
 }
 
 __all__ = sorted(_PUBLIC)
