@@ -25,6 +25,7 @@ _PUBLIC = {
     "DecoderEngine": "engine.decode.engine",
     "Transcriber": "engine.transcribe.offline",
     "Transcription": "engine.transcribe.windows",
+    "WindowTimeline": "engine.transcribe.windows",
     # What the serving side (deployments/) needs of the engine beyond the above, so that it reaches
     # the engine through this module only (tests/deployments/test_engine_boundary.py).
     "SAMPLE_RATE": "engine.model.audio",
