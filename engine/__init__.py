@@ -25,13 +25,13 @@ _PUBLIC = {
     "DecoderEngine": "engine.decode.engine",
     "Transcriber": "engine.transcribe.offline",
     "Transcription": "engine.transcribe.windows",
+    "WindowTimeline": "engine.transcribe.windows",
     # What the serving side (deployments/) needs of the engine beyond the above, so that it reaches
     # the engine through this module only (tests/deployments/test_engine_boundary.py).
     "SAMPLE_RATE": "engine.model.audio",
     "N_SAMPLES": "engine.model.audio",
     "decode_audio": "engine.model.audio",
     "DecodeProcesses": "engine.model.decode_processes",
-    "DecodeProcessesBusy": "engine.model.decode_processes",
     "resample": "engine.model.audio",
     "g711_to_float": "engine.model.audio",
     "pcm16_to_float": "engine.model.audio",
@@ -68,7 +68,8 @@ _PUBLIC = {
     "split_by_speaker": "engine.diarize.assignment",
     "speaker_at": "engine.diarize.assignment",
     "match_known_speakers": "engine.diarize.known_speakers",
-    "cosine_similarity": "engine.diarize.known_speakers",
+    "cosine_similarity": "engine.diarize.similarity",
+    "SESSION_TURN_THRESHOLD": "engine.diarize.similarity",
 }
 
 __all__ = sorted(_PUBLIC)

@@ -54,6 +54,19 @@ class RetriableError(EngineError, RuntimeError):
     such as a lost cross-attention K/V transfer. The HTTP layer retries or answers 503."""
 
 
+class NoRoomError(EngineError, RuntimeError):
+    """A bounded resource stayed full for the whole of a request's wait; ``what`` names it in words
+    that follow "room in" (the ingress answers 503 with them), ``waited_s`` is the wait."""
+
+    def __init__(self, what: str, waited_s: float):
+        super().__init__(f"waited {waited_s:g} s for room in {what}")
+        self.what = what
+        self.waited_s = waited_s
+
+    def __reduce__(self):
+        return type(self), (self.what, self.waited_s)
+
+
 class AudioTooLongError(EngineError, ValueError):
     """The audio is longer than the caller accepts: its header says so (``claimed``), or decoding
     produced more samples than allowed and was stopped there."""

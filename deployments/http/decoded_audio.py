@@ -18,14 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from engine import SAMPLE_RATE
-
-
-class DecodedAudioFull(Exception):
-    """No room for a request's samples within the wait."""
-
-    def __init__(self, waited_s: float):
-        super().__init__(waited_s)
-        self.waited_s = waited_s
+from engine.errors import NoRoomError
 
 
 class DecodedAudio:
@@ -45,14 +38,14 @@ class DecodedAudio:
 
     def hold(self, samples: int) -> None:
         """Take room for ``samples``, waiting up to ``wait_s`` for others to give theirs back;
-        raises DecodedAudioFull after. One request alone always fits (the config's validator keeps
+        raises NoRoomError after. One request alone always fits (the config's validator keeps
         http.max_decoded_audio_s at least http.max_audio_duration_s)."""
         deadline_s = self.clock() + self.wait_s
         with self._room:
             while self._held_samples + samples > self.max_samples and self._held_samples:
                 remaining_s = deadline_s - self.clock()
                 if remaining_s <= 0:
-                    raise DecodedAudioFull(self.wait_s)
+                    raise NoRoomError("the decoded audio this replica holds", self.wait_s)
                 self._room.wait(remaining_s)
             self._held_samples += samples
 

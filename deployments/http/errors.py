@@ -12,12 +12,11 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import BackPressureError
 from starlette.exceptions import HTTPException
 
-from deployments.http.decoded_audio import DecodedAudioFull
 from deployments.orchestration.pipeline import REPLICA_LOST
-from engine import DecodeProcessesBusy
 from engine.errors import (
     AudioDecodeError,
     AudioTooLongError,
+    NoRoomError,
     RequestRejectedError,
     RetriableError,
     WindowFailedError,
@@ -69,10 +68,11 @@ def model_not_found(model_id: str, served_ids: list[str]) -> APIError:
     return APIError(404, unknown_model_message(model_id, served_ids), param="model", code="model_not_found")
 
 
-def at_capacity() -> APIError:
+def at_capacity(why: str = "The server is at capacity") -> APIError:
+    """OpenAI's 503 for a server too busy to take the request now, ``why`` saying what was full."""
     return APIError(
         503,
-        "The server is at capacity; retry shortly.",
+        f"{why}; retry shortly.",
         code="overloaded",
         error_type="server_overloaded",
         retry_after_s=1,
@@ -97,22 +97,9 @@ def api_error_of(error: Exception) -> APIError:
         return APIError(400, str(error), param=error.param, code="invalid_request")
     if isinstance(error, (BackPressureError, StagingFullError)):
         return at_capacity()
-    if isinstance(error, DecodedAudioFull):
-        return APIError(
-            503,
-            f"The server holds as much decoded audio as it may and none came free within "
-            f"{error.waited_s:g} s; retry shortly.",
-            code="overloaded",
-            error_type="server_overloaded",
-            retry_after_s=1,
-        )
-    if isinstance(error, DecodeProcessesBusy):
-        return APIError(
-            503,
-            f"Every audio decoding process stayed busy for {error.waited_s:g} s; retry shortly.",
-            code="overloaded",
-            error_type="server_overloaded",
-            retry_after_s=1,
+    if isinstance(error, NoRoomError):
+        return at_capacity(
+            f"The server waited {error.waited_s:g} s for room in {error.what} and none came free"
         )
     if isinstance(error, WindowFailedError):  # logged where it happened, with its window
         return APIError(

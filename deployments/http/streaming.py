@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 from deployments.http.errors import api_error_of
 from deployments.http.formats import diarized_segment, duration_usage, languages_of, logprobs_of_windows
-from deployments.http.segments import Segment, segments_of
+from deployments.http.segments import Segment, window_segments
 from deployments.http.speakers import Speakers
-from engine import LongFormCursor
+from engine import LongFormCursor, WindowTimeline
 from engine.types import DecodeResult
 
 
@@ -66,15 +66,22 @@ async def transcription_events(
     """The events of ``results``, the windows of ``cursor`` as they are decoded. ``finished`` is
     told, once, the status the stream ended with and the seconds of audio it transcribed.
     ``speakers``: the recording's diarization under way; its segment events wait for it."""
-    texts: list[str] = []
-    streamed = ""
+    streamed_any = False  # a delta has gone out: leading spaces of the text are behind us
+    held_back = ""  # trailing spaces not sent yet: the final text is stripped at both ends
     unsent_logprobs: list[dict] = []  # of windows whose text added nothing to show yet
+    # Decoded windows whose segments are not sent yet, each with where its audio lies in the file:
+    # each window's segments are made once, so a long file's stream costs what its windows cost.
+    unsent_windows: list[tuple[DecodeResult, WindowTimeline]] = []
+    windows_decoded = 0
     segments_sent = 0  # transcript segments sent (diarized: cut into this many or more events)
     events_sent = 0
 
     def segment_events() -> list[str]:
         nonlocal segments_sent, events_sent
-        segments = segments_of(cursor.transcription())[segments_sent:]
+        segments: list[Segment] = []
+        for window, timeline in unsent_windows:
+            segments.extend(window_segments(window, timeline, first_id=segments_sent + len(segments)))
+        unsent_windows.clear()
         segments_sent += len(segments)
         if speakers is None:
             return [sse(segment_event(segment, contents.words)) for segment in segments]
@@ -84,18 +91,20 @@ async def transcription_events(
 
     try:
         async for result in results:
-            texts.append(result.text)
+            unsent_windows.append((result, cursor.window_timeline(windows_decoded)))
+            windows_decoded += 1
             if contents.logprobs:
                 unsent_logprobs.extend(logprobs_of_windows([result]))
-            # The final text is the windows' text stripped at both ends; holding back trailing
-            # spaces keeps every delta a piece of it.
-            shown = "".join(texts).strip()
-            if len(shown) > len(streamed):
-                delta = {"type": "transcript.text.delta", "delta": shown[len(streamed) :]}
+            # The final text is the windows' text stripped at both ends; holding back leading and
+            # trailing spaces keeps every delta a piece of it.
+            held_back += result.text if streamed_any else result.text.lstrip()
+            new_text = held_back.rstrip()
+            if new_text:
+                delta = {"type": "transcript.text.delta", "delta": new_text}
                 if contents.logprobs:
                     delta["logprobs"], unsent_logprobs = unsent_logprobs, []
                 yield sse(delta)
-                streamed = shown
+                streamed_any, held_back = True, held_back[len(new_text) :]
             if contents.segments and (speakers is None or speakers.done()):
                 for event in segment_events():
                     yield event

@@ -10,17 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine import cosine_similarity
-
-# Below the threshold that names known speakers in file requests (engine/diarize/known_speakers.py):
-# a turn of a few seconds gives a noisier voice than a whole recording's speaker centroid, so one
-# person's turns score lower against each other, while two people's stay far below either
-# (docs/diarization.md has the measurements).
-TURN_MATCH_THRESHOLD = 0.6
+from engine import SESSION_TURN_THRESHOLD, cosine_similarity
 
 
 class SessionSpeakers:
-    def __init__(self, threshold: float = TURN_MATCH_THRESHOLD):
+    def __init__(self, threshold: float = SESSION_TURN_THRESHOLD):
         self.threshold = threshold
         self._centroids: list[np.ndarray] = []  # by speaker index, in order of appearance
         self._turns: list[int] = []  # turns matched to each speaker

@@ -10,20 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-# Cosine similarity of CAM++ voices: one person's centroids score well above it, two people's
-# (even two of espeak's voices) below (docs/diarization.md has the measurements).
-DEFAULT_MATCH_THRESHOLD = 0.75
-
-
-def cosine_similarity(a: np.ndarray, b: np.ndarray) -> float:
-    norm = float(np.linalg.norm(a) * np.linalg.norm(b))
-    return float(np.dot(a, b) / norm) if norm > 0 else 0.0
+from engine.diarize.similarity import KNOWN_SPEAKER_THRESHOLD, cosine_similarity
 
 
 def match_known_speakers(
     centroids: dict[int, np.ndarray],
     references: dict[str, np.ndarray],
-    threshold: float = DEFAULT_MATCH_THRESHOLD,
+    threshold: float = KNOWN_SPEAKER_THRESHOLD,
 ) -> dict[int, str]:
     """Speaker -> the name of the reference it matches; unmatched speakers are left out."""
     pairs = sorted(

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import AudioDecodeError, EngineError
+from engine.errors import AudioDecodeError, EngineError, NoRoomError
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +44,6 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 # Samples per message from a worker: large enough that a message's own cost is lost in its copy,
 # small enough that joining a batch's pieces costs the worker no memory worth counting.
 _BATCH_SAMPLES = 2**18
-
-
-class DecodeProcessesBusy(Exception):
-    """Every decoding process stayed busy for the wait."""
-
-    def __init__(self, waited_s: float):
-        super().__init__(waited_s)
-        self.waited_s = waited_s
 
 
 @dataclass(frozen=True)
@@ -131,7 +123,7 @@ class _Worker:
 
 class DecodeProcesses:
     """``processes`` persistent workers; ``decode`` takes an idle one (waiting up to ``wait_s`` for
-    one when all are busy, then raising DecodeProcessesBusy; None: as long as it takes), so at most
+    one when all are busy, then raising NoRoomError; None: as long as it takes), so at most
     ``processes`` uploads decode at once."""
 
     def __init__(self, processes: int, wait_s: float | None = None):
@@ -161,7 +153,7 @@ class DecodeProcesses:
         try:
             worker = self._idle.get(timeout=self.wait_s)
         except queue.Empty:
-            raise DecodeProcessesBusy(self.wait_s) from None
+            raise NoRoomError("the audio decoding processes", self.wait_s) from None
         if (
             worker.process.poll() is not None
         ):  # died while idle (killed from outside): not this upload's doing

@@ -177,6 +177,11 @@ class LongFormCursor(ABC):
         """Record a window's result; returns the result as it enters the transcript."""
 
     @abstractmethod
+    def window_timeline(self, index: int) -> WindowTimeline:
+        """Where the audio of accepted window ``index`` lies in the file (as ``accept`` recorded
+        it): a window's place without assembling the whole transcript."""
+
+    @abstractmethod
     def transcription(self) -> Transcription:
         """The transcript of the windows accepted so far."""
 
@@ -204,6 +209,11 @@ class ParallelCursor(LongFormCursor):
             raise ValueError("a parallel cursor takes its windows' results in window order")
         self.results.append(result)
         return result
+
+    def window_timeline(self, index: int) -> WindowTimeline:
+        if index >= len(self.results):
+            raise IndexError(f"window {index} has no result accepted yet")
+        return self.windows[index].timeline
 
     def transcription(self) -> Transcription:
         return assemble_transcription(self.samples, self.windows[: len(self.results)], self.results)
@@ -275,6 +285,9 @@ class SequentialCursor(LongFormCursor):
             # The decoder keeps at most half its context of previous tokens; this is more than that.
             self._previous_tokens = (self._previous_tokens + result.tokens)[-MAX_PREVIOUS_TOKENS:]
         return result
+
+    def window_timeline(self, index: int) -> WindowTimeline:
+        return self.windows[index].timeline
 
     def transcription(self) -> Transcription:
         return assemble_transcription(self.samples, self.windows, self.results)

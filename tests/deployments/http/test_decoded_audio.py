@@ -11,7 +11,8 @@ import time
 import numpy as np
 import pytest
 
-from deployments.http.decoded_audio import DecodedAudio, DecodedAudioFull
+from deployments.http.decoded_audio import DecodedAudio
+from engine.errors import NoRoomError
 from engine.model.decode_processes import DecodeProcesses
 from engine.model.ffmpeg import SAMPLE_RATE, decode_audio
 from tests.support.speech import SPEECH_DIR
@@ -29,7 +30,7 @@ def test_a_request_waits_for_room_that_another_gives_back():
 def test_a_request_is_refused_when_no_room_comes_within_its_wait():
     budget = DecodedAudio(max_seconds=10, wait_s=0.2)
     budget.hold(8 * SAMPLE_RATE)
-    with pytest.raises(DecodedAudioFull):
+    with pytest.raises(NoRoomError):
         budget.hold(5 * SAMPLE_RATE)
     assert budget.held_s == 8
 
@@ -58,10 +59,10 @@ def test_room_is_taken_before_the_samples_cross_and_a_refusal_leaves_the_pool_wo
         assert told == [expected.size] and np.array_equal(samples, expected)
 
         def refuse(count: int) -> None:
-            raise DecodedAudioFull(0.0)
+            raise NoRoomError("the decoded audio this replica holds", 0.0)
 
         (first,) = pool.pids
-        with pytest.raises(DecodedAudioFull):
+        with pytest.raises(NoRoomError):
             pool.decode(jfk, hold=refuse)
         assert pool.pids != [first]  # the worker held the refused samples: it is replaced
         assert np.array_equal(pool.decode(jfk), expected)

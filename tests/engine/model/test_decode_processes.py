@@ -14,8 +14,8 @@ import numpy as np
 import psutil
 import pytest
 
-from engine.errors import AudioDecodeError, AudioTooLongError
-from engine.model.decode_processes import DecodeProcesses, DecodeProcessesBusy
+from engine.errors import AudioDecodeError, AudioTooLongError, NoRoomError
+from engine.model.decode_processes import DecodeProcesses
 from engine.model.ffmpeg import SAMPLE_RATE, decode_audio
 from tests.support.encoding import UploadFormat, encode_channels
 from tests.support.speech import SPEECH_DIR
@@ -81,7 +81,7 @@ def test_an_upload_waits_for_an_idle_worker_at_most_the_pools_wait():
     try:
         time.sleep(0.2)  # the holder has the one worker
         started = time.monotonic()
-        with pytest.raises(DecodeProcessesBusy):
+        with pytest.raises(NoRoomError):
             pool.decode(JFK)
         assert 0.2 <= time.monotonic() - started < 2
     finally:
