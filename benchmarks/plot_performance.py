@@ -166,11 +166,20 @@ def offline_cpu(results_dir: Path, images_dir: Path) -> list[str]:
     rows = record["rows"]
     int8 = {row["in_flight"]: row["rtfx"] for row in rows if row["system"] == "faster-whisper int8"}
     lines += table(
-        ["system", "in flight", "wall s", "RTFx (audio s / wall s)", "/ faster-whisper int8", "WER"],
+        [
+            "system",
+            "in flight",
+            "start-up s",
+            "wall s",
+            "RTFx (audio s / wall s)",
+            "/ faster-whisper int8",
+            "WER",
+        ],
         [
             [
                 r["system"],
                 r["in_flight"],
+                r.get("startup_s", ""),
                 r["wall_s"],
                 r["rtfx"],
                 f"{r['rtfx'] / int8[r['in_flight']]:.2f}x",
@@ -181,16 +190,17 @@ def offline_cpu(results_dir: Path, images_dir: Path) -> list[str]:
     )
     systems = list(dict.fromkeys(row["system"] for row in rows))
     figure, axis = plt.subplots(figsize=(8, 3.6))
-    width = 0.2
+    width = 0.8 / len(systems)
     for index, system in enumerate(systems):
         values = [
             next(r["rtfx"] for r in rows if r["system"] == system and r["in_flight"] == n) for n in (1, 16)
         ]
         color = (PEER if "int8" in system else "#ffbb78") if "faster" in system else None
-        color = color or (OURS if "bfloat16" in system else "#aec7e8")
-        bars = axis.bar(
-            [x + (index - 1.5) * width for x in range(2)], values, width, label=system, color=color
+        color = color or (
+            OURS if system.endswith("bfloat16)") else "#6baed6" if "bfloat16" in system else "#aec7e8"
         )
+        offset = (index - (len(systems) - 1) / 2) * width
+        bars = axis.bar([x + offset for x in range(2)], values, width, label=system, color=color)
         bar_labels(axis, bars, "{:.1f}")
     axis.set_xticks(range(2), ["one request at a time", "16 in flight"])
     axis.set_ylabel("RTFx (audio s / wall s)")
