@@ -189,6 +189,48 @@ def encoder_speed(cpu_dtypes: list[str], repeats: int = 5) -> str:
     return markdown_table(["windows", *cpu_dtypes], rows)
 
 
+def ctranslate2_int8_against_float32(clips) -> str:
+    """faster-whisper (CTranslate2) on the same tiny.en weights in float32 and in int8 (per-channel
+    weight scales, int8 activations): how many of its own float32 transcripts its int8 keeps, the
+    measure the default's rule applies to ours."""
+    import numpy as np
+    from faster_whisper import WhisperModel
+
+    from engine.model.weights import resolve_model_folder
+
+    audio, references, texts = samples_of(clips), [clip.text for clip in clips], {}
+    for compute_type in ("float32", "int8"):
+        model = WhisperModel(str(resolve_model_folder("tiny.en")), device="cpu", compute_type=compute_type)
+        texts[compute_type] = [
+            "".join(
+                segment.text
+                for segment in model.transcribe(
+                    np.asarray(samples, dtype=np.float32),
+                    language="en",
+                    beam_size=1,
+                    temperature=0.0,
+                    without_timestamps=True,
+                    condition_on_previous_text=False,
+                )[0]
+            ).strip()
+            for samples in audio
+        ]
+    identical = sum(a == b for a, b in zip(texts["float32"], texts["int8"]))
+    rows = [
+        [
+            "faster-whisper float32",
+            f"{word_error_rate(references, texts['float32']):.2%}",
+            f"{len(clips)}/{len(clips)}",
+        ],
+        [
+            "faster-whisper int8",
+            f"{word_error_rate(references, texts['int8']):.2%}",
+            f"{identical}/{len(clips)}",
+        ],
+    ]
+    return markdown_table(["system", "WER", "identical to its float32"], rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -208,9 +250,21 @@ def main() -> None:
         action="store_true",
         help="instead: time the encoder under each engine.cpu_dtype (float32, bfloat16-products, bfloat16)",
     )
+    parser.add_argument(
+        "--ctranslate2-sample",
+        type=int,
+        metavar="N",
+        help="instead: how many of faster-whisper's float32 transcripts its int8 keeps, on N clips",
+    )
     parser.add_argument("--record", action="store_true", help="append the table to the results log")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.ctranslate2_sample:
+        table = ctranslate2_int8_against_float32(sample_of(broad_clips(), args.ctranslate2_sample))
+        print(table)
+        if args.record:
+            record("faster-whisper int8 against its float32 (bench_cpu_precision.py)", table)
+        return
     if args.encoder_speed:
         table = encoder_speed(["float32", "bfloat16-products", "bfloat16"])
         print(table)
