@@ -30,6 +30,7 @@ _PUBLIC = {
     # the engine through this module only (tests/deployments/test_engine_boundary.py).
     "SAMPLE_RATE": "engine.model.audio",
     "N_SAMPLES": "engine.model.audio",
+    "CHUNK_LENGTH_S": "engine.model.audio",
     "decode_audio": "engine.model.audio",
     "DecodeProcesses": "engine.model.decode_processes",
     "resample": "engine.model.audio",

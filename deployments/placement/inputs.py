@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from deployments.config import validation_problems
-from engine.model.audio import CHUNK_LENGTH_S
+from engine import CHUNK_LENGTH_S
 
 
 class PlanInputError(ValueError):
