@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.recording import markdown_table, record  # noqa: E402
 from engine.config import EngineConfig  # noqa: E402
 from engine.model import cpu_attention  # noqa: E402
-from engine.model.bf16_products import ENCODER_LAYER_PRODUCTS, Bf16ProductLinear  # noqa: E402
+from engine.model.bf16_products import ENCODER_LAYER_PRODUCTS, products_in_bf16  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from engine.transcribe.evaluation import word_error_rate  # noqa: E402
 from engine.transcribe.offline import Transcriber  # noqa: E402
@@ -114,11 +114,7 @@ def bf16_products_except(
         for index, layer in enumerate(encoder.layers):
             if index in [i % len(encoder.layers) for i in layers]:
                 continue
-            for name in ENCODER_LAYER_PRODUCTS:
-                if name not in products:
-                    parent_name, _, child = name.rpartition(".")
-                    parent = layer.get_submodule(parent_name) if parent_name else layer
-                    setattr(parent, child, Bf16ProductLinear(getattr(parent, child)))
+            products_in_bf16(layer, tuple(name for name in ENCODER_LAYER_PRODUCTS if name not in products))
             layer.attention_by_products = True
             layer.attention_scores_dtype = torch.float32 if scores_in_float32 else None
         return loaded

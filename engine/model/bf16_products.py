@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model.submodules import replace_submodules
+
 # Each encoder layer's products, as paths under the layer.
 ENCODER_LAYER_PRODUCTS = ("qkv", "attn_out", "mlp.fc1", "mlp.fc2")
 
@@ -34,9 +36,6 @@ class Bf16ProductLinear(nn.Module):
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias)
 
 
-def products_in_bf16(layer: nn.Module) -> None:
-    """Replace the products of an encoder layer (ENCODER_LAYER_PRODUCTS) by Bf16ProductLinear."""
-    for name in ENCODER_LAYER_PRODUCTS:
-        parent_name, _, child = name.rpartition(".")
-        parent = layer.get_submodule(parent_name) if parent_name else layer
-        setattr(parent, child, Bf16ProductLinear(getattr(parent, child)))
+def products_in_bf16(layer: nn.Module, products: tuple[str, ...] = ENCODER_LAYER_PRODUCTS) -> None:
+    """Replace the products of an encoder layer named in ``products`` by Bf16ProductLinear."""
+    replace_submodules(layer, products, Bf16ProductLinear)

@@ -26,6 +26,8 @@ import functools
 import torch
 from torch import nn
 
+from engine.model.submodules import replace_submodules
+
 E4M3 = torch.float8_e4m3fn
 E4M3_MAX = torch.finfo(E4M3).max
 # A channel or token of zeros would divide by zero; any scale decodes zeros to zeros.
@@ -110,8 +112,4 @@ class Fp8Linear(nn.Module):
 def quantize_linears(module: nn.Module, names: list[str]) -> int:
     """Replace the ``nn.Linear`` children of ``module`` named in ``names`` (dotted paths) by
     Fp8Linear, freeing their 16-bit weights; returns how many were replaced."""
-    for name in names:
-        parent_name, _, child = name.rpartition(".")
-        parent = module.get_submodule(parent_name) if parent_name else module
-        setattr(parent, child, Fp8Linear(getattr(parent, child)))
-    return len(names)
+    return replace_submodules(module, names, Fp8Linear)

@@ -20,7 +20,7 @@ from engine.kernels.fused_norm import add_layer_norm_quantize_rows_op, layer_nor
 from engine.kernels.quantize_rows import gelu_quantize_rows_op, quantize_rows_op
 from engine.kernels.small_products import FoldedNorm, KVSlots
 from engine.kv.storage import PagedKVStorage
-from engine.model.bf16_products import products_in_bf16
+from engine.model.bf16_products import ENCODER_LAYER_PRODUCTS, products_in_bf16
 from engine.model.cpu_attention import attention_by_products
 from engine.model.fp8 import Fp8Linear, quantize_linears
 from engine.model.sublayers import SmallRowsSublayers, Sublayers, norm_params
@@ -164,7 +164,7 @@ class AudioEncoder(nn.Module):
         through EncoderLayer.forward_fp8, whose kernels fuse every quantization into the pass
         before it; elsewhere each is an operation of its own."""
         for layer in self.layers:
-            quantize_linears(layer, ["qkv", "attn_out", "mlp.fc1", "mlp.fc2"])
+            quantize_linears(layer, list(ENCODER_LAYER_PRODUCTS))
             layer.mlp.fused_gelu = True  # the tanh form
         self.fp8_kernels = self.norm.weight.is_cuda and triton_available()
 
