@@ -74,6 +74,8 @@ class WindowBatcher(Generic[Outcome]):
         self.fill_wait_ms = fill_wait_ms
         self.may_start = may_start
         self.discard = discard
+        # Counted as they happen, so a caller that has its outcome finds its window counted: a
+        # forward counts when it starts, a window when its outcome is handed on.
         self.windows_encoded = 0
         self.batches = 0
         self.last_batch_size = 0
@@ -124,6 +126,8 @@ class WindowBatcher(Generic[Outcome]):
 
     async def _forward(self, batch: list[QueuedWindow]) -> None:
         self._in_forward = len(batch)
+        self.batches += 1
+        self.last_batch_size = len(batch)
         started = time.monotonic()
         self.queued_s += sum(started - window.arrived_s for window in batch)
         loop = asyncio.get_running_loop()
@@ -133,6 +137,7 @@ class WindowBatcher(Generic[Outcome]):
             nonlocal handed_on
             handed_on += 1
             self._in_forward -= 1
+            self.windows_encoded += 1
             self.window_forward_s += time.monotonic() - started
             self._settle(window, outcome)
 
@@ -152,9 +157,6 @@ class WindowBatcher(Generic[Outcome]):
         for window in batch[handed_on:]:
             left_out = RuntimeError(f"the encoder's forward gave no outcome for {window.job.request_id}")
             hand_on(window, failure or left_out)
-        self.windows_encoded += len(batch)
-        self.batches += 1
-        self.last_batch_size = len(batch)
 
     def _forward_on_worker(
         self, batch: list[QueuedWindow], hand_on: Callable[[QueuedWindow, Outcome | Exception], None]

@@ -109,10 +109,7 @@ def test_an_encoder_batch_larger_than_its_staging_is_staged_whole_while_a_decode
         unpulled = await asyncio.wait_for(
             asyncio.gather(*(deployment.encode(job) for job in _jobs(held + 1)), return_exceptions=True), 60
         )
-        for _ in range(100):  # a forward's count follows its last hand-over
-            if deployment.batcher.windows_encoded == 8 + held + 1:
-                break
-            await asyncio.sleep(0.05)
+        assert deployment.batcher.windows_encoded == 8 + held + 1  # counted as handed on
         return pulled, deployment.batcher.batches, unpulled
 
     try:
