@@ -4,13 +4,15 @@ each kind judged against its own latency target. Prints, per rate and kind: sent
 by status, p50/p95 latency, the target and whether it was met; the goodput (the highest rate at
 which every kind met its target); and where the time went at each rate (the app's counters at
 /metrics). With --engine-alone it also plays the same file arrivals on the engine in this process
-(no app) and prints the app/engine goodput ratio. --record appends the tables to
-benchmarks/RESULTS.md and writes benchmarks/results/goodput.json.
+(no app) and prints the app/engine goodput ratio; where the app must be stopped first (one GPU),
+--out keeps the app's figures and a second run with --skip-app --app-result reads them. --record
+appends the tables to benchmarks/RESULTS.md and writes benchmarks/results/goodput.json.
 
     python benchmarks/bench_goodput.py --rates 0.5,1,2 --duration-s 120
         [--live-share 0.4 --short-share 0.4 --long-share 0.2] [--short-s 2,15] [--long-s 60,600]
         [--live-target-s 0.5] [--short-target-factor 2] [--fixed-output-tokens N]
-        [--engine-alone tiny.en] [--url http://host:8000 --api-key KEY] [--record]
+        [--engine-alone tiny.en] [--url http://host:8000 --api-key KEY] [--record] [--out run.json]
+    python benchmarks/bench_goodput.py --skip-app --engine-alone MODEL --app-result run.json ...
 
 Targets: a live turn's final text (from the end of its audio to its completed event) p95 within
 --live-target-s (0.5 s where this machine has a GPU, 1.5 s otherwise); short files p95 within
@@ -27,6 +29,7 @@ bench_load.py does, unless --url points at a running one; --fixed-output-tokens 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -221,7 +224,8 @@ def run_engine_alone(args, rates, schedules, audio, kinds, app_metrics) -> tuple
         if args.fixed_output_tokens
         else DecodeOptions(fallback=FallbackOptions())
     )
-    with Transcriber(EngineConfig(model=args.engine_alone)) as transcriber:
+    settings = json.loads(args.engine_settings)  # as the app's engine section sets them (its sizes)
+    with Transcriber(EngineConfig(model=args.engine_alone, **settings)) as transcriber:
         play_on_engine(transcriber, [Arrival(0.0, SHORT, -1)], audio, options)  # warm-up
         unloaded = [
             latency
@@ -286,6 +290,8 @@ def main() -> None:
         tables += app_tables
         for title, table in app_tables:
             print(f"\n### {title}\n\n{table}", flush=True)
+    if args.app_result:
+        metrics["app"] = json.loads(Path(args.app_result).read_text())["app"]
     if args.engine_alone:
         engine_tables, metrics["engine"] = run_engine_alone(
             args, rates, schedules, audio, kinds, metrics.get("app")
@@ -293,6 +299,8 @@ def main() -> None:
         tables += engine_tables
         for title, table in engine_tables:
             print(f"\n### {title}\n\n{table}", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(metrics, indent=1))
     if args.record:
         record(
             "Goodput under an open-loop mixed load (bench_goodput.py)",
@@ -329,8 +337,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--engine-alone", metavar="MODEL", help="also play the file arrivals on this model's engine here"
     )
+    parser.add_argument(
+        "--engine-settings", default="{}", help="JSON: the engine-alone EngineConfig's other fields"
+    )
     parser.add_argument("--skip-app", action="store_true", help="with --engine-alone: the engine only")
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--out", help="also write the figures as JSON here")
+    parser.add_argument(
+        "--app-result", help="with --skip-app: an earlier run's --out, for the app/engine ratio"
+    )
     args = parser.parse_args()
     if args.skip_app and not args.engine_alone:
         parser.error("--skip-app leaves nothing to measure without --engine-alone MODEL")

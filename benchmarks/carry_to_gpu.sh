@@ -1,27 +1,26 @@
 #!/usr/bin/env bash
-# Packs what the lent GPU machine lacks beyond ../shared/gpu's bundles (.gpu) into parts that fit
-# one call each (a call carries at most 64 MiB with the working tree): the real tiny.en and base
-# weights (for tests/engine/test_gpu_real_weights.py) and the
-# wheels the app's ingress and the realtime benchmark need there (PyAV below 19, onnxruntime,
-# silero-vad, the openai client and its httpx2 stack).
+# Packs what the lent GPU machine lacks into parts that each fit one call beside the working tree (a
+# call carries at most 64 MiB in all, the tree included): ../shared/gpu's bundles (.gpu: ray, nixl,
+# their wheels, the tokenizers) unless BUNDLES=0, the real tiny.en and base weights (for
+# tests/engine/test_gpu_real_weights.py) unless WEIGHTS=0, and the wheels the app's ingress and the
+# load benchmarks need there (PyAV below 19, onnxruntime, silero-vad, the openai client and its
+# httpx2 stack).
 #
 #   bash benchmarks/carry_to_gpu.sh            # here, once: writes .gpu-w/p00 .. p0N (git-ignored)
-#   WEIGHTS=0 WHEELS="av>=12,<19" bash benchmarks/carry_to_gpu.sh   # the app on random weights needs only
-#                                               # PyAV: one part, carried with the run itself
+#   WEIGHTS=0 bash benchmarks/carry_to_gpu.sh  # the app on random weights: no real weights
 #
 # Then on the GPU machine, calls back to back (it goes back ~30 s after a call ends, and /tmp with it):
-#   1. carry [".gpu"]:   source .gpu/install.sh; cp benchmarks/gpu_env.sh /tmp/
-#                        mkdir -p /tmp/mini /tmp/parts /tmp/w
-#                        for f in .gpu/mini/*.xz; do xz -dc $f > /tmp/mini/$(basename ${f%.xz}); done
-#   2. carry [".gpu-w/p00"], then p01, ...:   cp .gpu-w/p0K/* /tmp/parts/
-#   3. after the last part:   cat /tmp/parts/part.* | tar -x -C /tmp/w
-#        python3 -m pip install -q --no-index --no-deps --target /tmp/site --upgrade /tmp/w/whl/*.whl
-#        source /tmp/gpu_env.sh   # the weights are then /tmp/w/tiny and /tmp/w/base
-# (benchmarks/gpu_env.sh: PYTHONPATH, UCX and the WHISPER_DISAGG_* variables the tests read.)
+#   1. carry [".gpu-w/p00"], then p01, ...:   bash benchmarks/gpu_env.sh take .gpu-w/p0K
+#   2. every later call starts with:          source benchmarks/gpu_env.sh
+#      (the first time it joins the parts and installs into /tmp/site; then the weights are
+#      /tmp/w/tiny and /tmp/w/base, and PYTHONPATH, UCX and the WHISPER_DISAGG_* variables the
+#      tests read are set).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-PART_BYTES=${PART_BYTES:-58800000}  # + the working tree (~5 MB) stays under 64 MiB
+# What a call may carry beside the tree (tracked and untracked files git does not ignore), less 1 MB.
+tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+PART_BYTES=${PART_BYTES:-$(( 64 * 1024 * 1024 - tree_bytes - 1000000 ))}
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/tiny" "$stage/base" "$stage/whl"
@@ -35,7 +34,12 @@ download() {
 }
 # shellcheck disable=SC2086
 download ${WHEELS:-"av>=12,<19" onnxruntime silero-vad openai jiter distro tqdm sniffio anyio httpx2 httpcore2 truststore idna h11}
-tar -cf "$stage/all.tar" -C "$stage" tiny base whl
+parts=(tiny base whl)
+if [[ "${BUNDLES:-1}" == 1 ]]; then
+  test -f .gpu/install.sh || { echo "no .gpu: make it first (../shared/gpu/README.md)"; exit 1; }
+  cp -r .gpu "$stage/gpu" && parts+=(gpu)
+fi
+tar -cf "$stage/all.tar" -C "$stage" "${parts[@]}"
 rm -rf .gpu-w && mkdir -p .gpu-w
 split -b "$PART_BYTES" -d "$stage/all.tar" .gpu-w/part.
 for part in .gpu-w/part.*; do

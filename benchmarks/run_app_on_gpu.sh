@@ -15,6 +15,9 @@
 #     bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
 #     bash benchmarks/run_app_on_gpu.sh
+#   TOKENIZER=... MODEL=large-v3-turbo GOODPUT_RATES=4,8,16 [GOODPUT_TOKENS=64] [REALTIME_TOKENS=32] \
+#     [GOODPUT_ARGS="--live-share 0.7 --short-share 0.2 --long-share 0.1"] [ENGINE_ALONE=1] \
+#     bash benchmarks/run_app_on_gpu.sh
 #
 # Prints the time from `serve run` to /ready (a warm-up window through encoder, NIXL and decoder)
 # and the first request's latency after it, then bench_load's table for each client count in
@@ -24,14 +27,18 @@
 # from /metrics, and, with the app stopped, the engine alone on the same weights at the same
 # concurrencies (benchmarks/engine_alone.py). With REALTIME_STREAMS set, instead: live streams at
 # real-time pace on /v1/realtime (benchmarks/bench_realtime.py), every pass decoding REALTIME_TOKENS
-# tokens (random weights never stop on their own; realtime.fixed_output_tokens).
+# tokens (random weights never stop on their own; realtime.fixed_output_tokens). With GOODPUT_RATES
+# set, instead: benchmarks/bench_goodput.py's open-loop mixed load at those arrival rates (DURATION s
+# each; every file window decodes GOODPUT_TOKENS tokens, every live pass REALTIME_TOKENS), then with
+# the app stopped the same file arrivals on the engine alone with the app's engine settings (its
+# ceiling); the figures go to $OUT/goodput-*.json where OUT is set.
 # PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1 (the
 # default for a CONFIG ending in -mps) runs the app under CUDA MPS (started here, stopped at the end),
 # so the two processes of a disaggregated app share the GPU instead of taking turns on it. OVERRIDES
 # (JSON) is merged into the app's args, section by section; ENGINE_ARGS go to engine_alone.py (its
 # --fp8-encoder for an app whose OVERRIDES switch engine.gpu.fp8_encoder on).
 #
-# On the lent GPU machine, after `source .gpu/install.sh` (../shared/gpu/README.md).
+# On the lent GPU machine, after `source benchmarks/gpu_env.sh` (benchmarks/carry_to_gpu.sh).
 set -euo pipefail
 if [[ "${1:-}" == -h || "${1:-}" == --help ]]; then
   sed -n '2,/^set /s/^# \{0,1\}//p' "$0"  # the comment above: what it runs, measures and prints
@@ -52,7 +59,9 @@ STARTUP_S=${STARTUP_S:-300}
 WORK=${WORK:-/tmp/whisper-app}
 mkdir -p "$WORK"
 
-python3 - "$WORK" "$TOKENIZER" "$MODEL" "${REALTIME_STREAMS:+${REALTIME_TOKENS:-32}}" "${PLACEMENT:-}" \
+LIVE_TOKENS=""
+[[ -n "${REALTIME_STREAMS:-}${GOODPUT_RATES:-}" ]] && LIVE_TOKENS=${REALTIME_TOKENS:-32}
+python3 - "$WORK" "$TOKENIZER" "$MODEL" "$LIVE_TOKENS" "${PLACEMENT:-}" \
   "${OVERRIDES:-{\}}" "$CONFIG" <<'EOF'
 import json, shutil, sys
 from pathlib import Path
@@ -134,6 +143,26 @@ if [[ -n "${REALTIME_STREAMS:-}" ]]; then
     --baseline-streams --model-label "$MODEL shape, random weights" --out "$WORK/realtime.json"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
     | grep -E '^whisper_realtime' || true
+  exit 0
+fi
+if [[ -n "${GOODPUT_RATES:-}" ]]; then
+  echo "== open-loop mixed load at $GOODPUT_RATES arrivals/s, $DURATION s each"
+  results=${OUT:-$WORK}
+  # shellcheck disable=SC2086
+  python3 benchmarks/bench_goodput.py --url http://localhost:8000 --rates "$GOODPUT_RATES" \
+    --duration-s "$DURATION" --fixed-output-tokens "${GOODPUT_TOKENS:-64}" ${GOODPUT_ARGS:-} \
+    --out "$results/goodput-app.json"
+  metrics
+  stop_app
+  stop_mps
+  if [[ "$ENGINE_ALONE" == 1 ]]; then
+    echo "== the engine alone on the same weights and file arrivals"
+    settings=$(python3 -c "import json, sys, yaml; e = yaml.safe_load(open(sys.argv[1]))['applications'][0]['args']['engine']; e.pop('model'); print(json.dumps(e))" "$WORK/app.yaml")
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench_goodput.py --skip-app --engine-alone "$WORK/$MODEL" --engine-settings "$settings" \
+      --rates "$GOODPUT_RATES" --duration-s "$DURATION" --fixed-output-tokens "${GOODPUT_TOKENS:-64}" \
+      ${GOODPUT_ARGS:-} --app-result "$results/goodput-app.json" --out "$results/goodput-engine.json"
+  fi
   exit 0
 fi
 for clients in $CLIENTS; do
