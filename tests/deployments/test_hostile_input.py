@@ -375,7 +375,7 @@ def test_bad_fields_get_a_400_with_a_short_message_and_write_no_traceback_to_any
 # ---- quiet when idle ----------------------------------------------------------------------------------
 
 
-IDLE_S = 20
+IDLE_S = 60  # what docs/operations.md states the figure over
 # CPU time of every replica process together (their engine and decoding processes included) over
 # IDLE_S with no traffic, as a share of one core. Loose: most of it is Ray's own upkeep of each
 # actor (metrics reports, health checks), the machine is shared, and its clock ticks count in
