@@ -282,7 +282,12 @@ def main() -> None:
                 ]
                 rows.append([*row, f"{word_error_rate(references, texts):.1%}"])
                 print(rows[-1], flush=True)
-    for row, (name, in_flight) in zip(rows, [(n, f) for f in (1, 16) for n in systems]):
+    figures = [
+        {"system": row[0], "in_flight": row[1], "startup_s": row[2], "wall_s": row[3], "rtfx": row[4]}
+        for row in rows
+    ]
+    for row, figure, (name, in_flight) in zip(rows, figures, [(n, f) for f in (1, 16) for n in systems]):
+        figure["wer"] = round(float(row[5].rstrip("%")) / 100, 4)
         row.append(f"{rtfx[(name, in_flight)] / rtfx[('faster-whisper int8', in_flight)]:.2f}x")
     table = markdown_table(
         ["system", "in flight", "start-up s", "wall s", "RTFx", "WER", "RTFx / faster-whisper int8"], rows
@@ -301,7 +306,16 @@ def main() -> None:
     print(table)
     if args.record:
         title = "Offline throughput, tiny.en on CPU, whole processes (bench_offline.py)"
-        record(title if args.beam_size == 1 else f"{title}, beam {args.beam_size}", table, notes)
+        if args.beam_size == 1:  # the performance page's figures (benchmarks/plot_performance.py)
+            record(
+                title,
+                table,
+                notes,
+                REPO / "benchmarks" / "results" / "offline_cpu.json",
+                {"load": notes, "rows": figures},
+            )
+        else:
+            record(f"{title}, beam {args.beam_size}", table, notes)
 
 
 if __name__ == "__main__":

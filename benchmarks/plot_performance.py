@@ -38,8 +38,9 @@ def load(results_dir: Path, name: str) -> dict:
 def provenance(record: dict) -> list[str]:
     machine = record.get("machine") or record.get("device")
     lines = [f"- machine: {machine}", f"- date: {record['date']}", f"- command: `{record['command']}`"]
-    if "load" in record:
-        lines.append(f"- load: {record['load']}")
+    load = record.get("load") or record.get("metrics", {}).get("load")
+    if load:
+        lines.append(f"- load: {load}")
     if "note" in record:
         lines.append(f"- note: {record['note']}")
     if "source" in record:
@@ -163,7 +164,7 @@ def offline_cpu(results_dir: Path, images_dir: Path) -> list[str]:
     record = load(results_dir, "offline_cpu")
     lines = ["## The engine against faster-whisper on a CPU", ""]
     lines += provenance(record)
-    rows = record["rows"]
+    rows = record["metrics"]["rows"]
     int8 = {row["in_flight"]: row["rtfx"] for row in rows if row["system"] == "faster-whisper int8"}
     lines += table(
         [
