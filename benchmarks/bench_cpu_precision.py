@@ -114,9 +114,11 @@ def bf16_products_except(
         for index, layer in enumerate(encoder.layers):
             if index in [i % len(encoder.layers) for i in layers]:
                 continue
-            products_in_bf16(layer, tuple(name for name in ENCODER_LAYER_PRODUCTS if name not in products))
-            layer.attention_by_products = True
-            layer.attention_scores_dtype = torch.float32 if scores_in_float32 else None
+            products_in_bf16(
+                layer,
+                tuple(name for name in ENCODER_LAYER_PRODUCTS if name not in products),
+                torch.float32 if scores_in_float32 else None,
+            )
         return loaded
 
     return make

@@ -36,6 +36,14 @@ class Bf16ProductLinear(nn.Module):
         return F.linear(x.to(torch.bfloat16), self.weight, self.bias)
 
 
-def products_in_bf16(layer: nn.Module, products: tuple[str, ...] = ENCODER_LAYER_PRODUCTS) -> None:
-    """Replace the products of an encoder layer named in ``products`` by Bf16ProductLinear."""
+def products_in_bf16(
+    layer: nn.Module,
+    products: tuple[str, ...] = ENCODER_LAYER_PRODUCTS,
+    scores_dtype: torch.dtype | None = torch.float32,
+) -> None:
+    """An encoder layer's products named in ``products`` replaced by Bf16ProductLinear, and its
+    attention computed by products (engine/model/cpu_attention.py): P V with bf16 operands, the
+    scores a ``scores_dtype`` product (None: bf16, as their operands)."""
     replace_submodules(layer, products, Bf16ProductLinear)
+    layer.attention_by_products = True
+    layer.attention_scores_dtype = scores_dtype

@@ -146,8 +146,6 @@ class AudioEncoder(nn.Module):
         norms and residual stream stay float32 (engine/model/bf16_products.py)."""
         for layer in self.layers:
             products_in_bf16(layer)
-            layer.attention_by_products = True
-            layer.attention_scores_dtype = torch.float32
 
     def use_flash_attention(self, build: FlashAttention3, dtype: torch.dtype) -> None:
         """Each layer's self-attention through FlashAttention-3 (engine/attention/flash_attention_3.py)
