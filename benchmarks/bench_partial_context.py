@@ -174,7 +174,10 @@ def main() -> None:
     args = parser.parse_args()
     from benchmarks.recording import markdown_table, record
 
-    rows = [row for model in args.models for row in measure(model, args.clips)]
+    rows = []
+    for model in args.models:
+        rows += measure(model, args.clips)
+        print(markdown_table(HEADERS, rows), flush=True)  # so far: a long run shows each model's
     table = markdown_table(HEADERS, rows)
     print(table)
     if args.record:
