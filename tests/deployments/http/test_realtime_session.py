@@ -183,7 +183,10 @@ def test_partial_passes_are_encoded_over_the_audio_they_have_and_the_final_pass_
 ):
     pipeline, metrics = RecordingPipeline(), ServingMetrics()
     options = RealtimeOptions(
-        partial_interval_ms=50, partial_context=partial_context, partial_context_pad_s=1.0
+        partial_interval_ms=50,
+        partial_context=partial_context,
+        partial_context_pad_s=1.0,
+        partial_context_min_s=0.0,
     )
     app = session_app(options, metrics, pipeline)
     with TestClient(app).websocket_connect("/v1/realtime") as ws:

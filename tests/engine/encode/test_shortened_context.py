@@ -4,10 +4,12 @@ that many frames, in that many blocks, and the decoder attends to exactly those 
 The encoder's states on a shortened context are not the first frames of the full window's (its
 attention is global), so what is checked is the computation itself, against transformers running
 the same shortened context (its positional table cut to the frames), and the live-turn behaviour
-that rests on it: partial passes on the shortened context send words that join to the final text.
+that rests on it: partial passes on the shortened context send deltas that join to the completed text.
 """
 
 from __future__ import annotations
+
+import difflib
 
 import numpy as np
 import pytest
@@ -109,7 +111,8 @@ def test_on_live_speech_partial_passes_on_the_shortened_context_send_words_joini
 ):
     """A live turn as the server sees it (0.3 s of silence, the speech, 0.5 s of silence), a partial
     pass every 0.5 s of audio from 1.5 s on, each encoded over its audio and 1 s of silence after it;
-    the final pass on the full window: the deltas join to the final text, and some come early."""
+    the final pass on the full window: the deltas join to the completed text, some come early, and
+    it is the final pass's text but for at most a word."""
     engine = engine_with(tiny_en)
     clips = {clip.id: clip for clip in english_clips()}
     for clip_id in ["tts_01", "jfk"]:
@@ -128,4 +131,10 @@ def test_on_live_speech_partial_passes_on_the_shortened_context_send_words_joini
         final = decode_alone(engine, full_kv, DecodeOptions(fallback=FallbackOptions()))[1].text
         deltas.append(agreement.finish_window(final))
         assert any(deltas[:-1]), f"{clip_id}: some text is sent before the final pass"
-        assert "".join(deltas) == agreement.text == final.strip(), clip_id
+        assert "".join(deltas) == agreement.text, f"{clip_id}: the deltas join to the completed text"
+        # Not always the final pass's word for word: on jfk the shortened passes agree on "asked"
+        # where the full window hears "ask" (benchmarks/bench_partial_context.py counts such words).
+        completed, final_words = agreement.text.split(), final.split()
+        matcher = difflib.SequenceMatcher(a=completed, b=final_words, autojunk=False)
+        differing = max(len(completed), len(final_words)) - sum(b.size for b in matcher.get_matching_blocks())
+        assert differing <= 1, (clip_id, agreement.text, final)
