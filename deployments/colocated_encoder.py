@@ -16,7 +16,7 @@ import torch
 
 from deployments.config import AppConfig
 from deployments.encoder import EncoderStats
-from deployments.window_batcher import WindowBatcher, WindowJob
+from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames
 from engine import EncoderRunner, EncoderStates, LoadedModel, OverlappedEncoder
 
 
@@ -57,8 +57,13 @@ class ColocatedEncoder:
         )
 
     def _encode_windows(self, jobs: list[WindowJob]) -> list[torch.Tensor]:
-        """A batch's encoder states, one [1500, d] view per window (on a worker thread)."""
-        return list(self.encoder.encode_blocking([job.samples for job in jobs]))
+        """A batch's encoder states, one [frames, d] view per window (on a worker thread)."""
+        states: list[torch.Tensor | None] = [None] * len(jobs)
+        for frames, indexes in by_encoder_frames(jobs).items():
+            group = self.encoder.encode_blocking([jobs[index].samples for index in indexes], frames)
+            for index, window_states in zip(indexes, group):
+                states[index] = window_states
+        return states
 
     def _may_encode(self) -> bool:
         """Encode more only while fewer than a batch of encoded windows wait for admission."""

@@ -6,7 +6,7 @@ field instead of failing the first request.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -51,6 +51,30 @@ class RealtimeOptions(BaseModel):
         description="a word of partial text is sent once every partial pass over at least this much "
         "of the turn's audio (and at least three passes) agrees on it: longer sends text later and "
         "takes fewer early mishearings into the turn's text, which deltas never retract",
+    )
+    # The full window by default: on the speech set the audio's context costs a partial pass's
+    # encoder several times less, but its partial text took a word into a turn that the final pass
+    # heard otherwise where the full window's did not (benchmarks/RESULTS.md, bench_partial_context).
+    partial_context: Literal["audio", "full_window"] = Field(
+        "full_window",
+        description="what a partial pass is encoded over: `audio`, the turn's audio so far (with "
+        "`partial_context_pad_s` of silence after it, at least `partial_context_min_s`, in whole "
+        "seconds), which costs the encoder and the cross-attention K/V what that audio costs; or "
+        "`full_window`, a padded 30 s window, as final passes always are",
+    )
+    partial_context_pad_s: float = Field(
+        1.0,
+        ge=0,
+        le=30,
+        description="with partial_context `audio`: seconds of the silence after the audio a partial "
+        "pass encodes (Whisper drops or garbles the last words of audio that ends at its context's end)",
+    )
+    partial_context_min_s: float = Field(
+        5.0,
+        ge=0,
+        le=30,
+        description="with partial_context `audio`: the shortest context a partial pass is encoded "
+        "over, in seconds of audio (shorter ones send the first words later, for no less cost)",
     )
     max_partial_passes_in_flight: int = Field(
         8,

@@ -1,5 +1,6 @@
 """EncoderDeployment: batches 30 s windows from many requests into one encoder forward
-(deployments/window_batcher.py), then stages each window's cross-attention K/V (or encoder states)
+(deployments/window_batcher.py; one per encoder context where a live turn's partial passes are
+encoded over only their audio), then stages each window's cross-attention K/V (or encoder states)
 with the transfer layer.
 
 How long a forward waits to fill follows the decoders: encoder and decoder replicas may share a GPU,
@@ -26,7 +27,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig, ConfigError
-from deployments.window_batcher import WindowBatcher, WindowJob
+from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames
 from engine import EncoderRunner, ModelDims, load_model
 from engine.config import EngineConfig
 from kv_transfer import make_sender
@@ -208,8 +209,12 @@ class EncoderDeployment:
         """Each window's handle (or what failed it) as soon as that window is staged: on a worker
         thread, whose staging waits for room while earlier windows are pulled."""
         started = time.perf_counter()
-        states = self.runner.encode([job.samples for job in jobs])
-        payloads = self.runner.cross_kv(states) if self.payload == "cross_kv" else states
+        payloads: list[torch.Tensor | None] = [None] * len(jobs)
+        for frames, indexes in by_encoder_frames(jobs).items():
+            states = self.runner.encode([jobs[index].samples for index in indexes], frames)
+            group = self.runner.cross_kv(states) if self.payload == "cross_kv" else states
+            for index, payload in zip(indexes, group):
+                payloads[index] = payload
         for job, payload in zip(jobs, payloads):
             try:
                 outcome = self.sender.stage(job.request_id, payload, self.payload)

@@ -44,6 +44,17 @@ class WindowJob:
     request_id: str  # unique per window; a transfer handle carries it to the decoder
     samples: np.ndarray  # float32, 16 kHz mono, at most 30 s
     priority: Priority = Priority.INTERACTIVE
+    # Encoder frames to encode it over (engine's context_frames); None: the full 30 s window.
+    encoder_frames: int | None = None
+
+
+def by_encoder_frames(jobs: list[WindowJob]) -> dict[int | None, list[int]]:
+    """A batch's windows (their indexes) by the encoder frames they are encoded over: a forward
+    runs one shape, so a batch of several contexts runs one forward per context."""
+    groups: dict[int | None, list[int]] = {}
+    for index, job in enumerate(jobs):
+        groups.setdefault(job.encoder_frames, []).append(index)
+    return groups
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes exactly this window

@@ -40,6 +40,7 @@ _PUBLIC = {
     "load_silero_vad": "engine.model.vad",
     "ModelDims": "engine.model.weights",
     "OverlappedEncoder": "engine.encode.overlap",
+    "context_frames": "engine.encode.context",
     "EngineStats": "engine.decode.engine",
     "LoopTimings": "engine.decode.timings",
     "freeze_start_up_objects": "engine.decode.heap",

@@ -19,6 +19,10 @@ class TransferredCrossKV:
     receiver: KVReceiver
     travels = True  # a pull: it loads beside the decode loop
 
+    @property
+    def num_frames(self) -> int:
+        return self.handle.layout.num_frames
+
     def discard(self) -> None:
         self.receiver.discard(self.handle)
 

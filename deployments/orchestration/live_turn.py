@@ -33,6 +33,7 @@ from engine import (
     SAMPLE_RATE,
     LocalAgreement,
     SpeechOptions,
+    context_frames,
     detect_speech,
     resample,
     split_windows,
@@ -231,10 +232,25 @@ class LiveTurn:
         # A final pass is what the speaker waits for: interactive, ahead of every partial pass
         # queued in the encoders and decoders (they rank as batch work and age as it does).
         priority = Priority.INTERACTIVE if final else Priority.BATCH
-        result = await self.pipeline.decode_window(window_id, samples, options, priority)
+        result = await self.pipeline.decode_window(
+            window_id,
+            samples,
+            options,
+            priority,
+            encoder_frames=None if final else self._partial_frames(samples),
+        )
         if final:
             self._final_logprobs += result.token_logprobs or []
         return result
+
+    def _partial_frames(self, samples: np.ndarray) -> int | None:
+        """The encoder frames a partial pass over ``samples`` is encoded over (None: the full
+        window). Final passes keep the full window: the turn's text is the file endpoint's."""
+        if self.options.partial_context == "full_window":
+            return None
+        return context_frames(
+            len(samples), self.options.partial_context_min_s, self.options.partial_context_pad_s
+        )
 
     async def _send_delta(self, delta: str) -> None:
         if delta:

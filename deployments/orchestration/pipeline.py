@@ -78,16 +78,22 @@ class WindowPipeline:
                 decoding.cancel()  # a failed window or a client gone: stop decoding the others
 
     async def decode_window(
-        self, window_id: str, samples, options: DecodeOptions, priority: Priority
+        self,
+        window_id: str,
+        samples,
+        options: DecodeOptions,
+        priority: Priority,
+        encoder_frames: int | None = None,
     ) -> DecodeResult:
-        """Encode and decode one window. A lost replica (killed, crashed, restarting) or a failed
-        K/V transfer sends the window through the encoder again, to whichever replicas Serve
-        routes it to now; only when every attempt fails does the request get a 503."""
+        """Encode (over ``encoder_frames``, None: the full window) and decode one window. A lost
+        replica (killed, crashed, restarting) or a failed K/V transfer sends the window through the
+        encoder again, to whichever replicas Serve routes it to now; only when every attempt fails
+        does the request get a 503."""
         failure = "no attempt made"
         duration_s = len(samples) / SAMPLE_RATE
         for attempt in range(WINDOW_ATTEMPTS):
             try:
-                job = WindowJob(f"{window_id}-a{attempt}", samples, priority)
+                job = WindowJob(f"{window_id}-a{attempt}", samples, priority, encoder_frames)
                 if self.encoder is None:
                     result = await self.decoder.transcribe_window.remote(job, options, duration_s, priority)
                 else:

@@ -98,7 +98,7 @@ def align_words(
     recorder = CrossAttentionRecorder(heads)
     _read_once(model, storage, recorder, request, tokens)
 
-    frames = model.dims.n_audio_ctx
+    frames = request.blocks.cross_len
     seconds_per_frame = TIMESTAMP_RESOLUTION_S  # an encoder position is 20 ms of audio, as a timestamp step
     if request.audio_duration_s is not None:
         frames = max(1, min(frames, round(request.audio_duration_s / seconds_per_frame)))
@@ -139,7 +139,7 @@ def _read_once(model, storage, recorder: CrossAttentionRecorder, request: Reques
     self_table = torch.tensor([request.blocks.self_block_ids], dtype=torch.int32, device=device)
     cross_table = torch.tensor([request.blocks.cross_block_ids], dtype=torch.int32, device=device)
     query_start_loc = torch.tensor([0, count], dtype=torch.int32, device=device)
-    cross_len = model.dims.n_audio_ctx
+    cross_len = request.blocks.cross_len
     meta = DecoderStepMetadata(
         positions=positions,
         slot_block_ids=self_table[0].long()[positions // block_size],

@@ -40,6 +40,8 @@ class Request:
     max_tokens: int
     options: DecodeOptions
     cross_source: CrossKVSource | None
+    # Encoder frames of its cross-attention K/V (CrossKVSource.num_frames); None: a full window's.
+    cross_frames: int | None = None
     detect_language: bool = False  # prompt_tokens[sot_index + 1] is a placeholder until detected
     priority: Priority = Priority.INTERACTIVE
 

@@ -50,7 +50,7 @@ class OverlappedEncoder:
     """At most one encoder batch in flight; ``submit`` starts it, ``take`` collects it when done."""
 
     def __init__(self, runner: EncoderRunner, *, project_cross_kv: bool, overlap: bool | None = None):
-        """A batch yields encoder states [N, 1500, d], or with ``project_cross_kv`` each window's
+        """A batch yields encoder states [N, frames, d], or with ``project_cross_kv`` each window's
         cross-attention K/V (``EncoderRunner.cross_kv``). ``overlap``: encode on the worker thread
         (default: on a GPU only); False encodes at submit time on the caller's stream."""
         self.runner = runner
@@ -92,15 +92,16 @@ class OverlappedEncoder:
     def busy(self) -> bool:
         return self._in_flight is not None
 
-    def submit(self, windows: Windows) -> None:
+    def submit(self, windows: Windows, frames: int | None = None) -> None:
+        """Start encoding ``windows`` over ``frames`` encoder frames (None: a full window's)."""
         if self._in_flight is not None:
             raise RuntimeError("an encoder batch is already in flight: take() it first")
         if not self.overlaps:
             done: Future = Future()
-            done.set_result(self._encode(windows))
+            done.set_result(self._encode(windows, frames))
             self._in_flight = done
             return
-        self._in_flight = self._worker.submit(self.encode_blocking, windows)
+        self._in_flight = self._worker.submit(self.encode_blocking, windows, frames)
 
     def take(self, wait: bool = False) -> torch.Tensor | None:
         """The in-flight batch's output once its kernels have finished (``wait``: block until then);
@@ -114,14 +115,14 @@ class OverlappedEncoder:
         if self._worker is not None:
             self._worker.shutdown(wait=True)
 
-    def encode_blocking(self, windows: Windows) -> torch.Tensor:
+    def encode_blocking(self, windows: Windows, frames: int | None = None) -> torch.Tensor:
         """Encode on the calling thread, on the encoder's stream where there is one, and return once
         the kernels have finished: for a caller that is itself a worker thread (a colocated
         replica's forwards, deployments/colocated_encoder.py)."""
         if self._stream is None:
-            return self._encode(windows)
+            return self._encode(windows, frames)
         with torch.cuda.stream(self._stream):
-            out = self._encode(windows)
+            out = self._encode(windows, frames)
             finished = torch.cuda.Event()
             finished.record(self._stream)
         out.record_stream(self._consumer_stream)
@@ -130,6 +131,6 @@ class OverlappedEncoder:
         self.gpu_wait_s += time.perf_counter() - waiting_since
         return out
 
-    def _encode(self, windows: Windows) -> torch.Tensor:
-        states = self.runner.encode(windows)
+    def _encode(self, windows: Windows, frames: int | None) -> torch.Tensor:
+        states = self.runner.encode(windows, frames)
         return self.runner.cross_kv(states) if self.project_cross_kv else states

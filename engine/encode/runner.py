@@ -1,5 +1,6 @@
 """An encoder replica's work: batches of 30 s windows -> encoder states -> each window's
-cross-attention K/V, in the KV cache's dtype."""
+cross-attention K/V, in the KV cache's dtype. A batch may be encoded over fewer frames than a full
+window's (engine/encode/context.py)."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from engine.attention.flash_attention_3 import (
     installed_flash_attention_3,
 )
 from engine.config import EncoderAttention
+from engine.encode.context import WINDOW_FRAMES, context_samples
 from engine.encode.graphs import EncoderGraphs
 from engine.encode.staging import WindowStaging
 from engine.kv.storage import to_cache_dtype
-from engine.model.audio import N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from engine.model.audio import N_FFT, N_FRAMES, N_SAMPLES, log_mel_spectrogram
 from engine.model.fp8 import fp8_supported, quantize_linears
 from engine.model.loading import LoadedModel
 
@@ -119,12 +121,21 @@ class EncoderRunner:
             )
 
     @torch.inference_mode()
-    def encode(self, windows: Windows) -> torch.Tensor:
+    def encode(self, windows: Windows, frames: int | None = None) -> torch.Tensor:
         """windows [N, 480000] float32 samples (padded), or each window's samples as they came (any
-        length up to 30 s, copied through ``staging``) -> encoder states [N, 1500, d_model]."""
+        length up to 30 s, copied through ``staging``) -> encoder states [N, frames, d_model];
+        ``frames`` None: a full window's 1500."""
         if not isinstance(windows, torch.Tensor):
             windows = self.staging.to_device(windows)
+        shortened = frames is not None and frames < WINDOW_FRAMES
+        if shortened:
+            # One FFT's worth of the zeros after the context too, so that its last mel frames are
+            # those of the whole window (the STFT reflects at the end of what it is given).
+            windows = windows[:, : context_samples(frames) + N_FFT]
         mels = log_mel_spectrogram(windows.to(self.device), self.dims.n_mels)
+        if shortened:
+            # The encoder reads its positional table from the start, as many rows as frames.
+            return self.model.encoder(mels[..., : 2 * frames]).to(self.dtype)
         # In the model's dtype: a CPU's bf16 encoder hands float32 states to the float32 decoder.
         if self.graphs is not None and len(mels) <= self.graphs.max_batch_size:
             return self.graphs(mels).to(self.dtype)
@@ -132,6 +143,6 @@ class EncoderRunner:
 
     @torch.inference_mode()
     def cross_kv(self, states: torch.Tensor) -> torch.Tensor:
-        """[N, 1500, d] -> [N, layers, 2, 1500, H, D], in the KV cache's dtype: the bytes a decoder's
+        """[N, frames, d] -> [N, layers, 2, frames, H, D], in the KV cache's dtype: the bytes a decoder's
         blocks hold, so a transfer copies them as they are (and an fp8 cache ships half the bytes)."""
         return to_cache_dtype(self.model.decoder.project_cross_kv(states), self.kv_cache_dtype)

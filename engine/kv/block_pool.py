@@ -38,6 +38,9 @@ class RequestBlocks:
     self_block_ids: list[int] = field(default_factory=list)
     cross_block_ids: list[int] = field(default_factory=list)
     spare_block_ids: list[int] = field(default_factory=list)
+    # Encoder frames the cross blocks hold: a full window's, or fewer for a pass encoded over the
+    # audio it has (its last block then partly filled). Cross-attention reads this many keys.
+    cross_len: int = 0
 
     def all_ids(self) -> list[int]:
         return self.self_block_ids + self.cross_block_ids + self.spare_block_ids

@@ -31,6 +31,9 @@ class DeviceBlockTables:
         self.cross_tables = torch.full(
             (max_requests + 1, cross_blocks), null_block, dtype=torch.int32, device=device
         )
+        # Each slot's cross-attention length (RequestBlocks.cross_len), gathered by slot as the
+        # tables are, so a captured step reads windows of any length; the padding slot reads one key.
+        self.cross_lens = torch.ones(max_requests + 1, dtype=torch.int32, device=device)
         self._slot_by_request: dict[str, int] = {}
         self._free_slots = list(range(max_requests - 1, -1, -1))
 
@@ -43,6 +46,7 @@ class DeviceBlockTables:
             slot = self._free_slots.pop()
             self._write_row(self.self_tables, slot, blocks.self_block_ids)
             self._write_row(self.cross_tables, slot, blocks.cross_block_ids)
+            self.cross_lens[slot] = max(1, blocks.cross_len)
             self._slot_by_request[request_id] = slot
         return slot
 

@@ -22,6 +22,9 @@ StateProjection = Callable[[torch.Tensor], torch.Tensor]
 class CrossKVSource(Protocol):
     # Whether loading waits on another process (a transfer): such a load runs beside the decode loop.
     travels: bool
+    # Encoder frames the K/V covers: a full window's, or fewer for a window encoded over only the
+    # audio it has (engine/encode/context.py). The decoder reserves and attends to that many.
+    num_frames: int
 
     def load_into(
         self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
@@ -38,6 +41,10 @@ class CrossKVTensor:
     cross_kv: torch.Tensor
     travels = False
 
+    @property
+    def num_frames(self) -> int:
+        return self.cross_kv.shape[2]
+
     def load_into(
         self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection
     ) -> None:
@@ -53,6 +60,10 @@ class EncoderStates:
 
     states: torch.Tensor
     travels = False
+
+    @property
+    def num_frames(self) -> int:
+        return self.states.shape[0]
 
     def load_into(
         self, storage: PagedKVStorage, block_ids: list[int], project_states: StateProjection

@@ -164,8 +164,8 @@ def test_manual_commits_complete_each_turn_with_deltas_joining_to_the_text(clien
     utterances = _utterances(["jfk", "osr72_02"])  # 11 s with pauses in it (one turn when committed), 2 s
     connection = _open(client, None)
     try:
-        # At half pace. Every partial pass encodes a padded 30 s window, so how far into a turn the
-        # first delta comes depends on the machine's cores: at real time a slower CI machine got it
+        # At half pace. How far into a turn the first delta comes depends on the machine's cores
+        # (every partial pass costs an encoder forward): at real time a slower CI machine got it
         # under a second before the commit. Half pace gives each second of audio two of the
         # machine's, so what is checked is the protocol (deltas before the commit, several of
         # them), not the CPU's speed.

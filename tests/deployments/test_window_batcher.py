@@ -9,7 +9,7 @@ import threading
 
 import numpy as np
 
-from deployments.window_batcher import WindowBatcher, WindowJob
+from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames
 from engine.types import Priority
 
 MAX_BATCH_SIZE = 8
@@ -82,3 +82,11 @@ def test_with_no_batch_share_a_long_files_windows_wait_behind_interactive_satura
     forwards = _a_long_file_under_interactive_saturation(batch_share=0.0, forwards_after_arrival=30)
     assert len(forwards) >= 29
     assert all(priorities == [Priority.INTERACTIVE] * MAX_BATCH_SIZE for priorities in forwards)
+
+
+def test_a_batch_over_several_encoder_contexts_runs_one_forward_per_context_each_in_window_order():
+    samples = np.zeros(16000, dtype=np.float32)
+    jobs = [
+        WindowJob(f"w{i}", samples, encoder_frames=frames) for i, frames in enumerate([100, None, 100, 250])
+    ]
+    assert by_encoder_frames(jobs) == {100: [0, 2], None: [1], 250: [3]}

@@ -104,7 +104,7 @@ class Scheduler:
         self.eot = eot  # end of text: a sampled eot stops a request (None: only length stops)
         self.n_text_ctx = n_text_ctx
         self.clock = clock
-        self.cross_blocks_per_request = blocks_needed(cross_tokens_per_request, pool.block_size)
+        self.window_frames = cross_tokens_per_request  # a full window's; a request may carry fewer
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.admission = Admission(max_num_seqs, interactive_reserved_seqs, batch_aging_s, batch_share)
@@ -124,7 +124,13 @@ class Scheduler:
             # k * B and at most k - 1 children (not the last of each parent) take one.
             prompt_blocks = blocks_needed(len(request.prompt_tokens), self.pool.block_size)
             self_blocks = (self_blocks + 1) * request.options.max_hypotheses + prompt_blocks
-        return self.cross_blocks_per_request + self_blocks
+        return self.cross_blocks_of(request) + self_blocks
+
+    def cross_frames_of(self, request: Request) -> int:
+        return request.cross_frames or self.window_frames
+
+    def cross_blocks_of(self, request: Request) -> int:
+        return blocks_needed(self.cross_frames_of(request), self.pool.block_size)
 
     @property
     def num_sequences(self) -> int:
@@ -199,8 +205,10 @@ class Scheduler:
 
     def _allocate(self, request: Request, needed_blocks: int) -> None:
         allocate = self.pool.allocate_consecutive if self.consecutive_cross_blocks else self.pool.allocate
-        request.blocks.cross_block_ids = allocate(self.cross_blocks_per_request)
-        self_block_ids = self.pool.allocate(needed_blocks - self.cross_blocks_per_request)
+        cross_blocks = self.cross_blocks_of(request)
+        request.blocks.cross_block_ids = allocate(cross_blocks)
+        request.blocks.cross_len = self.cross_frames_of(request)
+        self_block_ids = self.pool.allocate(needed_blocks - cross_blocks)
         # One table's worth as the request's own; the rest held for the hypotheses of a search.
         table_size = blocks_needed(request.max_total_tokens, self.pool.block_size)
         request.blocks.self_block_ids = self_block_ids[:table_size]

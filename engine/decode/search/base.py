@@ -123,7 +123,9 @@ class Search:
         return dataclasses.replace(
             like,
             request_id=f"{self.window.request_id}#{index}",
-            blocks=RequestBlocks(cross_block_ids=self.window.blocks.cross_block_ids),
+            blocks=RequestBlocks(
+                cross_block_ids=self.window.blocks.cross_block_ids, cross_len=self.window.blocks.cross_len
+            ),
             prompt_tokens=list(like.prompt_tokens),
             pending_tokens=list(like.pending_tokens),
             output_tokens=list(like.output_tokens),

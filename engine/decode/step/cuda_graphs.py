@@ -8,8 +8,10 @@ once per batch size and replayed. What makes a captured step replayable for any 
   (a token sampled by the step before, not read on the host yet, is taken from the runner's
   ``next_tokens`` inside the graph);
 * block tables are gathered on the device from fixed rows (engine.kv.block_tables);
-* every request's cross-attention length is Whisper's fixed 1500 frames, and the self-attention
-  grid is sized for the whole 448-token text context, so kernel grids never depend on the batch.
+* cross-attention is sized for a full window's 1500 frames, each row reading its own window's
+  length (fewer for a window encoded over only its audio) from the block tables by slot, and the
+  self-attention grid is sized for the whole 448-token text context, so kernel grids never depend
+  on the batch.
   Small batches also get a second graph per size, sized for texts of at most ``SHORT_TEXT_KEYS``
   tokens: its self-attention reads them in one program per head group, with no split and no
   combining kernel. A step whose texts are all that short (a short clip's whole decode, the start of
@@ -32,7 +34,7 @@ from engine.decode.step.runner import ModelRunner, StepTensors
 from engine.device import PinnedStaging
 
 # Rows of the static input buffer.
-_TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_LEN, _CROSS_READERS = range(7)
+_TOKEN, _SOURCE, _POSITION, _SLOT, _SELF_LEN, _CROSS_READERS = range(6)
 _ROWS = _CROSS_READERS + 1
 # Texts of at most this many tokens (the prompt's and the sampled ones) have graphs of their own at
 # batch sizes up to SHORT_TEXT_MAX_BATCH: one attention split holds them (the Triton backend's
@@ -58,7 +60,7 @@ class DecodeGraphs:
         self._inputs = torch.zeros((_ROWS, largest), dtype=torch.int32, device=device)
         self._token_rows = torch.arange(largest, device=device)
         self._query_start = torch.arange(largest + 1, dtype=torch.int32, device=device)
-        self._padding = np.array([0, -1, 0, runner.tables.pad_slot, 1, 1, 1], dtype=np.int32)[:, None]
+        self._padding = np.array([0, -1, 0, runner.tables.pad_slot, 1, 1], dtype=np.int32)[:, None]
         # By (batch size, the text length the self-attention is sized for).
         self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self._logits: dict[tuple[int, int], torch.Tensor] = {}
@@ -83,7 +85,6 @@ class DecodeGraphs:
             slots=inputs[_SLOT, :size].long(),
             query_start_loc=self._query_start[: size + 1],
             self_lens=inputs[_SELF_LEN, :size],
-            cross_lens=inputs[_CROSS_LEN, :size],
             max_query_len=1,
             max_self_len=text_keys,
             cross_readers=inputs[_CROSS_READERS, :size] if self.runner.max_cross_readers > 1 else None,
@@ -124,7 +125,6 @@ class DecodeGraphs:
         host[_POSITION, :count] = positions
         host[_SLOT, :count] = step.slots
         host[_SELF_LEN, :count] = positions + 1
-        host[_CROSS_LEN, :count] = self.runner.cross_len
         host[_CROSS_READERS, :count] = 1 if step.cross_readers is None else step.cross_readers
         host[:, count:size] = self._padding
         self._staging.copy_to(self._inputs)

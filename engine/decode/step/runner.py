@@ -46,7 +46,6 @@ class StepTensors:
     slots: torch.Tensor  # [B] block-table row of each request
     query_start_loc: torch.Tensor  # [B + 1] int32
     self_lens: torch.Tensor  # [B] int32, keys after this step's writes
-    cross_lens: torch.Tensor  # [B] int32
     max_query_len: int  # host-side maxima size the attention grids without a device sync
     max_self_len: int
     cross_readers: torch.Tensor | None = None  # [B] int32: StepInput.cross_readers, decode steps only
@@ -60,7 +59,7 @@ class ModelRunner:
         self.device = storage.cache.device
         self.block_size = storage.block_size
         dims = model.dims
-        self.cross_len = dims.n_audio_ctx
+        self.cross_len = dims.n_audio_ctx  # the most: a window encoded over fewer frames reads fewer
         self.tables = DeviceBlockTables(
             max_requests,
             blocks_needed(dims.n_text_ctx, self.block_size),
@@ -105,7 +104,7 @@ class ModelRunner:
             ),
             cross_attention=PagedAttentionBatch(
                 query_start_loc=step.query_start_loc,
-                seq_lens=step.cross_lens,
+                seq_lens=self.tables.cross_lens[step.slots],
                 block_tables=self.tables.cross_tables[step.slots],
                 causal=False,
                 max_query_len=step.max_query_len,
@@ -190,7 +189,6 @@ class ModelRunner:
             slots=slots_t,
             query_start_loc=query_start_t.int(),
             self_lens=self_lens_t.int(),
-            cross_lens=torch.full((count,), self.cross_len, dtype=torch.int32, device=self.device),
             max_query_len=step_input.max_fed,
             max_self_len=max(self_lens),
             cross_readers=None

@@ -40,9 +40,13 @@ class RecordingPipeline:
 
     def __init__(self):
         self.calls: list[tuple[str, DecodeOptions]] = []  # (window id, options), as asked
+        self.encoder_frames: dict[str, int | None] = {}  # window id -> the context it was asked over
 
-    async def decode_window(self, window_id: str, samples, options: DecodeOptions, priority) -> DecodeResult:
+    async def decode_window(
+        self, window_id: str, samples, options: DecodeOptions, priority, encoder_frames=None
+    ) -> DecodeResult:
         self.calls.append((window_id, options))
+        self.encoder_frames[window_id] = encoder_frames
         await asyncio.sleep(0.01)
         return DecodeResult(
             request_id=window_id,
@@ -173,6 +177,35 @@ def test_language_and_prompt_reach_every_pass_partial_and_final_of_a_turn_opened
         assert (options.language, options.prompt) == ("en", "Hello, Ada.")
 
 
+@pytest.mark.parametrize("partial_context", ["audio", "full_window"])
+def test_partial_passes_are_encoded_over_the_audio_they_have_and_the_final_pass_over_the_full_window(
+    partial_context,
+):
+    pipeline, metrics = RecordingPipeline(), ServingMetrics()
+    options = RealtimeOptions(
+        partial_interval_ms=50,
+        partial_context=partial_context,
+        partial_context_pad_s=1.0,
+        partial_context_min_s=0.0,
+    )
+    app = session_app(options, metrics, pipeline)
+    with TestClient(app).websocket_connect("/v1/realtime") as ws:
+        ws.receive_json()
+        _update(ws, None)
+        _append_silence(ws, 2.0)
+        _wait_for(lambda: any("-p" in window_id for window_id in pipeline.encoder_frames))
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        _events_until(ws, COMPLETED)
+    partial = [frames for window_id, frames in pipeline.encoder_frames.items() if "-p" in window_id]
+    final = [frames for window_id, frames in pipeline.encoder_frames.items() if "-f" in window_id]
+    assert final == [None], "the final pass: a full 30 s window"
+    if partial_context == "full_window":
+        assert set(partial) == {None}
+    else:
+        # At most 2 s of audio and 1 s of silence, in whole seconds of 50 encoder frames.
+        assert partial and all(frames in (100, 150) for frames in partial), partial
+
+
 def test_a_language_the_model_does_not_know_is_an_error_naming_its_param_and_the_session_goes_on():
     with TestClient(session_app(RealtimeOptions(), ServingMetrics())).websocket_connect("/v1/realtime") as ws:
         ws.receive_json()
@@ -254,9 +287,9 @@ class SlowPipeline(RecordingPipeline):
         self.delay_s = delay_s
         self.answered = 0
 
-    async def decode_window(self, *args) -> DecodeResult:
+    async def decode_window(self, *args, **kwargs) -> DecodeResult:
         await asyncio.sleep(self.delay_s)
-        result = await super().decode_window(*args)
+        result = await super().decode_window(*args, **kwargs)
         self.answered += 1
         return result
 

@@ -174,7 +174,7 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
     engine.submit(window)
     block_size = engine.pool.block_size
     reserved = (
-        engine.scheduler.cross_blocks_per_request
+        engine.scheduler.cross_blocks_of(window)
         + 5 * (blocks_needed(window.max_total_tokens, block_size) + 1)  # a spare each
         + blocks_needed(len(window.prompt_tokens), block_size)
     )
@@ -277,6 +277,7 @@ def test_blocks_all_come_back_after_a_beam_window_is_aborted_mid_search(tiny_en,
 def test_a_beam_window_whose_kv_fails_to_load_fails_alone_and_frees_its_blocks(tiny_en, cross_kvs):
     class FailingSource:
         travels = False
+        num_frames = 1500
 
         def load_into(self, storage, block_ids, project_states):
             raise OSError("the encoder went away")

@@ -28,6 +28,10 @@ class CountedLoads:
     loads: int = 0
     travels = False
 
+    @property
+    def num_frames(self) -> int:
+        return self.kv.num_frames
+
     def load_into(self, storage, block_ids, project_states):
         self.loads += 1
         self.kv.load_into(storage, block_ids, project_states)

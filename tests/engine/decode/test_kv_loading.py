@@ -31,6 +31,10 @@ class GatedPull:
     gate: threading.Event = field(default_factory=threading.Event)
     travels = True
 
+    @property
+    def num_frames(self) -> int:
+        return self.kv.num_frames
+
     def load_into(self, storage, block_ids, project_states) -> None:
         assert self.gate.wait(60), "the test never opened the gate"
         if self.error is not None:
@@ -108,6 +112,10 @@ class TravellingStates:
 
     states: torch.Tensor
     travels = True
+
+    @property
+    def num_frames(self) -> int:
+        return self.states.shape[0]
 
     def load_into(self, storage, block_ids, project_states) -> None:
         EncoderStates(self.states).load_into(storage, block_ids, project_states)
