@@ -190,7 +190,8 @@ class Ingress:
             error = not_ready(states, diarizer)
             headers = {"Retry-After": str(error.retry_after_s)}
             return JSONResponse({"error": error.body(), **body}, status_code=503, headers=headers)
-        warm_up_s = max(state["warm_up_s"] for state in [*states.values(), *filter(None, [diarizer])])
+        warmed_up = [*states.values(), *([diarizer] if diarizer else [])]
+        warm_up_s = max(state["warm_up_s"] for state in warmed_up)
         return JSONResponse({"status": "ready", "warm_up_s": warm_up_s, **body})
 
     @app.get("/metrics")
