@@ -23,7 +23,14 @@ import numpy as np
 from ray import serve
 
 from deployments.replica_options import DiarizerOptions
-from engine import DiarizationRequest, Diarizer, SpeakerEncoderOptions, SpeakerTurn, match_known_speakers
+from engine import (
+    SAMPLE_RATE,
+    DiarizationRequest,
+    Diarizer,
+    SpeakerEncoderOptions,
+    SpeakerTurn,
+    match_known_speakers,
+)
 
 logger = logging.getLogger("ray.serve")
 
@@ -51,9 +58,30 @@ class SpeakerTimeline:
     silent_references: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class DiarizerStats:
+    """A diarizer replica's figures for /metrics, counted since it started (differences over an
+    interval give rates and means)."""
+
+    waiting: int  # calls this replica holds now: queued for a batch or in one
+    recordings: int  # recordings diarized
+    audio_s: float  # their audio
+    batches: int  # diarize batches run (recordings / batches: the mean batch)
+    busy_s: float  # time the speaker encoder's thread spent on diarize batches
+    voices: int  # voice embeddings (live turns, warm-ups)
+    own_speech_passes: int  # recordings whose speech the replica had to find itself (no VAD pass came)
+
+
 class DiarizerDeployment:
     def __init__(self, options: DiarizerOptions):
         started = time.perf_counter()
+        self._waiting = 0
+        self._recordings = 0
+        self._audio_s = 0.0
+        self._batches = 0
+        self._busy_s = 0.0
+        self._voices_embedded = 0
+        self._own_speech_passes = 0
         self.diarizer = Diarizer(
             SpeakerEncoderOptions(
                 device=options.device,
@@ -73,12 +101,31 @@ class DiarizerDeployment:
 
     async def diarize(self, job: DiarizerJob) -> SpeakerTimeline:
         """One recording's speakers, its windows embedded with those of the recordings waiting now."""
-        return await self._diarize_batch(job)
+        self._waiting += 1
+        try:
+            return await self._diarize_batch(job)
+        finally:
+            self._waiting -= 1
 
     async def voice_embedding(self, samples: np.ndarray) -> np.ndarray | None:
         """One speaker's voice in a stretch of audio (16 kHz mono float32): the mean embedding of its
         speech windows, or None when it holds no speech. A live turn's, for its session's speakers."""
-        return await self._voice_batch(samples)
+        self._waiting += 1
+        try:
+            return await self._voice_batch(samples)
+        finally:
+            self._waiting -= 1
+
+    def stats(self) -> DiarizerStats:
+        return DiarizerStats(
+            waiting=self._waiting,
+            recordings=self._recordings,
+            audio_s=self._audio_s,
+            batches=self._batches,
+            busy_s=self._busy_s,
+            voices=self._voices_embedded,
+            own_speech_passes=self._own_speech_passes,
+        )
 
     @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
     async def _diarize_batch(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
@@ -99,9 +146,22 @@ class DiarizerDeployment:
         return await asyncio.to_thread(locked)
 
     def _voices(self, clips: list[np.ndarray]) -> list[np.ndarray | None]:
+        self._voices_embedded += len(clips)
         return [self.diarizer.voice_embedding(samples) for samples in clips]
 
     def _timelines(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
+        started = time.perf_counter()
+        try:
+            return self._named_timelines(jobs)
+        finally:
+            # Counted on the worker thread, under the encoder's lock: one writer at a time.
+            self._batches += 1
+            self._recordings += len(jobs)
+            self._audio_s += sum(len(job.request.samples) for job in jobs) / SAMPLE_RATE
+            self._own_speech_passes += sum(job.request.speech_probabilities is None for job in jobs)
+            self._busy_s += time.perf_counter() - started
+
+    def _named_timelines(self, jobs: list[DiarizerJob]) -> list[SpeakerTimeline]:
         diarizations = self.diarizer.diarize([job.request for job in jobs])
         timelines = []
         for job, diarization in zip(jobs, diarizations):

@@ -14,7 +14,6 @@ import logging
 import time
 from functools import partial
 
-import numpy as np
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -22,11 +21,10 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.config import AppConfig
-from deployments.diarizer import DiarizerJob
 from deployments.http.api_keys import APIKeys
-from deployments.http.decoded_audio import DecodedAudio
+from deployments.http.audio_ingest import AudioIngest
+from deployments.http.channels import to_channel_response
 from deployments.http.errors import (
-    APIError,
     add_exception_handlers,
     api_error_of,
     at_capacity,
@@ -36,26 +34,19 @@ from deployments.http.errors import (
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
 from deployments.http.pending_uploads import PendingUploads
-from deployments.http.readiness import models_readiness, not_ready
+from deployments.http.readiness import DiarizerReadiness, models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.realtime_speakers import LiveSpeakers
 from deployments.http.server_timing import ServerTiming
-from deployments.http.speakers import SpeakerOptions, Speakers, decode_references
+from deployments.http.speakers import decode_references, diarized_speakers
 from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
+from deployments.orchestration.channels import transcribe_channels
 from deployments.orchestration.diarization import DiarizationClient
 from deployments.orchestration.live_turn import PartialPassSlots
 from deployments.served_models import ServedModel, ServedModels
-from engine import (
-    SAMPLE_RATE,
-    AudioWindow,
-    DecodeProcesses,
-    DiarizationRequest,
-    detect_speech,
-    long_form_cursor,
-    speech_windows,
-)
+from engine import SAMPLE_RATE, long_form_cursor
 from engine.types import Priority
 
 # FastAPI's own schema and docs routes are off: the Ingress serves them itself, behind the API key
@@ -92,6 +83,7 @@ class Ingress:
         self.models = ServedModels.of(config, handles)
         self.api_keys = APIKeys(config.http.api_keys)
         self.diarization = DiarizationClient(diarizer) if diarizer is not None else None
+        self.diarizer_readiness = DiarizerReadiness(self.diarization) if self.diarization else None
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.pending_uploads = PendingUploads(
@@ -101,9 +93,7 @@ class Ingress:
         )
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
-        # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
-        self.audio_decoder = DecodeProcesses(config.http.decode_processes, config.http.decoded_audio_wait_s)
-        self.decoded_audio = DecodedAudio(config.http.max_decoded_audio_s, config.http.decoded_audio_wait_s)
+        self.audio = AudioIngest(config.http)
 
     # ---- routes -------------------------------------------------------------------------------
 
@@ -188,24 +178,34 @@ class Ingress:
 
     @app.get("/ready")
     async def ready(self, model: str | None = None) -> Response:
-        """Every model's readiness, or with `?model=` that one model's."""
+        """Every model's readiness and the diarizer's, or with `?model=` that one model's."""
         chosen = self.models if model is None else [self._served(model)]
         ready, states = models_readiness({served.name: served.readiness for served in chosen})
+        body = {"models": states}
+        diarizer = None
+        if model is None and self.diarizer_readiness is not None:
+            diarizer = body["diarizer"] = self.diarizer_readiness.state()
+            ready = ready and diarizer["ready"]
         if not ready:
-            error = not_ready(states)
+            error = not_ready(states, diarizer)
             headers = {"Retry-After": str(error.retry_after_s)}
-            return JSONResponse({"error": error.body(), "models": states}, status_code=503, headers=headers)
-        warm_up_s = max(state["warm_up_s"] for state in states.values())
-        return JSONResponse({"status": "ready", "warm_up_s": warm_up_s, "models": states})
+            return JSONResponse({"error": error.body(), **body}, status_code=503, headers=headers)
+        warmed_up = [*states.values(), *([diarizer] if diarizer else [])]
+        warm_up_s = max(state["warm_up_s"] for state in warmed_up)
+        return JSONResponse({"status": "ready", "warm_up_s": warm_up_s, **body})
 
     @app.get("/metrics")
     async def metrics(self, request: Request) -> Response:
-        self.api_keys.authorize(
-            request
-        )  # a scraper sends the key as a bearer token (Prometheus: authorization)
-        self.metrics.decoded_audio_seconds.set(self.decoded_audio.held_s)
-        figures = await asyncio.gather(*(served.replica_stats() for served in self.models))
-        body = self.metrics.render({served.name: stats for served, stats in zip(self.models, figures)})
+        # A scraper sends the key as a bearer token (Prometheus: authorization).
+        self.api_keys.authorize(request)
+        self.metrics.decoded_audio_seconds.set(self.audio.decoded_audio.held_s)
+        diarizer_figures, *figures = await asyncio.gather(
+            self.diarization.replica_stats() if self.diarization else asyncio.sleep(0, []),
+            *(served.replica_stats() for served in self.models),
+        )
+        body = self.metrics.render(
+            {served.name: stats for served, stats in zip(self.models, figures)}, diarizer_figures
+        )
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4")
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -274,19 +274,27 @@ class Ingress:
             served = self._served(form.model)
             await served.check_options(form.options)
             phases.mark("options")
+            if form.split_channels:
+                response, audio_s = await self._channels_response(served, form, task, phases)
+                self._observe(route, served.name, started, 200, audio_s, api_key=api_key)
+                return response
             references = None
             if form.speakers is not None and form.speakers.references:
                 references = await asyncio.to_thread(
-                    decode_references, form.speakers.references, self.audio_decoder.decode
+                    decode_references, form.speakers.references, self.audio.decoder.decode
                 )
-            samples, windows = await asyncio.to_thread(self._ingest, form)
+            audio = await asyncio.to_thread(self.audio.mono, form.data, form.speech)
             phases.mark("audio")
             if form.speakers is not None:
                 # Diarized beside the windows, not after them: a diarized request takes about as long
                 # as a plain one while the diarizer has capacity.
-                speakers = asyncio.ensure_future(self._speakers(samples, form.speakers, references))
-            form = self._prioritize(form, len(samples) / SAMPLE_RATE)
-            cursor = long_form_cursor(samples, form.options, form.long_form, windows)
+                speakers = asyncio.ensure_future(
+                    diarized_speakers(
+                        self.diarization, audio.samples, audio.vad_pass, form.speakers, references
+                    )
+                )
+            form = self._prioritize(form, len(audio.samples) / SAMPLE_RATE)
+            cursor = long_form_cursor(audio.samples, form.options, form.long_form, audio.windows)
             if form.stream:
                 # A streamed request counts against max_in_flight_requests until its stream starts,
                 # not to its end: a generator that a vanished client never starts could not give
@@ -330,42 +338,27 @@ class Ingress:
         self._observe(route, served.name, started, 200, transcription.duration_s, api_key=api_key)
         return response
 
-    async def _speakers(
-        self, samples: np.ndarray, options: SpeakerOptions, references: dict[str, np.ndarray] | None
-    ) -> Speakers:
-        """The recording's speakers from the diarizer deployment, ready to put on its transcript."""
-        job = DiarizerJob(
-            DiarizationRequest(samples, options.min_speakers, options.max_speakers), references or {}
+    async def _channels_response(
+        self, served: ServedModel, form: TranscriptionForm, task: str, phases: ServerTiming
+    ) -> tuple[Response, float]:
+        """channels=split: each channel transcribed on its own, then one answer with each segment
+        labelled with its channel; and the audio's duration, the usage it reports."""
+        channels = await asyncio.to_thread(self.audio.channels, form.data, form.speech)
+        phases.mark("audio")
+        duration_s = len(channels[0].samples) / SAMPLE_RATE
+        form = self._prioritize(form, duration_s)
+        transcriptions = await transcribe_channels(
+            served.pipeline, channels, form.options, form.long_form, form.priority
         )
-        timeline = await self.diarization.diarize(job)
-        if timeline.silent_references:
-            raise APIError(
-                400,
-                f"known_speaker_references[] for {', '.join(timeline.silent_references)} holds no speech to "
-                "take a voice from; send 2 to 10 seconds of that speaker talking.",
-                param="known_speaker_references[]",
+        phases.mark("windows")
+        response = JSONResponse(
+            to_channel_response(
+                transcriptions, duration_s, form.response_format, task, form.timestamp_granularities
             )
-        return Speakers(timeline.turns, timeline.names)
-
-    def _ingest(self, form: TranscriptionForm) -> tuple[np.ndarray, list[AudioWindow] | None]:
-        """The upload's samples, and with speech detection on, the windows packed from its speech.
-
-        Runs on a worker thread (asyncio.to_thread), never on the event loop: decoding waits on a
-        decoding process (engine.model.decode_processes) and onnxruntime releases the GIL while it
-        works, so the ingress keeps routing other requests' windows meanwhile. Speech detection
-        belongs here, before the encoder, because it decides which windows exist at all: it must
-        see the whole file once (an encoder sees one 30 s window and would cut regions at its
-        edges), and a stretch it rules out is never sent, encoded or decoded. It is cheap for that
-        place: a small share of what the encoder and decoder spend on the same audio
-        (benchmarks/bench_ingest.py measures it).
-        """
-        # Decoding stops as soon as the audio passes the limit (413), before it fills memory.
-        samples = self.decoded_audio.decoded(
-            self.audio_decoder.decode, form.data, self.config.http.max_audio_duration_s
         )
-        if form.speech is None:
-            return samples, None
-        return samples, speech_windows(samples, detect_speech(samples, form.speech))
+        phases.mark("format")
+        response.headers["server-timing"] = phases.header()
+        return response, duration_s
 
     def _prioritize(self, form: TranscriptionForm, duration_s: float) -> TranscriptionForm:
         """Give the request its priority class if it asked for none."""

@@ -1,6 +1,6 @@
 """Prometheus metrics: request counts and latency from the ingress, the seconds of audio it
-transcribed by model and API key (what an operator bills), and, at each scrape, the encoder and
-decoder replicas' own figures (KV blocks, queues, batch sizes)."""
+transcribed by model and API key (what an operator bills), and, at each scrape, the encoder,
+decoder and diarizer replicas' own figures (KV blocks, queues, batch sizes, audio diarized)."""
 
 from __future__ import annotations
 
@@ -191,6 +191,51 @@ class ServingMetrics:
             registry=self.registry,
         )
 
+        # The diarizer's replicas (deployments/diarizer.py), at each scrape.
+        self.diarizer_waiting = Gauge(
+            "whisper_diarizer_waiting",
+            "calls a diarizer replica holds now, queued for a batch or in one",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.diarizer_recordings = Gauge(
+            "whisper_diarizer_recordings",
+            "recordings diarized since start",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.diarizer_audio_seconds = Gauge(
+            "whisper_diarizer_audio_seconds",
+            "seconds of audio diarized since start",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.diarizer_batches = Gauge(
+            "whisper_diarizer_batches",
+            "diarize batches since start: whisper_diarizer_recordings over it, the mean batch",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.diarizer_busy_seconds = Gauge(
+            "whisper_diarizer_busy_seconds",
+            "time spent diarizing batches since start: audio seconds over it, the speed",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.diarizer_voices = Gauge(
+            "whisper_diarizer_voices",
+            "voice embeddings since start (live turns' speakers, warm-ups)",
+            ["replica"],
+            registry=self.registry,
+        )
+        self.diarizer_own_speech_passes = Gauge(
+            "whisper_diarizer_own_speech_passes",
+            "recordings whose speech the diarizer found with a Silero pass of its own, since start "
+            "(the rest came with the ingress's pass)",
+            ["replica"],
+            registry=self.registry,
+        )
+
         # Realtime sessions (deployments/http/realtime.py), this ingress replica's own.
         self.decoded_audio_seconds = Gauge(
             "whisper_ingress_decoded_audio_seconds",
@@ -232,9 +277,12 @@ class ServingMetrics:
         """A transcribed request's audio seconds; ``api_key`` is its ``api_key_label``."""
         self.audio_seconds.labels(model, api_key).inc(audio_s)
 
-    def render(self, stats_by_model: dict[str, tuple[Sequence, Sequence]]) -> bytes:
+    def render(
+        self, stats_by_model: dict[str, tuple[Sequence, Sequence]], diarizer_stats: Sequence = ()
+    ) -> bytes:
         """``stats_by_model``: each model's encoder and decoder replicas' figures; a replica's labels
-        are its model and its index among that model's replicas that answered this scrape."""
+        are its model and its index among that model's replicas that answered this scrape.
+        ``diarizer_stats``: the diarizer replicas' figures (DiarizerStats), labelled by index."""
         for gauge in (
             self.kv_blocks_used,
             self.kv_blocks_free,
@@ -260,6 +308,13 @@ class ServingMetrics:
             self.decoder_rows,
             self.decoder_busy_seconds,
             self.decoder_read_wait_seconds,
+            self.diarizer_waiting,
+            self.diarizer_recordings,
+            self.diarizer_audio_seconds,
+            self.diarizer_batches,
+            self.diarizer_busy_seconds,
+            self.diarizer_voices,
+            self.diarizer_own_speech_passes,
         ):
             gauge.clear()  # replicas come and go; report only the ones that answered this scrape
         for model, (encoder_stats, decoder_stats) in stats_by_model.items():
@@ -300,4 +355,13 @@ class ServingMetrics:
                 if stats.gpu_wait_s is not None:
                     self.encoder_forward_seconds.labels(model, replica, "gpu_wait").set(stats.gpu_wait_s)
                 self.encoder_batches.labels(model, replica).set(stats.batches)
+        for index, stats in enumerate(diarizer_stats):
+            replica = str(index)
+            self.diarizer_waiting.labels(replica).set(stats.waiting)
+            self.diarizer_recordings.labels(replica).set(stats.recordings)
+            self.diarizer_audio_seconds.labels(replica).set(stats.audio_s)
+            self.diarizer_batches.labels(replica).set(stats.batches)
+            self.diarizer_busy_seconds.labels(replica).set(stats.busy_s)
+            self.diarizer_voices.labels(replica).set(stats.voices)
+            self.diarizer_own_speech_passes.labels(replica).set(stats.own_speech_passes)
         return generate_latest(self.registry)

@@ -20,10 +20,9 @@ from deployments.http.option_checks import AcceptedOptions
 from deployments.http.readiness import Readiness
 from deployments.model_config import ModelConfig
 from deployments.orchestration.pipeline import WindowPipeline
+from deployments.replica_stats import answered
 from engine.errors import RequestRejectedError
 from engine.types import DecodeOptions
-
-STATS_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -94,21 +93,9 @@ class ServedModel:
         colocated = self.encoder is None
         encoders, method = (self.decoder, "encoder_stats") if colocated else (self.encoder, "stats")
         encoder_stats, decoder_stats = await asyncio.gather(
-            _answered(encoders, method), _answered(self.decoder, "stats")
+            answered(encoders, method), answered(self.decoder, "stats")
         )
         return encoder_stats, decoder_stats
-
-
-async def _answered(deployment: DeploymentHandle, method: str) -> list:
-    """What the replicas of ``deployment`` answer to ``method`` in time; none when one is late:
-    Serve raises for the whole broadcast then, and a scrape must not fail (500) for a slow replica."""
-    try:
-        results = await deployment.broadcast(method).results_async(
-            timeout_s=STATS_TIMEOUT_S, return_exceptions=True
-        )
-    except TimeoutError:
-        return []
-    return [result for result in results if not isinstance(result, Exception)]
 
 
 @dataclass

@@ -49,6 +49,8 @@ _PUBLIC = {
     "EncoderStates": "engine.kv.sources",
     "SpeechOptions": "engine.transcribe.speech",
     "detect_speech": "engine.transcribe.speech",
+    "speech_probabilities": "engine.transcribe.speech",
+    "speech_regions": "engine.transcribe.speech",
     "speech_windows": "engine.transcribe.speech",
     "AudioWindow": "engine.transcribe.windows",
     "LongFormCursor": "engine.transcribe.windows",

@@ -54,9 +54,16 @@ class DecodedAudio:
             self._held_samples -= samples
             self._room.notify_all()
 
-    def decoded(self, decode: Callable[..., np.ndarray], data: bytes, max_duration_s: float) -> np.ndarray:
+    def decoded(
+        self,
+        decode: Callable[..., np.ndarray],
+        data: bytes,
+        max_duration_s: float,
+        split_channels: bool = False,
+    ) -> np.ndarray:
         """``data``'s samples by ``decode`` (DecodeProcesses.decode, which calls ``hold`` with their
-        count before they cross), held here until the array is freed."""
+        count before they cross), held here until the array is freed; with ``split_channels``
+        [channels, samples], every channel's samples counted."""
         held: list[int] = []
 
         def hold(samples: int) -> None:
@@ -64,7 +71,10 @@ class DecodedAudio:
             held.append(samples)
 
         try:
-            samples = decode(data, max_duration_s, hold)
+            if split_channels:
+                samples = decode(data, max_duration_s, hold, split_channels=True)
+            else:
+                samples = decode(data, max_duration_s, hold)
         except BaseException:
             for count in held:
                 self.release(count)

@@ -10,6 +10,7 @@ from fastapi import Request
 from starlette.datastructures import FormData
 
 from deployments.config import AppConfig
+from deployments.http.channels import parse_channels
 from deployments.http.errors import APIError, model_not_found
 from deployments.http.fields import list_field, parse_flag, parse_number
 from deployments.http.formats import RESPONSE_FORMATS
@@ -35,6 +36,7 @@ class TranscriptionForm:
     speech: SpeechOptions | None  # chunking_strategy (or the server's default): windows from speech
     model: str  # the name of the model its `model` field chooses (by that name or an alias)
     speakers: SpeakerOptions | None = None  # diarized_json or diarize=true: who speaks, too
+    split_channels: bool = False  # channels=split: each channel transcribed and labelled on its own
 
 
 def _parse_threshold(raw, name: str, default: float | None) -> float | None:
@@ -330,11 +332,12 @@ async def parse_transcription_form(
                 for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold")
             }
         )
-    speakers = parse_speaker_fields(form, response_format, task, granularities, config)
+    split_channels = parse_channels(form, response_format, stream)
+    speakers = parse_speaker_fields(form, response_format, task, granularities, config, split_channels)
     # Formats with segment times ask the decoder for Whisper's timestamp tokens (as does
     # sequential long-form, which seeks by them); word times come with verbose_json, and with
     # diarization, which gives each word to a speaker and cuts segments where the speaker changes.
-    timestamps = response_format in ("srt", "vtt", "verbose_json") or speakers is not None
+    timestamps = response_format in ("srt", "vtt", "verbose_json") or speakers is not None or split_channels
     words = "word" in granularities or speakers is not None
     fixed_tokens = _parse_fixed_output_tokens(form.get("fixed_output_tokens"))
     if fixed_tokens is not None:
@@ -365,4 +368,5 @@ async def parse_transcription_form(
         speech,
         served.name,
         speakers,
+        split_channels,
     )

@@ -1,6 +1,8 @@
 """Readiness, as Kubernetes probes expect it: ``/ready`` answers 503 until a warm-up window has gone
 through the whole path (an encoder replica, a K/V transfer, a decoder replica) and 200 after; with
-several models, each model's own path, each warmed up on its own (``models_readiness``).
+several models, each model's own path, each warmed up on its own (``models_readiness``). An app
+with a diarizer is ready once a warm-up clip has come back from a diarizer replica too
+(``DiarizerReadiness``): until then a diarized request would wait for one to start.
 
 ``/health`` says only that the ingress answers (liveness). A replica is constructed with its
 preparation done (weights loaded, the encoder compiled, decode CUDA graphs captured: each logs
@@ -15,10 +17,12 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 
 import numpy as np
 
 from deployments.http.errors import APIError
+from deployments.orchestration.diarization import DiarizationClient
 from deployments.orchestration.pipeline import WindowPipeline
 from engine import SAMPLE_RATE
 from engine.types import DecodeOptions, Priority
@@ -32,11 +36,21 @@ WARM_UP_TIMEOUT_S = 30.0
 
 
 class Readiness:
-    def __init__(self, pipeline: WindowPipeline):
+    """A model's readiness: a warm-up window through its pipeline."""
+
+    proof = "a warm-up window went through an encoder, a transfer and a decoder"
+
+    def __init__(self, pipeline: WindowPipeline | None):
         self.pipeline = pipeline
-        self.warm_up_s: float | None = None  # how long the warm-up window took, once it has succeeded
+        self.warm_up_s: float | None = None  # how long the warm-up took, once it has succeeded
         self.last_error: str | None = None
         self._warming_up: asyncio.Task | None = None
+
+    def _warm_up_call(self) -> Awaitable:
+        silence = np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
+        return self.pipeline.decode_window(
+            f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
+        )
 
     @property
     def is_ready(self) -> bool:
@@ -50,51 +64,70 @@ class Readiness:
 
     async def _warm_up(self) -> None:
         started = time.perf_counter()
-        silence = np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
-        warm_up = self.pipeline.decode_window(
-            f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
-        )
         try:
-            await asyncio.wait_for(warm_up, WARM_UP_TIMEOUT_S)
+            await asyncio.wait_for(self._warm_up_call(), WARM_UP_TIMEOUT_S)
         except asyncio.TimeoutError:
             self.last_error = f"no answer within {WARM_UP_TIMEOUT_S:g} s; its replicas may still be starting"
-            logger.warning("warm-up window: %s; the next readiness probe tries again", self.last_error)
+            logger.warning("warm-up: %s; the next readiness probe tries again", self.last_error)
             return
         except Exception as error:
             self.last_error = str(error) or type(error).__name__
-            logger.warning(
-                "warm-up window failed (%s); the next readiness probe tries again", self.last_error
-            )
+            logger.warning("warm-up failed (%s); the next readiness probe tries again", self.last_error)
             return
         self.warm_up_s = time.perf_counter() - started
-        logger.info(
-            "ready: a warm-up window went through an encoder, a transfer and a decoder in %.2f s",
-            self.warm_up_s,
-        )
+        logger.info("ready: %s in %.2f s", self.proof, self.warm_up_s)
+
+    def state(self) -> dict:
+        """``ready``, then ``warm_up_s`` or the last warm-up's error; one that is not ready starts
+        a warm-up."""
+        if self.check():
+            return {"ready": True, "warm_up_s": round(self.warm_up_s, 3)}
+        return {"ready": False, "last_error": self.last_error}
+
+
+class DiarizerReadiness(Readiness):
+    """The diarizer's readiness: a second of silence through a diarizer replica's voice call (its
+    speaker encoder is loaded before a replica takes calls, so an answer proves one serves)."""
+
+    proof = "a warm-up clip came back from a diarizer replica"
+
+    def __init__(self, diarization: DiarizationClient):
+        super().__init__(pipeline=None)
+        self.diarization = diarization
+
+    def _warm_up_call(self) -> Awaitable:
+        return self.diarization.voice_embedding(np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), np.float32))
 
 
 def models_readiness(models: dict[str, Readiness]) -> tuple[bool, dict[str, dict]]:
-    """Whether every model is ready, and each one's state (`ready`, then `warm_up_s` or the last
-    warm-up's error); a model that is not starts a warm-up. One model's warm-up never waits on another's."""
-    states = {}
-    for name, readiness in models.items():
-        if readiness.check():
-            states[name] = {"ready": True, "warm_up_s": round(readiness.warm_up_s, 3)}
-        else:
-            states[name] = {"ready": False, "last_error": readiness.last_error}
+    """Whether every model is ready, and each one's state (``Readiness.state``). One model's
+    warm-up never waits on another's."""
+    states = {name: readiness.state() for name, readiness in models.items()}
     return all(state["ready"] for state in states.values()), states
 
 
-def not_ready(states: dict[str, dict]) -> APIError:
-    """The 503 for models not ready yet (``models_readiness``'s states), naming them and those ready."""
+def not_ready(states: dict[str, dict], diarizer: dict | None = None) -> APIError:
+    """The 503 for models not ready yet (``models_readiness``'s states) or a diarizer not ready yet
+    (its ``state``), naming them and the models ready."""
     waiting = [name for name, state in states.items() if not state["ready"]]
     errors = [f"{name}: {states[name]['last_error']}" for name in waiting if states[name]["last_error"]]
     ready = [name for name, state in states.items() if state["ready"]]
+    missing = []
+    if waiting:
+        missing.append(
+            f"no window has gone through the encoder and decoder of {', '.join(waiting)} yet"
+            + (f" (last warm-up: {'; '.join(errors)})" if errors else "")
+        )
+    if diarizer is not None and not diarizer["ready"]:
+        last = diarizer["last_error"]
+        missing.append(
+            "no warm-up clip has come back from a diarizer replica yet"
+            + (f" (last warm-up: {last})" if last else "")
+        )
     return APIError(
         503,
-        f"The server is warming up: no window has gone through the encoder and decoder of "
-        f"{', '.join(waiting)} yet"
-        + (f" (last warm-up: {'; '.join(errors)})" if errors else "")
+        "The server is warming up: "
+        + "; ".join(missing)
         + "."
         + (f" Ready: {', '.join(ready)}." if ready else ""),
         error_type="server_error",

@@ -19,10 +19,12 @@ import numpy as np
 from starlette.datastructures import FormData
 
 from deployments.config import AppConfig
+from deployments.diarizer import DiarizerJob
 from deployments.http.errors import APIError
 from deployments.http.fields import list_field, parse_flag, parse_number
 from deployments.http.segments import Segment
-from engine import SAMPLE_RATE, SpeakerTurn, speaker_at, split_by_speaker
+from deployments.orchestration.diarization import DiarizationClient
+from engine import SAMPLE_RATE, DiarizationRequest, SpeakerTurn, speaker_at, split_by_speaker
 from engine.errors import AudioDecodeError, AudioTooLongError, quoted
 from engine.types import TimedText, TimedWord
 
@@ -87,12 +89,18 @@ def parse_known_speakers(names: list[str], references: list[str]) -> dict[str, b
 
 
 def parse_speaker_fields(
-    form: FormData, response_format: str, task: str, granularities: tuple[str, ...], config: AppConfig
+    form: FormData,
+    response_format: str,
+    task: str,
+    granularities: tuple[str, ...],
+    config: AppConfig,
+    split_channels: bool = False,
 ) -> SpeakerOptions | None:
     """The speaker fields: OpenAI's diarized_json with ``known_speaker_names[]`` and
     ``known_speaker_references[]``, and the vendor fields ``diarize`` (speakers on verbose_json),
-    ``min_speakers`` and ``max_speakers``. None: the request is not diarized. OpenAI's diarizing
-    model refuses a prompt and timestamp_granularities; so does diarized_json here."""
+    ``min_speakers`` and ``max_speakers``. None: the diarizer is not asked (the request is not
+    diarized, or ``split_channels``: its channels are its speakers). OpenAI's diarizing model
+    refuses a prompt and timestamp_granularities; so does diarized_json here."""
     diarize = parse_flag(form.get("diarize"), "diarize", False)
     names, references = (
         list_field(form, "known_speaker_names"),
@@ -122,7 +130,16 @@ def parse_speaker_fields(
             "send response_format verbose_json, or diarized_json for OpenAI's diarized format.",
             param="diarize",
         )
-    if config.diarizer is None:
+    if split_channels:
+        for name, sent in given.items():
+            if sent:
+                raise APIError(
+                    400,
+                    f"{name} is for the diarizer; with channels=split each channel is one speaker. "
+                    "Send one of the two.",
+                    param=name,
+                )
+    elif config.diarizer is None:
         raise APIError(
             400,
             "This server does not diarize: its config has no `diarizer` section. Send another "
@@ -145,6 +162,8 @@ def parse_speaker_fields(
             )
         if form.get("prompt"):
             raise APIError(400, "prompt is not supported with response_format diarized_json.", param="prompt")
+    if split_channels:
+        return None
     min_speakers = parse_number(form.get("min_speakers"), "min_speakers", int, 1, MAX_SPEAKERS, None)
     max_speakers = parse_number(form.get("max_speakers"), "max_speakers", int, 1, MAX_SPEAKERS, None)
     if min_speakers and max_speakers and min_speakers > max_speakers:
@@ -204,6 +223,28 @@ def decode_references(
             )
         decoded[name] = samples
     return decoded
+
+
+async def diarized_speakers(
+    diarization: DiarizationClient,
+    samples: np.ndarray,
+    vad_pass: np.ndarray | None,
+    options: SpeakerOptions,
+    references: dict[str, np.ndarray] | None,
+) -> Speakers:
+    """A recording's speakers from the diarizer deployment, ready to put on its transcript.
+    ``vad_pass``: the ingress's Silero pass over ``samples`` (None when it ran none), handed on
+    so that the diarizer reads its speech regions from it instead of running the model again."""
+    request = DiarizationRequest(samples, options.min_speakers, options.max_speakers, vad_pass)
+    timeline = await diarization.diarize(DiarizerJob(request, references or {}))
+    if timeline.silent_references:
+        raise APIError(
+            400,
+            f"{REFERENCES_FIELD} for {', '.join(timeline.silent_references)} holds no speech to "
+            "take a voice from; send 2 to 10 seconds of that speaker talking.",
+            param=REFERENCES_FIELD,
+        )
+    return Speakers(timeline.turns, timeline.names)
 
 
 @dataclass(frozen=True)

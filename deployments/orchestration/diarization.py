@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 from ray.serve.handle import DeploymentHandle
 
-from deployments.diarizer import DiarizerJob, SpeakerTimeline
+from deployments.diarizer import DiarizerJob, DiarizerStats, SpeakerTimeline
 from deployments.orchestration.pipeline import REPLICA_LOST
+from deployments.replica_stats import answered
 from engine.errors import RetriableError
 
 logger = logging.getLogger("ray.serve")
@@ -33,6 +34,10 @@ class DiarizationClient:
     async def voice_embedding(self, samples_16k: np.ndarray) -> np.ndarray | None:
         """The voice of a stretch of audio (a live turn's), or None when it holds no speech."""
         return await self._call("voice_embedding", samples_16k)
+
+    async def replica_stats(self) -> list[DiarizerStats]:
+        """Every diarizer replica's figures that answered in time, for /metrics."""
+        return await answered(self.diarizer, "stats")
 
     async def _call(self, method: str, argument: Any) -> Any:
         failure = "no attempt made"

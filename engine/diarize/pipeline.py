@@ -33,7 +33,10 @@ class Diarizer:
         windows = [
             RecordingWindows(
                 request.samples,
-                subsegments(diarization_regions(request.samples), self.subsegment_options),
+                subsegments(
+                    diarization_regions(request.samples, request.speech_probabilities),
+                    self.subsegment_options,
+                ),
             )
             for request in requests
         ]

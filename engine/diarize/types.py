@@ -6,17 +6,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.model.vad import FRAME_SAMPLES
+
 
 @dataclass(frozen=True)
 class DiarizationRequest:
     """One recording to diarize: 16 kHz mono float32 samples, and optional bounds on the number of
-    speakers (OpenAI's vendor fields ``min_speakers`` / ``max_speakers``); equal bounds fix it."""
+    speakers (OpenAI's vendor fields ``min_speakers`` / ``max_speakers``); equal bounds fix it.
+
+    ``speech_probabilities``: Silero VAD's per-frame probabilities of ``samples``
+    (engine/transcribe/speech.py ``speech_probabilities``) when the caller ran that pass already,
+    as the ingress does to cut a request's windows at speech; the diarizer then reads its speech
+    regions from them instead of running the model a second time over the same audio. None: the
+    diarizer runs it."""
 
     samples: np.ndarray
     min_speakers: int | None = None
     max_speakers: int | None = None
+    speech_probabilities: np.ndarray | None = None
 
     def __post_init__(self):
+        if self.speech_probabilities is not None:
+            frames = -(-len(self.samples) // FRAME_SAMPLES)
+            if len(self.speech_probabilities) != frames:
+                raise ValueError(
+                    f"speech_probabilities has {len(self.speech_probabilities)} frames; "
+                    f"{len(self.samples)} samples make {frames}"
+                )
         for name in ("min_speakers", "max_speakers"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -51,6 +51,7 @@ class DecodeJob:
     """What the parent sends before the upload's bytes."""
 
     max_duration_s: float | None
+    split_channels: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,9 @@ class DecodeReply:
     the error decoding raised (then no bytes follow): an engine error is a refusal in words, the
     client's to read; any other a fault of the server's, a RuntimeError that names it."""
 
-    sample_count: int = 0
+    sample_count: int = 0  # every channel's samples, with split channels
     error: Exception | None = None
+    channels: int = 1  # split channels: the samples follow channel by channel
 
 
 class _Worker:
@@ -80,19 +82,27 @@ class _Worker:
         self.connection = parent_end
 
     def decode(
-        self, data: bytes, max_duration_s: float | None, hold: Callable[[int], None] | None
+        self,
+        data: bytes,
+        max_duration_s: float | None,
+        hold: Callable[[int], None] | None,
+        split_channels: bool = False,
     ) -> tuple[DecodeReply, np.ndarray]:
-        """The worker's reply and the samples it sent. Raises EOFError (or OSError) when the worker
-        dies before it has answered."""
-        self.connection.send(DecodeJob(max_duration_s))
+        """The worker's reply and the samples it sent ([channels, samples] when split). Raises
+        EOFError (or OSError) when the worker dies before it has answered."""
+        self.connection.send(DecodeJob(max_duration_s, split_channels))
         self.connection.send_bytes(data)
         reply: DecodeReply = self.connection.recv()
         if hold is not None and reply.error is None:
             hold(reply.sample_count)
-        samples = np.empty(reply.sample_count, dtype=np.float32)
+        shape = (
+            (reply.channels, reply.sample_count // reply.channels) if split_channels else reply.sample_count
+        )
+        samples = np.empty(shape, dtype=np.float32)
+        flat = samples.reshape(-1)  # a view: the bytes land in ``samples``
         received_bytes = 0
         while received_bytes < samples.nbytes:  # the batches, each written where it belongs
-            received_bytes += self.connection.recv_bytes_into(samples, received_bytes)
+            received_bytes += self.connection.recv_bytes_into(flat, received_bytes)
         return reply, samples
 
     def death(self) -> str:
@@ -143,9 +153,11 @@ class DecodeProcesses:
         data: bytes,
         max_duration_s: float | None = None,
         hold: Callable[[int], None] | None = None,
+        split_channels: bool = False,
     ) -> np.ndarray:
-        """As engine.model.ffmpeg.decode_audio, in a worker. Raises AudioDecodeError too when the
-        worker dies on this upload; another worker takes its place.
+        """As engine.model.ffmpeg.decode_audio (with ``split_channels``, decode_audio_channels), in a
+        worker. Raises AudioDecodeError too when the worker dies on this upload; another worker
+        takes its place.
 
         ``hold`` is called with the number of samples once the worker has them and before they
         cross into this process: it may wait for room for them, or raise to refuse them (the worker,
@@ -160,7 +172,7 @@ class DecodeProcesses:
             logger.warning("a decoding process died (%s) while idle; starting another", worker.death())
             worker = self._replaced(worker)
         try:
-            reply, samples = worker.decode(data, max_duration_s, hold)
+            reply, samples = worker.decode(data, max_duration_s, hold, split_channels)
         except (EOFError, OSError):
             death = worker.death()
             logger.warning("a decoding process died (%s) on an upload; starting another", death)
@@ -201,7 +213,7 @@ def _serve(connection: Connection) -> None:
         except EOFError:  # the parent closed the pool, or died
             return
         try:
-            pieces = decode_audio_pieces(data, job.max_duration_s)
+            pieces = decode_audio_pieces(data, job.max_duration_s, job.split_channels)
         except EngineError as error:
             connection.send(DecodeReply(error=error))
             continue
@@ -210,8 +222,18 @@ def _serve(connection: Connection) -> None:
             failure = RuntimeError(f"decoding failed unexpectedly: {type(error).__name__}: {error}")
             connection.send(DecodeReply(error=failure))
             continue
-        connection.send(DecodeReply(sample_count=sum(piece.size for piece in pieces)))
-        _send_samples(connection, pieces)
+        if not job.split_channels:
+            connection.send(DecodeReply(sample_count=sum(piece.size for piece in pieces)))
+            _send_samples(connection, pieces)
+        else:
+            # Channel by channel, so that the parent's array is [channels, samples] as it lands.
+            channels = pieces[0].shape[1] if pieces else 1
+            connection.send(
+                DecodeReply(sample_count=sum(p.shape[0] for p in pieces) * channels, channels=channels)
+            )
+            for channel in range(channels):
+                _send_samples(connection, [np.ascontiguousarray(piece[:, channel]) for piece in pieces])
+            pieces.clear()
         _return_freed_memory()
 
 

@@ -43,10 +43,23 @@ def decode_audio(data: bytes, max_duration_s: float | None = None) -> np.ndarray
     return np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
 
 
-def decode_audio_pieces(data: bytes, max_duration_s: float | None = None) -> list[np.ndarray]:
+def decode_audio_channels(data: bytes, max_duration_s: float | None = None) -> np.ndarray:
+    """As ``decode_audio``, each channel kept apart: [channels, samples] float32 at 16 kHz, for a
+    request that transcribes each channel on its own (a stereo call, one party a channel)."""
+    pieces = decode_audio_pieces(data, max_duration_s, split_channels=True)
+    if not pieces:
+        return np.zeros((1, 0), dtype=np.float32)
+    return np.ascontiguousarray(np.concatenate(pieces).T)
+
+
+def decode_audio_pieces(
+    data: bytes, max_duration_s: float | None = None, split_channels: bool = False
+) -> list[np.ndarray]:
     """``data``'s samples (float32, mono, 16 kHz) as the decoder gave them, a short array per
     frame, in order: a caller that passes them on (engine/model/decode_processes.py) never needs
-    room for a second copy of the whole file, as joining them would.
+    room for a second copy of the whole file, as joining them would. ``split_channels``: each piece
+    is [samples, channels] instead, the channels as the file has them (a stream whose channel
+    count changes on the way cannot be split, and is refused).
 
     ``max_duration_s`` bounds the work and memory: a file whose header claims more audio, or that
     decodes into more, raises AudioTooLongError as soon as that is known, not after decoding it
@@ -74,7 +87,7 @@ def decode_audio_pieces(data: bytes, max_duration_s: float | None = None) -> lis
             if claimed_s is not None and claimed_s > max_duration_s:
                 raise AudioTooLongError(claimed_s, max_duration_s, claimed=True)
         max_samples = None if max_duration_s is None else math.floor(max_duration_s * SAMPLE_RATE)
-        pieces = _decode_stream(container, stream, max_samples, max_duration_s)
+        pieces = _decode_stream(container, stream, max_samples, max_duration_s, split_channels)
     _check_sample_range(pieces)
     return pieces
 
@@ -101,6 +114,7 @@ def _decode_stream(
     stream: av.AudioStream,
     max_samples: int | None,
     max_duration_s: float | None,
+    split_channels: bool,
 ) -> list[np.ndarray]:
     pieces: list[np.ndarray] = []
     total = 0
@@ -122,17 +136,22 @@ def _decode_stream(
                 kind = (frame.format.name, frame.layout.name, frame.layout.nb_channels, frame.sample_rate)
                 if resampler is None or kind != frame_kind:
                     if resampler is not None:  # the format, layout or rate changed mid-stream
-                        total += _append(pieces, resampler.resample(None))
+                        total += _append(pieces, resampler.resample(None), split_channels)
+                        if split_channels and frame.layout.nb_channels != frame_kind[2]:
+                            raise AudioDecodeError(
+                                f"could not split the audio's channels: its stream changes from "
+                                f"{frame_kind[2]} to {frame.layout.nb_channels} channels"
+                            )
                     _check_channels(frame.layout.nb_channels)
                     frame_kind = kind
                     # The frame's own layout, kept: the channels are mixed in _append.
                     resampler = av.AudioResampler(format=_PACKED_FLOAT, rate=SAMPLE_RATE)
                 frame.pts = None  # the resampler times its output itself; broken pts only upset it
-                total += _append(pieces, resampler.resample(frame))
+                total += _append(pieces, resampler.resample(frame), split_channels)
                 if max_samples is not None and total > max_samples:
                     raise AudioTooLongError(total / SAMPLE_RATE, max_duration_s, claimed=False)
         if resampler is not None:
-            total += _append(pieces, resampler.resample(None))
+            total += _append(pieces, resampler.resample(None), split_channels)
     except av.FFmpegError as error:  # the container itself broke off (truncated, corrupt index)
         if not pieces:
             raise AudioDecodeError(
@@ -156,15 +175,20 @@ def _check_channels(channels: int) -> None:
         )
 
 
-def _append(pieces: list[np.ndarray], frames: list[av.AudioFrame]) -> int:
-    """Mix each resampled frame (packed float) to mono, the mean of its channels, onto ``pieces``;
-    returns the number of samples added."""
+def _append(pieces: list[np.ndarray], frames: list[av.AudioFrame], split_channels: bool = False) -> int:
+    """Mix each resampled frame (packed float) to mono, the mean of its channels, onto ``pieces``,
+    or with ``split_channels`` keep it as [samples, channels]; returns the number of samples (per
+    channel) added."""
     added = 0
     for frame in frames:
         if frame.format.is_planar:  # see _PACKED_FLOAT: never read a planar frame's planes
             raise AssertionError(f"the resampler gave a planar frame ({frame.format.name})")
         channels = frame.layout.nb_channels
         interleaved = frame.to_ndarray().reshape(-1, channels)  # [samples, channels], float32
+        if split_channels:
+            pieces.append(np.ascontiguousarray(interleaved))
+            added += interleaved.shape[0]
+            continue
         mono = interleaved[:, 0] if channels == 1 else interleaved.mean(axis=1, dtype=np.float32)
         pieces.append(np.ascontiguousarray(mono))
         added += mono.shape[0]

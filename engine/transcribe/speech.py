@@ -86,11 +86,17 @@ def speech_regions(probabilities: np.ndarray, num_samples: int, options: SpeechO
     return regions
 
 
+def speech_probabilities(samples: np.ndarray) -> np.ndarray:
+    """16 kHz float32 audio -> Silero VAD's speech probability for each 32 ms frame: the one pass
+    that ``speech_regions`` turns into regions under any number of policies (a diarized request's
+    transcription and its diarization read the same pass)."""
+    return load_silero_vad().speech_probabilities(samples)
+
+
 def detect_speech(samples: np.ndarray, options: SpeechOptions) -> list[SpeechRegion]:
     """16 kHz float32 audio -> its speech regions, by Silero VAD (benchmarks/bench_ingest.py times
     it)."""
-    probabilities = load_silero_vad().speech_probabilities(samples)
-    return speech_regions(probabilities, len(samples), options)
+    return speech_regions(speech_probabilities(samples), len(samples), options)
 
 
 def speech_windows(samples: np.ndarray, regions: list[SpeechRegion]) -> list[AudioWindow]:

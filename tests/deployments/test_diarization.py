@@ -1,7 +1,8 @@
 """Who said what, through the default app (its diarizer deployment included) on a real local Ray
 Serve and the official openai client: diarized_json's error rate against engine/diarize run here
-on the same audio, known speakers named from references, the diarized stream, OpenAI's refusals,
-and a diarizer replica killed mid-request."""
+on the same audio, known speakers named from references, the diarized stream, a stereo call split
+by channel, the diarizer in /ready and /metrics, OpenAI's refusals, and a diarizer replica killed
+mid-request."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from pyannote.metrics.diarization import DiarizationErrorRate
 from engine.diarize import DiarizationRequest, Diarizer, SpeakerEncoderOptions, word_speakers
 from engine.model.audio import SAMPLE_RATE, load_audio_file
 from engine.types import TimedWord
-from tests.support.app_metrics import metric_sum
-from tests.support.conversations import Conversation, conversation
-from tests.support.encoding import UploadFormat, encode
+from tests.support.app_metrics import metric_sum, scrape
+from tests.support.conversations import Conversation, conversation, stereo_call
+from tests.support.encoding import UploadFormat, encode, encode_channels
 from tests.support.serving import default_app_args, replica_actor, running_app
 from tests.support.speech import SPEECH_DIR
 
@@ -215,6 +216,57 @@ def test_a_diarized_stream_sends_speaker_segments_that_join_to_the_done_text(cli
     ]
 
 
+# ---- channels as speakers ------------------------------------------------------------------------
+
+
+def test_the_stereo_calls_segments_carry_the_right_channel_on_every_segment(client):
+    """channels=split: each party's channel transcribed on its own; every segment is labelled
+    with the channel of the party whose reference turns it overlaps most, and both parties speak."""
+    call = stereo_call(60.0)
+    upload = encode_channels(call.samples, WAV, "stereo")
+    answer = client.audio.transcriptions.create(
+        model="whisper-1",
+        file=("call.wav", upload),
+        response_format="diarized_json",
+        extra_body={"channels": "split"},
+    )
+    segments = [segment.model_dump() for segment in answer.segments]
+    assert len(segments) >= 4 and {s["channel"] for s in segments} == {0, 1}
+    for segment in segments:
+        overlap = {
+            party: sum(
+                max(0.0, min(segment["end"], t.end_s) - max(segment["start"], t.start_s))
+                for t in call.turns
+                if t.speaker == party
+            )
+            for party in call.speakers
+        }
+        assert max(overlap, key=overlap.get) == call.speakers[segment["channel"]], (segment, overlap)
+        assert segment["speaker"] == "AB"[segment["channel"]]
+    assert [s["start"] for s in segments] == sorted(s["start"] for s in segments)
+    assert _words(" ".join(s["text"] for s in segments)) == _words(answer.text)
+    assert answer.duration == pytest.approx(call.samples.shape[1] / SAMPLE_RATE, abs=0.01)
+
+
+# ---- readiness and metrics ------------------------------------------------------------------------
+
+
+def test_the_app_is_ready_with_its_diarizer_and_counts_what_the_diarizer_did(server_url, talk, diarized):
+    deadline = time.monotonic() + 120
+    while (probe := httpx.get(f"{server_url}/ready", timeout=30)).status_code == 503:
+        assert time.monotonic() < deadline, probe.json()
+        time.sleep(0.2)
+    assert probe.json()["diarizer"]["ready"] is True
+    figures = scrape(server_url)
+    assert figures["whisper_diarizer_recordings"] >= 1 and figures["whisper_diarizer_batches"] >= 1
+    assert figures["whisper_diarizer_audio_seconds"] >= talk.duration_s - 0.1
+    assert figures["whisper_diarizer_busy_seconds"] > 0
+    assert figures["whisper_diarizer_voices"] >= 1  # the readiness probe's warm-up clip
+    # The default app cuts windows at speech, so the ingress's Silero pass went to the diarizer.
+    assert figures["whisper_diarizer_own_speech_passes"] == 0
+    assert figures["whisper_diarizer_waiting"] == 0
+
+
 # ---- refusals -------------------------------------------------------------------------------------
 
 
@@ -320,3 +372,5 @@ def test_a_diarizer_replica_killed_mid_request_still_answers_and_leaves_nothing_
     ]
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used") == 0
     assert metric_sum(server_url, "whisper_encoder_staged") == 0
+    assert metric_sum(server_url, "whisper_diarizer_waiting") == 0
+    assert metric_sum(server_url, "whisper_diarizer_recordings") >= 1  # the replacement diarized it

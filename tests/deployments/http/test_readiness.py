@@ -1,12 +1,13 @@
 """Readiness model by model, without Ray: each model's warm-up goes through its own pipeline, so a
 model whose replicas cannot serve stays not ready, says why, and never holds another back. The
-whole app's /ready over HTTP is in tests/deployments/test_models.py and test_serving.py."""
+whole app's /ready over HTTP is in tests/deployments/test_models.py and test_serving.py; the
+diarizer's warm-up beside the models', in the last tests."""
 
 from __future__ import annotations
 
 import asyncio
 
-from deployments.http.readiness import Readiness, models_readiness, not_ready
+from deployments.http.readiness import DiarizerReadiness, Readiness, models_readiness, not_ready
 
 
 class WarmUpPipeline:
@@ -84,3 +85,48 @@ def test_a_warm_up_that_never_answers_is_given_up_and_the_next_probe_sends_a_fre
     states, windows = asyncio.run(probe_twice())
     assert states["base"]["ready"] is False and "no answer within 0.05 s" in states["base"]["last_error"]
     assert windows == 2
+
+
+class WarmUpDiarizer:
+    """The diarizer as readiness sees it: a voice call answered (silence holds no voice) or failed."""
+
+    def __init__(self, failure: Exception | None = None):
+        self.failure = failure
+        self.clips = 0
+
+    async def voice_embedding(self, samples):
+        self.clips += 1
+        await asyncio.sleep(0)
+        if self.failure is not None:
+            raise self.failure
+        return None
+
+
+def test_a_diarizer_not_ready_holds_the_app_back_and_is_named_beside_the_ready_models():
+    async def probe_twice():
+        diarizer = DiarizerReadiness(WarmUpDiarizer(RuntimeError("no diarizer replica")))
+        models = {"tiny.en": Readiness(WarmUpPipeline())}
+        models_readiness(models), diarizer.state()
+        await asyncio.sleep(0.05)
+        return models_readiness(models), diarizer.state()
+
+    (models_ready, states), diarizer = asyncio.run(probe_twice())
+    assert models_ready and diarizer == {"ready": False, "last_error": "no diarizer replica"}
+    error = not_ready(states, diarizer)
+    assert error.status == 503 and error.code == "not_ready"
+    assert error.message == (
+        "The server is warming up: no warm-up clip has come back from a diarizer replica yet "
+        "(last warm-up: no diarizer replica). Ready: tiny.en."
+    )
+
+
+def test_a_diarizer_that_answers_a_warm_up_clip_is_ready():
+    async def probe_twice():
+        answering = WarmUpDiarizer()
+        diarizer = DiarizerReadiness(answering)
+        diarizer.state()
+        await asyncio.sleep(0.05)
+        return diarizer.state(), answering.clips
+
+    state, clips = asyncio.run(probe_twice())
+    assert state["ready"] and state["warm_up_s"] >= 0 and clips == 1

@@ -16,7 +16,7 @@ import pytest
 
 from engine.errors import AudioDecodeError, AudioTooLongError, NoRoomError
 from engine.model.decode_processes import DecodeProcesses
-from engine.model.ffmpeg import SAMPLE_RATE, decode_audio
+from engine.model.ffmpeg import SAMPLE_RATE, decode_audio, decode_audio_channels
 from tests.support.encoding import UploadFormat, encode_channels
 from tests.support.speech import SPEECH_DIR
 
@@ -136,3 +136,22 @@ def test_a_worker_killed_while_idle_is_replaced_without_failing_the_next_upload(
         assert pool.pids != [killed]
     finally:
         pool.close()
+
+
+def test_split_channels_cross_from_a_worker_as_decoding_them_in_process_gives(pool):
+    """channels=split: each channel kept apart, [channels, samples], the same as in process, with
+    every channel's samples counted for the replica's hold."""
+    speech = decode_audio(JFK)[: 2 * SAMPLE_RATE]
+    stereo = np.stack([speech, np.zeros_like(speech)])
+    upload = encode_channels(
+        stereo, UploadFormat("wav", "wav", "wav", "pcm_f32le", "flt", SAMPLE_RATE), "stereo"
+    )
+    held = []
+    channels = pool.decode(upload, hold=held.append, split_channels=True)
+    assert channels.shape == (2, speech.size) and channels.flags.c_contiguous
+    np.testing.assert_array_equal(channels, decode_audio_channels(upload))
+    np.testing.assert_allclose(channels[0], speech, atol=1e-6)
+    assert not channels[1].any()
+    assert held == [2 * speech.size]
+    # Mixed, the same file is the mean of its channels, as before.
+    np.testing.assert_allclose(pool.decode(upload), channels.mean(axis=0), atol=1e-6)

@@ -1,0 +1,183 @@
+"""What diarization costs the served app (issue 66's benchmark), the diarizer on a replica of its
+own as configs/default.yaml ships it:
+
+1. latency of a 5-minute two-speaker recording (tests/support/conversations.py) answered plain
+   (json), with word timestamps (verbose_json: the decoding a diarized request asks for) and
+   diarized (diarized_json); each the median of --repeats, the three kinds taking turns; and the
+   Server-Timing phase ``speakers``: how long a diarized answer waited for the diarizer after its
+   windows were done;
+2. throughput of a load of --requests one-minute two-speaker conversations sent by --clients
+   clients at once, with none diarized and then with every third one diarized.
+
+    .venv/bin/python benchmarks/bench_diarize_served.py [--repeats 2] [--clients 3] [--requests 12]
+        [--diarizer-threads 1] [--record]
+
+Starts a local Ray and the default model of configs/default.yaml (tiny.en) as a one-model app with
+its diarizer. Prints the tables; --record appends them to the results log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.recording import markdown_table, record, titled_tables  # noqa: E402
+from tests.support.app_metrics import scrape, server_timing_ms  # noqa: E402
+from tests.support.conversations import conversation  # noqa: E402
+from tests.support.encoding import UploadFormat, encode  # noqa: E402
+from tests.support.serving import default_app_args, running_app  # noqa: E402
+
+SAMPLE_RATE = 16000
+WAV = UploadFormat("wav-16bit", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE)
+KINDS = {
+    "plain (json)": "json",
+    "word timestamps (verbose_json)": "verbose_json",
+    "diarized": "diarized_json",
+}
+
+
+def _send(url: str, upload: bytes, response_format: str) -> tuple[float, dict[str, float]]:
+    data = {"model": "whisper-1", "response_format": response_format}
+    if response_format == "verbose_json":
+        data["timestamp_granularities[]"] = "word"
+    started = time.perf_counter()
+    response = httpx.post(
+        f"{url}/v1/audio/transcriptions", data=data, files={"file": ("talk.wav", upload)}, timeout=1800
+    )
+    elapsed_s = time.perf_counter() - started
+    response.raise_for_status()
+    return elapsed_s, server_timing_ms(response.headers)
+
+
+def _wait_ready(url: str) -> None:
+    deadline = time.monotonic() + 600
+    while httpx.get(f"{url}/ready", timeout=60).status_code != 200:
+        if time.monotonic() > deadline:
+            raise SystemExit("the app did not get ready in 10 minutes")
+        time.sleep(0.5)
+
+
+def _latency(url: str, repeats: int) -> str:
+    talk = conversation("two_speakers_5min", ["osr", "multi_en"], 300.0, seed=5)
+    upload = encode(talk.samples, WAV)
+    _send(url, upload, "diarized_json")  # first calls: the diarizer's clustering imports, caches
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    waits_ms: list[float] = []
+    for repeat in range(repeats):
+        order = list(KINDS)[repeat % len(KINDS) :] + list(KINDS)[: repeat % len(KINDS)]
+        for kind in order:
+            elapsed_s, phases = _send(url, upload, KINDS[kind])
+            times[kind].append(elapsed_s)
+            if KINDS[kind] == "diarized_json":
+                waits_ms.append(phases.get("speakers", 0.0))
+    plain_s = statistics.median(times["plain (json)"])
+    words_s = statistics.median(times["word timestamps (verbose_json)"])
+    rows = []
+    for kind, values in times.items():
+        median_s = statistics.median(values)
+        rows.append(
+            [kind, round(talk.duration_s), median_s, min(values), median_s / plain_s, median_s / words_s]
+        )
+    table = markdown_table(
+        ["request", "audio s", "median s", "fastest s", "/ plain", "/ word timestamps"], rows
+    )
+    return (
+        table + f"\n\nA diarized answer waited for the diarizer after its windows: median "
+        f"{statistics.median(waits_ms) / 1000:.2f} s (Server-Timing `speakers`)."
+    )
+
+
+def _throughput(url: str, clients: int, requests: int) -> str:
+    calls = [
+        conversation(f"call_{seed}", ["jfk", "tts_f2"], 60.0, seed=seed)
+        for seed in range(11, 11 + min(requests, 4))
+    ]
+    uploads = [encode(call.samples, WAV) for call in calls]
+    audio_s = [call.duration_s for call in calls]
+    rows = []
+    for label, diarized_every in (("none diarized", 0), ("a third diarized", 3)):
+        plan = [
+            (
+                index % len(uploads),
+                "diarized_json" if diarized_every and index % diarized_every == 0 else "json",
+            )
+            for index in range(requests)
+        ]
+        before = scrape(url)
+        started = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            latencies = list(pool.map(lambda item: _send(url, uploads[item[0]], item[1])[0], plan))
+        wall_s = time.perf_counter() - started
+        after = scrape(url)
+        total_audio_s = sum(audio_s[upload] for upload, _ in plan)
+        diarized_s = after.get("whisper_diarizer_audio_seconds", 0) - before.get(
+            "whisper_diarizer_audio_seconds", 0
+        )
+        rows.append(
+            [
+                label,
+                requests,
+                round(total_audio_s),
+                round(diarized_s),
+                wall_s,
+                requests / wall_s,
+                total_audio_s / wall_s,
+                statistics.median(latencies),
+                max(latencies),
+            ]
+        )
+    return markdown_table(
+        [
+            "load",
+            "requests",
+            "audio s",
+            "audio s diarized",
+            "wall s",
+            "requests / s",
+            "audio s / wall s",
+            "median latency s",
+            "slowest s",
+        ],
+        rows,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=12)
+    parser.add_argument("--diarizer-threads", type=int, default=None, help="the diarizer's torch threads")
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+
+    app_args = default_app_args()
+    if args.diarizer_threads is not None:
+        app_args["diarizer"] = {**app_args["diarizer"], "torch_threads": args.diarizer_threads}
+    with running_app(app_args) as url:
+        _wait_ready(url)
+        tables = [
+            ("Latency of a 5-minute two-speaker recording", _latency(url, args.repeats)),
+            (
+                f"Throughput: {args.requests} one-minute conversations, {args.clients} clients at once",
+                _throughput(url, args.clients, args.requests),
+            ),
+        ]
+    body = titled_tables(tables)
+    print(body)
+    if args.record:
+        record("Diarization in the served app: latency and mixed load (bench_diarize_served.py)", body)
+
+
+if __name__ == "__main__":
+    main()
