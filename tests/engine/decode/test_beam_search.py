@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.encode.runner import EncoderRunner
 from engine.kv.block_pool import blocks_needed
 from engine.kv.sources import CrossKVTensor
 from engine.model.audio import log_mel_spectrogram
@@ -69,8 +70,8 @@ def reference_tokens(tiny_en, reference):
 
 
 @pytest.fixture(scope="module")
-def speech_set_cross_kvs(tiny_en) -> list[torch.Tensor]:
-    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()])
+def speech_set_cross_kvs(tiny_en, speech_set_states) -> list[torch.Tensor]:
+    return list(EncoderRunner(tiny_en).cross_kv(torch.stack(speech_set_states)))
 
 
 def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOptions]]):
