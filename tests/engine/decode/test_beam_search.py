@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
+from engine.encode.runner import EncoderRunner
 from engine.kv.block_pool import blocks_needed
 from engine.kv.sources import CrossKVTensor
 from engine.model.audio import log_mel_spectrogram
@@ -17,7 +18,11 @@ from engine.model.loading import load_model
 from engine.types import DecodeOptions, FallbackOptions, FinishReason
 from tests.support.engines import cross_kvs_of, decode_one, engine_with, run_to_completion_by_id
 from tests.support.models import save_random_whisper
-from tests.support.openai_whisper_reference import openai_whisper_beam_search, openai_whisper_model
+from tests.support.openai_whisper_reference import (
+    openai_whisper_audio_features,
+    openai_whisper_beam_search,
+    openai_whisper_model,
+)
 from tests.support.speech import short_english_clips, windows_of
 
 CLIPS = short_english_clips()[:4]
@@ -38,17 +43,21 @@ def reference(tiny_en):
 @pytest.fixture(scope="module")
 def reference_tokens(tiny_en, reference):
     """openai-whisper's beam search of one window, each (clip, settings) decoded once for the
-    module: the tests compare several of our choosers and step modes with the same reference."""
+    module: the tests compare several of our choosers and step modes with the same reference. Each
+    clip goes through openai-whisper's encoder once, however many settings decode it."""
     tokens: dict[tuple, list[int]] = {}
+    audio_features: dict[str, torch.Tensor] = {}
 
     def decode(
         clip, mel: torch.Tensor, beam_size: int, patience=None, length_penalty=None, timestamps=False
     ) -> list[int]:
         key = (clip.id, beam_size, patience, length_penalty, timestamps)
         if key not in tokens:
+            if clip.id not in audio_features:
+                audio_features[clip.id] = openai_whisper_audio_features(reference, mel)
             tokens[key] = openai_whisper_beam_search(
                 reference,
-                mel,
+                audio_features[clip.id],
                 beam_size,
                 tiny_en.weights.suppress_tokens,
                 patience=patience,
@@ -61,8 +70,8 @@ def reference_tokens(tiny_en, reference):
 
 
 @pytest.fixture(scope="module")
-def speech_set_cross_kvs(tiny_en) -> list[torch.Tensor]:
-    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()])
+def speech_set_cross_kvs(tiny_en, speech_set_states) -> list[torch.Tensor]:
+    return list(EncoderRunner(tiny_en).cross_kv(torch.stack(speech_set_states)))
 
 
 def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOptions]]):

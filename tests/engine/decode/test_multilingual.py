@@ -19,6 +19,7 @@ from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion
 from tests.support.hf_reference import hf_greedy_as_engine, hf_model
 from tests.support.speech import SPEECH_DIR
+from tests.support.threads import reference_threads
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +47,9 @@ def windows() -> dict[str, np.ndarray]:
 def test_language_is_detected_per_window_as_faster_whisper_detects_it(base, windows):
     from faster_whisper import WhisperModel
 
-    reference = WhisperModel(str(base.weights.folder), device="cpu", compute_type="float32", cpu_threads=2)
+    reference = WhisperModel(
+        str(base.weights.folder), device="cpu", compute_type="float32", cpu_threads=reference_threads()
+    )
     results = Transcriber(loaded=base).transcribe(list(windows.values()), DecodeOptions(max_tokens=20))
     ours = [result.language for result in results]
     theirs = [reference.detect_language(window)[0] for window in windows.values()]

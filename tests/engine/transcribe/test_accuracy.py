@@ -26,6 +26,7 @@ from engine.transcribe.windows import split_windows
 from engine.types import DecodeOptions
 from tests.support.engines import config_with
 from tests.support.speech import broad_clips, english_clips, sample_of, samples_of, windows_of
+from tests.support.threads import reference_threads
 
 # The broad speech set's clips the default is held to in a test (an even sample: the whole set
 # takes float32 several minutes on two cores; benchmarks/bench_cpu_precision.py scores all of it).
@@ -61,7 +62,7 @@ def our_word_error_rate(our_transcripts) -> float:
 def faster_whisper_greedy() -> list[str]:
     """faster-whisper fp32 greedy on the speech set, computed once for the tests that compare with it."""
     return faster_whisper_transcripts(
-        resolve_model_folder("tiny.en"), english_clips(), compute_type="float32", threads=2
+        resolve_model_folder("tiny.en"), english_clips(), compute_type="float32", threads=reference_threads()
     )
 
 
@@ -90,12 +91,21 @@ def same_windows_as_ours() -> list[list]:
     return clip_windows
 
 
+@pytest.fixture(scope="module")
+def ctranslate2_on_our_windows(same_windows_as_ours) -> dict[int, list[str]]:
+    """CTranslate2 fp32 greedy and at beam 5 on our windows, by beam size: each window encoded once
+    for both."""
+    return ctranslate2_transcripts(
+        resolve_model_folder("tiny.en"), same_windows_as_ours, threads=reference_threads(), beam_sizes=(1, 5)
+    )
+
+
 @pytest.mark.slow
 def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_windows(
-    our_word_error_rate, same_windows_as_ours
+    our_word_error_rate, ctranslate2_on_our_windows
 ):
     clips = english_clips()
-    theirs = ctranslate2_transcripts(resolve_model_folder("tiny.en"), same_windows_as_ours, threads=2)
+    theirs = ctranslate2_on_our_windows[1]
     their_wer = word_error_rate([clip.text for clip in clips], theirs)
     print(f"WER on the same windows: ours {our_word_error_rate:.2%}, CTranslate2 fp32 greedy {their_wer:.2%}")
     assert abs(our_word_error_rate - their_wer) <= 0.005
@@ -103,7 +113,7 @@ def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_w
 
 @pytest.mark.slow
 def test_beam_five_is_within_half_a_point_of_faster_whisper_at_beam_five(
-    tiny_en, our_word_error_rate, faster_whisper_greedy, same_windows_as_ours
+    tiny_en, our_word_error_rate, faster_whisper_greedy, ctranslate2_on_our_windows
 ):
     clips = english_clips()
     references = [clip.text for clip in clips]
@@ -112,11 +122,12 @@ def test_beam_five_is_within_half_a_point_of_faster_whisper_at_beam_five(
     folder = resolve_model_folder("tiny.en")
     their_greedy_wer = word_error_rate(references, faster_whisper_greedy)
     their_beam_wer = word_error_rate(
-        references, faster_whisper_transcripts(folder, clips, compute_type="float32", threads=2, beam_size=5)
+        references,
+        faster_whisper_transcripts(
+            folder, clips, compute_type="float32", threads=reference_threads(), beam_size=5
+        ),
     )
-    same_windows_wer = word_error_rate(
-        references, ctranslate2_transcripts(folder, same_windows_as_ours, threads=2, beam_size=5)
-    )
+    same_windows_wer = word_error_rate(references, ctranslate2_on_our_windows[5])
     print(
         f"WER on {len(clips)} clips, greedy -> beam 5: ours {our_word_error_rate:.2%} -> {our_beam_wer:.2%}; "
         f"faster-whisper fp32 {their_greedy_wer:.2%} -> {their_beam_wer:.2%}; "
