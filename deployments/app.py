@@ -17,7 +17,7 @@ from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
 from deployments.model_config import ModelConfig
 from deployments.replica_options import ReplicaOptions
-from deployments.routing import MostFreeKVBlocksRouter
+from deployments.routing import MostFreeKVBlocksRouter, SessionRoomRouter
 
 
 def _deployment_options(
@@ -122,7 +122,14 @@ def build_whisper_app(config: AppConfig) -> Application:
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
     if runtime_env := config.http.ingress_runtime_env():
         ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
-    ingress = serve.deployment(Ingress).options(**ingress_options)
+    ingress = serve.deployment(Ingress).options(
+        **ingress_options,
+        # Through Serve's proxy; HAProxy in front (docs/operations.md) balances by open connections.
+        request_router_config=RequestRouterConfig(
+            request_router_class=SessionRoomRouter,
+            request_routing_stats_period_s=config.realtime.routing_stats_period_s,
+        ),
+    )
     return ingress.bind(
         config,
         {model.name: _model_deployments(config, model) for model in config.models},

@@ -46,6 +46,7 @@ from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.diarization import DiarizationClient
 from deployments.orchestration.live_turn import PartialPassSlots
+from deployments.routing import SessionRoutingStats
 from deployments.served_models import ServedModel, ServedModels
 from engine import (
     SAMPLE_RATE,
@@ -100,6 +101,7 @@ class Ingress:
             config.http.min_upload_bytes_per_s,
         )
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
+        self.routing_reports = 0  # record_routing_stats calls: a report's id
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
         # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
         self.audio_decoder = DecodeProcesses(config.http.decode_processes, config.http.decoded_audio_wait_s)
@@ -148,8 +150,8 @@ class Ingress:
             refusal = (
                 RealtimeEventError(
                     "session_limit_reached",
-                    f"This server replica holds {self.config.realtime.max_sessions} sessions already; "
-                    "retry shortly.",
+                    f"The server holds all the sessions it can ({self.config.realtime.max_sessions} "
+                    "per replica); retry shortly.",
                 ),
                 CLOSE_TRY_AGAIN_LATER,
             )
@@ -181,6 +183,12 @@ class Ingress:
         finally:
             self.realtime_sessions -= 1
             self.metrics.realtime_sessions.dec()
+
+    def record_routing_stats(self) -> dict[str, int]:
+        """Serve calls this every realtime.routing_stats_period_s: deployments/routing.py spreads by it."""
+        self.routing_reports += 1
+        limit = self.config.realtime.max_sessions
+        return SessionRoutingStats(self.routing_reports, self.realtime_sessions, limit).as_dict()
 
     @app.get("/health")
     async def health(self) -> Response:

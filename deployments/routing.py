@@ -1,15 +1,22 @@
-"""Routing windows to the decoder replica with the most free KV blocks.
+"""The app's own request routers: decoder windows by free KV blocks, live sessions by room.
 
-Serve's default router picks the shorter queue of two random replicas. For decoders the queue
-length says little: a replica with few requests may hold the K/V of many long windows, and one
-whose windows wait for blocks is full whatever its queue says. Each decoder replica reports its
-pool (``record_routing_stats``, every ``routing_stats_period_s``); this router ranks replicas by
-the free blocks they will have once the windows already queued there are admitted.
+**Decoders.** Serve's default router picks the shorter queue of two random replicas. For decoders
+the queue length says little: a replica with few requests may hold the K/V of many long windows,
+and one whose windows wait for blocks is full whatever its queue says. Each decoder replica reports
+its pool (``record_routing_stats``, every ``routing_stats_period_s``); ``MostFreeKVBlocksRouter``
+ranks replicas by the free blocks they will have once the windows already queued there are admitted.
+
+**Ingress.** Serve's proxy prefers the ingress replica on its own node, so on a cluster each node's
+proxy fills its own replica up to `realtime.max_sessions`, which then closes new sessions with 1013
+while the others have room. ``SessionRoomRouter`` ranks every replica alike, wherever it runs: those
+with session room first, the full ones last; within a rank Serve takes the replica with the fewest
+ongoing requests, and a session is one for as long as it is open. Sessions spread evenly, and one
+reaches a full replica (its 1013) only when every replica is full.
 
 Reports are up to a period old, so a burst would all go to whichever replica looked emptiest at
-the last report. The router therefore counts the windows it has sent to each replica since that
-replica's last report and subtracts their reservations from the reported figure (Ray Serve LLM's
-prefix-aware router guards against the same herding with an imbalance threshold).
+the last report. Both routers therefore count the calls they have sent to each replica since that
+replica's last report (Ray Serve LLM's prefix-aware router guards against the same herding with an
+imbalance threshold).
 """
 
 from __future__ import annotations
@@ -23,9 +30,43 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, Reque
 DECODE_METHOD = "decode"  # the only call that takes blocks; check_options and stats take none
 
 
+class RoutingReport:
+    """A replica's report to its router, carried by Serve as a dict of ints (routing stats)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, stats: dict[str, Any] | None):
+        """The report, or None where the replica has not reported yet (it just started)."""
+        try:
+            return cls(**{name: int(stats[name]) for name in cls.__dataclass_fields__})
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+NOT_REPORTED = -1  # the report id of a replica that has not reported yet
+
+
+class SentSinceReport:
+    """The calls a router has sent to each replica since that replica's last report."""
+
+    def __init__(self):
+        # replica -> (the report id the count is relative to, calls sent since that report)
+        self._counts: dict[ReplicaID, tuple[int, int]] = {}
+
+    def count(self, replica_id: ReplicaID, report_id: int) -> int:
+        counted_since, sent = self._counts.get(replica_id, (report_id, 0))
+        # A newer report than the count's already has those calls in its figures.
+        return sent if counted_since == report_id else 0
+
+    def add(self, replica_id: ReplicaID, report_id: int) -> None:
+        self._counts[replica_id] = (report_id, self.count(replica_id, report_id) + 1)
+
+
 @dataclass(frozen=True)
-class KVRoutingStats:
-    """What a decoder replica reports to the router (as a dict: Serve's routing-stats format)."""
+class KVRoutingStats(RoutingReport):
+    """What a decoder replica reports to the router."""
 
     report_id: int  # increases with every report, so the router knows a fresh one
     num_total_blocks: int
@@ -33,42 +74,23 @@ class KVRoutingStats:
     waiting_blocks: int  # worst-case reservations of windows queued in the replica, not yet admitted
     blocks_per_window: int  # a typical window's reservation: what one more routed window will take
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, stats: dict[str, Any] | None) -> "KVRoutingStats | None":
-        try:
-            return cls(**{name: int(stats[name]) for name in cls.__dataclass_fields__})
-        except (KeyError, TypeError, ValueError):
-            return None  # not reported yet (a replica just started)
-
-
-NOT_REPORTED = -1  # the report id of a replica that has not reported yet
-
 
 class MostFreeKVBlocksRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs) -> None:
-        # replica -> (the report id the count is relative to, windows sent since that report)
-        self._sent_since_report: dict[ReplicaID, tuple[int, int]] = {}
-
-    def _windows_sent_since(self, replica_id: ReplicaID, report_id: int) -> int:
-        counted_since, sent = self._sent_since_report.get(replica_id, (report_id, 0))
-        # A newer report than the count's already has those windows in its figures.
-        return sent if counted_since == report_id else 0
+        self._windows_sent = SentSinceReport()
 
     def expected_free_blocks(
         self, replica: RunningReplica, reports: dict[ReplicaID, KVRoutingStats]
     ) -> float:
         stats = reports.get(replica.replica_id)
         if stats is not None:
-            sent = self._windows_sent_since(replica.replica_id, stats.report_id)
+            sent = self._windows_sent.count(replica.replica_id, stats.report_id)
             return stats.num_free_blocks - stats.waiting_blocks - sent * stats.blocks_per_window
         # Not reported yet (just started): its pool is empty; take the size of the others' pools, so
         # a burst spreads over new replicas by windows sent instead of all going to the first one.
         pool_blocks = max((s.num_total_blocks for s in reports.values()), default=0)
         window_blocks = max((s.blocks_per_window for s in reports.values()), default=1)
-        return pool_blocks - self._windows_sent_since(replica.replica_id, NOT_REPORTED) * window_blocks
+        return pool_blocks - self._windows_sent.count(replica.replica_id, NOT_REPORTED) * window_blocks
 
     async def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
@@ -92,4 +114,48 @@ class MostFreeKVBlocksRouter(FIFOMixin, RequestRouter):
         replica = self._replicas.get(replica_id)
         stats = KVRoutingStats.from_dict(replica.routing_stats) if replica is not None else None
         report_id = stats.report_id if stats is not None else NOT_REPORTED
-        self._sent_since_report[replica_id] = (report_id, self._windows_sent_since(replica_id, report_id) + 1)
+        self._windows_sent.add(replica_id, report_id)
+
+
+@dataclass(frozen=True)
+class SessionRoutingStats(RoutingReport):
+    """What an ingress replica reports to the router."""
+
+    report_id: int
+    open_sessions: int
+    max_sessions: int  # realtime.max_sessions: beyond it the replica closes a new session with 1013
+
+
+class SessionRoomRouter(FIFOMixin, RequestRouter):
+    # Ranks, best first. The router cannot tell a WebSocket from an HTTP request (both reach the
+    # ingress as ASGI calls), so a call sent since a report may or may not have taken a session.
+    ROOM, ROOM_UNLESS_SENT_CALLS_ARE_SESSIONS, FULL = range(3)
+
+    def initialize_state(self, **kwargs) -> None:
+        self._calls_sent = SentSinceReport()
+
+    def rank(self, replica: RunningReplica) -> int:
+        stats = SessionRoutingStats.from_dict(replica.routing_stats)
+        if stats is None:  # just started: no sessions yet
+            return self.ROOM
+        room = stats.max_sessions - stats.open_sessions
+        if room <= 0:
+            return self.FULL
+        if room <= self._calls_sent.count(replica.replica_id, stats.report_id):
+            return self.ROOM_UNLESS_SENT_CALLS_ARE_SESSIONS
+        return self.ROOM
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        ranks: list[list[RunningReplica]] = [[], [], []]
+        for replica in candidate_replicas:
+            ranks[self.rank(replica)].append(replica)
+        # Serve takes the replica with the fewest ongoing requests within a rank, trying the next
+        # rank only if every replica of this one is at max_ongoing_requests.
+        return [rank for rank in ranks if rank]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result) -> None:
+        replica = self._replicas.get(replica_id)
+        stats = SessionRoutingStats.from_dict(replica.routing_stats) if replica is not None else None
+        self._calls_sent.add(replica_id, stats.report_id if stats is not None else NOT_REPORTED)
