@@ -7,6 +7,7 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY  # what Serve's own build checks
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
 from deployments.autoscaling import DecoderPolicy, EncoderPolicy
@@ -122,14 +123,14 @@ def build_whisper_app(config: AppConfig) -> Application:
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
     if runtime_env := config.http.ingress_runtime_env():
         ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
-    ingress = serve.deployment(Ingress).options(
-        **ingress_options,
-        # Through Serve's proxy; HAProxy in front (docs/operations.md) balances by open connections.
-        request_router_config=RequestRouterConfig(
+    if not RAY_SERVE_ENABLE_HA_PROXY:
+        # Behind HAProxy (docs/operations.md) HAProxy picks the replica itself, by least connections
+        # (a live session is one while it lasts), and Serve refuses a router on the ingress.
+        ingress_options["request_router_config"] = RequestRouterConfig(
             request_router_class=SessionRoomRouter,
             request_routing_stats_period_s=config.realtime.routing_stats_period_s,
-        ),
-    )
+        )
+    ingress = serve.deployment(Ingress).options(**ingress_options)
     return ingress.bind(
         config,
         {model.name: _model_deployments(config, model) for model in config.models},

@@ -101,7 +101,6 @@ class Ingress:
             config.http.min_upload_bytes_per_s,
         )
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
-        self.routing_reports = 0  # record_routing_stats calls: a report's id
         self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
         # Uploads are decoded out of this process: a file that faults FFmpeg must not end the replica.
         self.audio_decoder = DecodeProcesses(config.http.decode_processes, config.http.decoded_audio_wait_s)
@@ -186,9 +185,7 @@ class Ingress:
 
     def record_routing_stats(self) -> dict[str, int]:
         """Serve calls this every realtime.routing_stats_period_s: deployments/routing.py spreads by it."""
-        self.routing_reports += 1
-        limit = self.config.realtime.max_sessions
-        return SessionRoutingStats(self.routing_reports, self.realtime_sessions, limit).as_dict()
+        return SessionRoutingStats(self.realtime_sessions, self.config.realtime.max_sessions).as_dict()
 
     @app.get("/health")
     async def health(self) -> Response:

@@ -104,50 +104,37 @@ class IngressReplica(FakeRunningReplica):
         super().__init__(name, node_id=node_id)
         self.report: SessionRoutingStats | None = None
 
-    def reports(self, report_id: int, open_sessions: int) -> None:
-        self.report = SessionRoutingStats(report_id, open_sessions, MAX_SESSIONS)
+    def reports(self, open_sessions: int) -> None:
+        self.report = SessionRoutingStats(open_sessions, MAX_SESSIONS)
 
     @property
     def routing_stats(self) -> dict:
         return self.report.as_dict() if self.report else {}
 
 
-def _ranks(router: SessionRoomRouter, replicas: list[IngressReplica]) -> list[set[str]]:
+def _ranks(replicas: list[IngressReplica]) -> list[set[str]]:
+    router = _router(replicas, SessionRoomRouter)
     return [{r.replica_id.unique_id for r in rank} for rank in asyncio.run(router.choose_replicas(replicas))]
-
-
-def _send_call(router: SessionRoomRouter, replica: IngressReplica) -> None:
-    router.on_request_routed(SimpleNamespace(metadata=SimpleNamespace()), replica.replica_id, result=None)
 
 
 def test_ingress_replicas_with_session_room_share_the_first_rank_wherever_they_run():
     """One rank: Serve then takes the replica with the fewest ongoing requests (an open session is
     one), not the one on the proxy's own node."""
     local, remote = IngressReplica("local", node_id="head"), IngressReplica("remote", node_id="worker")
-    local.reports(report_id=1, open_sessions=1)
-    remote.reports(report_id=1, open_sessions=0)
-    assert _ranks(_router([local, remote], SessionRoomRouter), [local, remote]) == [{"local", "remote"}]
+    local.reports(open_sessions=1)
+    remote.reports(open_sessions=0)
+    assert _ranks([local, remote]) == [{"local", "remote"}]
 
 
 def test_a_full_ingress_replica_is_tried_only_after_those_with_room():
     full, roomy, new = IngressReplica("full"), IngressReplica("roomy"), IngressReplica("new")
-    full.reports(report_id=5, open_sessions=MAX_SESSIONS)
-    roomy.reports(report_id=5, open_sessions=MAX_SESSIONS - 1)  # new: not reported yet, so empty
-    assert _ranks(_router([full, roomy, new], SessionRoomRouter), [full, roomy, new]) == [
-        {"roomy", "new"},
-        {"full"},
-    ]
+    full.reports(open_sessions=MAX_SESSIONS)
+    roomy.reports(open_sessions=MAX_SESSIONS - 1)  # new: not reported yet, so empty
+    assert _ranks([full, roomy, new]) == [{"roomy", "new"}, {"full"}]
 
 
-def test_calls_sent_since_a_report_that_may_have_taken_its_room_rank_a_replica_after_surer_room():
+def test_when_every_ingress_replica_is_full_they_share_one_rank():
     a, b = IngressReplica("a"), IngressReplica("b")
-    a.reports(report_id=1, open_sessions=MAX_SESSIONS - 2)
-    b.reports(report_id=1, open_sessions=0)
-    router = _router([a, b], SessionRoomRouter)
-    _send_call(router, a)
-    assert _ranks(router, [a, b]) == [{"a", "b"}]
-    _send_call(router, a)  # had both been sessions, a would be full now
-    assert _ranks(router, [a, b]) == [{"b"}, {"a"}]
-    # Its next report holds those calls: they were not sessions, and a has room again.
-    a.reports(report_id=2, open_sessions=MAX_SESSIONS - 2)
-    assert _ranks(router, [a, b]) == [{"a", "b"}]
+    a.reports(open_sessions=MAX_SESSIONS)
+    b.reports(open_sessions=MAX_SESSIONS)
+    assert _ranks([a, b]) == [{"a", "b"}]
