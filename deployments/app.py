@@ -7,6 +7,7 @@ from typing import Any
 
 from ray import serve
 from ray.serve import Application
+from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY  # what Serve's own build checks
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
 from deployments.autoscaling import DecoderPolicy, EncoderPolicy
@@ -17,7 +18,7 @@ from deployments.encoder import EncoderDeployment
 from deployments.ingress import Ingress
 from deployments.model_config import ModelConfig
 from deployments.replica_options import ReplicaOptions
-from deployments.routing import MostFreeKVBlocksRouter
+from deployments.routing import MostFreeKVBlocksRouter, SessionRoomRouter
 
 
 def _deployment_options(
@@ -122,6 +123,13 @@ def build_whisper_app(config: AppConfig) -> Application:
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
     if runtime_env := config.http.ingress_runtime_env():
         ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
+    if not RAY_SERVE_ENABLE_HA_PROXY:
+        # Behind HAProxy (docs/operations.md) HAProxy picks the replica itself, by least connections
+        # (a live session is one while it lasts), and Serve refuses a router on the ingress.
+        ingress_options["request_router_config"] = RequestRouterConfig(
+            request_router_class=SessionRoomRouter,
+            request_routing_stats_period_s=config.realtime.routing_stats_period_s,
+        )
     ingress = serve.deployment(Ingress).options(**ingress_options)
     return ingress.bind(
         config,

@@ -31,7 +31,14 @@ class RealtimeOptions(BaseModel):
     max_sessions: int = Field(
         64,
         ge=1,
-        description="open sessions per ingress replica; one more gets an error event and a 1013 close",
+        description="open sessions per ingress replica; new sessions go to a replica with room, and one "
+        "that finds every replica full gets an error event and a 1013 close",
+    )
+    routing_stats_period_s: float = Field(
+        1.0,
+        gt=0,
+        description="how often each ingress replica reports its open sessions to the router that "
+        "spreads new ones (deployments/routing.py)",
     )
     final_beam_size: int = Field(
         1,

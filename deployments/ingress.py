@@ -45,6 +45,7 @@ from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.channels import transcribe_channels
 from deployments.orchestration.diarization import DiarizationClient
 from deployments.orchestration.live_turn import PartialPassSlots
+from deployments.routing import SessionRoutingStats
 from deployments.served_models import ServedModel, ServedModels
 from engine import SAMPLE_RATE, long_form_cursor
 from engine.types import Priority
@@ -138,8 +139,8 @@ class Ingress:
             refusal = (
                 RealtimeEventError(
                     "session_limit_reached",
-                    f"This server replica holds {self.config.realtime.max_sessions} sessions already; "
-                    "retry shortly.",
+                    f"The server holds all the sessions it can ({self.config.realtime.max_sessions} "
+                    "per replica); retry shortly.",
                 ),
                 CLOSE_TRY_AGAIN_LATER,
             )
@@ -171,6 +172,10 @@ class Ingress:
         finally:
             self.realtime_sessions -= 1
             self.metrics.realtime_sessions.dec()
+
+    def record_routing_stats(self) -> dict[str, int]:
+        """Serve calls this every realtime.routing_stats_period_s: deployments/routing.py spreads by it."""
+        return SessionRoutingStats(self.realtime_sessions, self.config.realtime.max_sessions).as_dict()
 
     @app.get("/health")
     async def health(self) -> Response:

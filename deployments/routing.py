@@ -1,15 +1,24 @@
-"""Routing windows to the decoder replica with the most free KV blocks.
+"""The app's own request routers: decoder windows by free KV blocks, live sessions by room.
 
-Serve's default router picks the shorter queue of two random replicas. For decoders the queue
-length says little: a replica with few requests may hold the K/V of many long windows, and one
-whose windows wait for blocks is full whatever its queue says. Each decoder replica reports its
-pool (``record_routing_stats``, every ``routing_stats_period_s``); this router ranks replicas by
-the free blocks they will have once the windows already queued there are admitted.
+**Decoders.** Serve's default router picks the shorter queue of two random replicas. For decoders
+the queue length says little: a replica with few requests may hold the K/V of many long windows,
+and one whose windows wait for blocks is full whatever its queue says. Each decoder replica reports
+its pool (``record_routing_stats``, every ``routing_stats_period_s``); ``MostFreeKVBlocksRouter``
+ranks replicas by the free blocks they will have once the windows already queued there are admitted.
 
 Reports are up to a period old, so a burst would all go to whichever replica looked emptiest at
 the last report. The router therefore counts the windows it has sent to each replica since that
 replica's last report and subtracts their reservations from the reported figure (Ray Serve LLM's
 prefix-aware router guards against the same herding with an imbalance threshold).
+
+**Ingress.** Serve's default router prefers the replica on the proxy's own node: on a cluster each
+node's proxy fills its own ingress replica up to `realtime.max_sessions`, which then closes new
+sessions with 1013 while the others have room. ``SessionRoomRouter`` ranks every replica alike,
+wherever it runs: those with session room at their last report first, the full ones after. Within
+a rank Serve takes the replica with the fewest ongoing requests, a count it keeps live, and a
+session is one for as long as it is open: sessions spread evenly, and one reaches a full replica
+(its 1013) only when every replica is full (or, between two reports, when the replicas with room
+are busier with HTTP requests than the full one).
 """
 
 from __future__ import annotations
@@ -23,25 +32,30 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, ReplicaID, Reque
 DECODE_METHOD = "decode"  # the only call that takes blocks; check_options and stats take none
 
 
+class RoutingReport:
+    """A replica's report to its router, carried by Serve as a dict of ints (routing stats)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, stats: dict[str, Any] | None):
+        """The report, or None where the replica has not reported yet (it just started)."""
+        try:
+            return cls(**{name: int(stats[name]) for name in cls.__dataclass_fields__})
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
 @dataclass(frozen=True)
-class KVRoutingStats:
-    """What a decoder replica reports to the router (as a dict: Serve's routing-stats format)."""
+class KVRoutingStats(RoutingReport):
+    """What a decoder replica reports to the router."""
 
     report_id: int  # increases with every report, so the router knows a fresh one
     num_total_blocks: int
     num_free_blocks: int
     waiting_blocks: int  # worst-case reservations of windows queued in the replica, not yet admitted
     blocks_per_window: int  # a typical window's reservation: what one more routed window will take
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
-
-    @classmethod
-    def from_dict(cls, stats: dict[str, Any] | None) -> "KVRoutingStats | None":
-        try:
-            return cls(**{name: int(stats[name]) for name in cls.__dataclass_fields__})
-        except (KeyError, TypeError, ValueError):
-            return None  # not reported yet (a replica just started)
 
 
 NOT_REPORTED = -1  # the report id of a replica that has not reported yet
@@ -93,3 +107,29 @@ class MostFreeKVBlocksRouter(FIFOMixin, RequestRouter):
         stats = KVRoutingStats.from_dict(replica.routing_stats) if replica is not None else None
         report_id = stats.report_id if stats is not None else NOT_REPORTED
         self._sent_since_report[replica_id] = (report_id, self._windows_sent_since(replica_id, report_id) + 1)
+
+
+@dataclass(frozen=True)
+class SessionRoutingStats(RoutingReport):
+    """What an ingress replica reports to the router."""
+
+    open_sessions: int
+    max_sessions: int  # realtime.max_sessions: beyond it the replica closes a new session with 1013
+
+
+class SessionRoomRouter(FIFOMixin, RequestRouter):
+    def has_room(self, replica: RunningReplica) -> bool:
+        stats = SessionRoutingStats.from_dict(replica.routing_stats)
+        return stats is None or stats.open_sessions < stats.max_sessions  # None: just started, empty
+
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        # Not adjusted by the calls sent since a report, as the decoders' router is: a call may be
+        # a session or an HTTP request (both are ASGI calls here), and a report on its way when a
+        # call was sent would drop that call from the count. Serve's live count of ongoing
+        # requests, within the rank, spreads a burst instead.
+        with_room = [replica for replica in candidate_replicas if self.has_room(replica)]
+        full = [replica for replica in candidate_replicas if not self.has_room(replica)]
+        # Serve tries the next rank only if every replica of this one is at max_ongoing_requests.
+        return [rank for rank in (with_room, full) if rank]

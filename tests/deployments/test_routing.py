@@ -1,10 +1,12 @@
-"""The decoder router (deployments/routing.py): windows go to the replica with the most free KV
-blocks, counting the windows it has sent since each replica's last report.
+"""The app's routers (deployments/routing.py): windows go to the decoder replica with the most free
+KV blocks, counting the windows it has sent since each replica's last report; live sessions go to
+an ingress replica with room.
 
 The replicas are Ray Serve's own in-memory stand-in for request-router tests, carrying the
-routing stats a DecoderDeployment reports; the router is the real one, as Serve drives it
-(``choose_replicas`` then ``on_request_routed`` per window). The served app routes through it
-in tests/deployments/test_autoscaling.py.
+routing stats a DecoderDeployment or an Ingress reports; the routers are the real ones, as Serve
+drives them (``choose_replicas`` then ``on_request_routed`` per call). The served app routes
+windows through them in tests/deployments/test_autoscaling.py, sessions in
+tests/deployments/test_session_spread.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from types import SimpleNamespace
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 from ray.serve._private.test_utils import FakeRunningReplica
 
-from deployments.routing import KVRoutingStats, MostFreeKVBlocksRouter
+from deployments.routing import KVRoutingStats, MostFreeKVBlocksRouter, SessionRoomRouter, SessionRoutingStats
 
 POOL_BLOCKS = 1000
 WINDOW_BLOCKS = 122  # tiny.en with 16-token blocks: 94 cross-attention blocks + 28 text blocks
@@ -48,8 +50,8 @@ def _route(router: MostFreeKVBlocksRouter, replicas: list[ReportingReplica], win
     return chosen
 
 
-def _router(replicas: list[ReportingReplica]) -> MostFreeKVBlocksRouter:
-    router = MostFreeKVBlocksRouter(
+def _router(replicas: list[FakeRunningReplica], router_class: type = MostFreeKVBlocksRouter):
+    router = router_class(
         deployment_id=DeploymentID(name="WhisperDecoder"), handle_source=DeploymentHandleSource.UNKNOWN
     )
     router.initialize_state()
@@ -92,3 +94,47 @@ def test_a_replica_that_has_not_reported_yet_counts_as_empty_and_shares_a_burst(
     router = _router([busy, new])
     chosen = _route(router, [busy, new], 10)
     assert chosen[:6] == ["new"] * 6 and "busy" in chosen, chosen
+
+
+MAX_SESSIONS = 4
+
+
+class IngressReplica(FakeRunningReplica):
+    def __init__(self, name: str, node_id: str = ""):
+        super().__init__(name, node_id=node_id)
+        self.report: SessionRoutingStats | None = None
+
+    def reports(self, open_sessions: int) -> None:
+        self.report = SessionRoutingStats(open_sessions, MAX_SESSIONS)
+
+    @property
+    def routing_stats(self) -> dict:
+        return self.report.as_dict() if self.report else {}
+
+
+def _ranks(replicas: list[IngressReplica]) -> list[set[str]]:
+    router = _router(replicas, SessionRoomRouter)
+    return [{r.replica_id.unique_id for r in rank} for rank in asyncio.run(router.choose_replicas(replicas))]
+
+
+def test_ingress_replicas_with_session_room_share_the_first_rank_wherever_they_run():
+    """One rank: Serve then takes the replica with the fewest ongoing requests (an open session is
+    one), not the one on the proxy's own node."""
+    local, remote = IngressReplica("local", node_id="head"), IngressReplica("remote", node_id="worker")
+    local.reports(open_sessions=1)
+    remote.reports(open_sessions=0)
+    assert _ranks([local, remote]) == [{"local", "remote"}]
+
+
+def test_a_full_ingress_replica_is_tried_only_after_those_with_room():
+    full, roomy, new = IngressReplica("full"), IngressReplica("roomy"), IngressReplica("new")
+    full.reports(open_sessions=MAX_SESSIONS)
+    roomy.reports(open_sessions=MAX_SESSIONS - 1)  # new: not reported yet, so empty
+    assert _ranks([full, roomy, new]) == [{"roomy", "new"}, {"full"}]
+
+
+def test_when_every_ingress_replica_is_full_they_share_one_rank():
+    a, b = IngressReplica("a"), IngressReplica("b")
+    a.reports(open_sessions=MAX_SESSIONS)
+    b.reports(open_sessions=MAX_SESSIONS)
+    assert _ranks([a, b]) == [{"a", "b"}]
