@@ -34,7 +34,7 @@ from deployments.http.errors import (
 from deployments.http.formats import to_response
 from deployments.http.forms import TranscriptionForm, parse_transcription_form
 from deployments.http.pending_uploads import PendingUploads
-from deployments.http.readiness import DiarizerReadiness, models_readiness, not_ready
+from deployments.http.readiness import Readiness, models_readiness, not_ready
 from deployments.http.realtime import CLOSE_INTERNAL_ERROR, CLOSE_TRY_AGAIN_LATER, RealtimeSession
 from deployments.http.realtime_events import RealtimeEventError, error_event
 from deployments.http.realtime_speakers import LiveSpeakers
@@ -84,7 +84,7 @@ class Ingress:
         self.models = ServedModels.of(config, handles)
         self.api_keys = APIKeys(config.http.api_keys)
         self.diarization = DiarizationClient(diarizer) if diarizer is not None else None
-        self.diarizer_readiness = DiarizerReadiness(self.diarization) if self.diarization else None
+        self.diarizer_readiness = Readiness.of_diarizer(self.diarization) if self.diarization else None
         self.metrics = ServingMetrics()
         self.in_flight = 0  # requests this replica is working on; bounded by http.max_in_flight_requests
         self.pending_uploads = PendingUploads(

@@ -54,7 +54,7 @@ class ServedModel:
             ids=tuple(model.ids),
             pipeline=pipeline,
             accepted_options=AcceptedOptions(lambda options: decoder.check_options.remote(options)),
-            readiness=Readiness(pipeline),
+            readiness=Readiness.of_pipeline(pipeline),
             encoder=encoder,
             decoder=decoder,
         )

@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -35,21 +35,39 @@ WARM_UP_AUDIO_S = 1.0
 WARM_UP_TIMEOUT_S = 30.0
 
 
+def _silence() -> np.ndarray:
+    return np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
+
+
 class Readiness:
-    """A model's readiness: a warm-up window through its pipeline."""
+    """One part's readiness: a warm-up call through it (``warm_up``, made anew at each try) that has
+    come back; ``proof`` says in the log what its answer proved."""
 
-    proof = "a warm-up window went through an encoder, a transfer and a decoder"
-
-    def __init__(self, pipeline: WindowPipeline | None):
-        self.pipeline = pipeline
+    def __init__(self, warm_up: Callable[[], Awaitable], proof: str):
+        self.warm_up = warm_up
+        self.proof = proof
         self.warm_up_s: float | None = None  # how long the warm-up took, once it has succeeded
         self.last_error: str | None = None
         self._warming_up: asyncio.Task | None = None
 
-    def _warm_up_call(self) -> Awaitable:
-        silence = np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), dtype=np.float32)
-        return self.pipeline.decode_window(
-            f"warm-up-{uuid.uuid4().hex}", silence, DecodeOptions(max_tokens=1), Priority.INTERACTIVE
+    @classmethod
+    def of_pipeline(cls, pipeline: WindowPipeline) -> Readiness:
+        """A model's: a warm-up window through its pipeline."""
+
+        def warm_up() -> Awaitable:
+            return pipeline.decode_window(
+                f"warm-up-{uuid.uuid4().hex}", _silence(), DecodeOptions(max_tokens=1), Priority.INTERACTIVE
+            )
+
+        return cls(warm_up, "a warm-up window went through an encoder, a transfer and a decoder")
+
+    @classmethod
+    def of_diarizer(cls, diarization: DiarizationClient) -> Readiness:
+        """The diarizer's: a second of silence through a diarizer replica's voice call (its speaker
+        encoder is loaded before a replica takes calls, so an answer proves one serves)."""
+        return cls(
+            lambda: diarization.voice_embedding(_silence()),
+            "a warm-up clip came back from a diarizer replica",
         )
 
     @property
@@ -65,7 +83,7 @@ class Readiness:
     async def _warm_up(self) -> None:
         started = time.perf_counter()
         try:
-            await asyncio.wait_for(self._warm_up_call(), WARM_UP_TIMEOUT_S)
+            await asyncio.wait_for(self.warm_up(), WARM_UP_TIMEOUT_S)
         except asyncio.TimeoutError:
             self.last_error = f"no answer within {WARM_UP_TIMEOUT_S:g} s; its replicas may still be starting"
             logger.warning("warm-up: %s; the next readiness probe tries again", self.last_error)
@@ -83,20 +101,6 @@ class Readiness:
         if self.check():
             return {"ready": True, "warm_up_s": round(self.warm_up_s, 3)}
         return {"ready": False, "last_error": self.last_error}
-
-
-class DiarizerReadiness(Readiness):
-    """The diarizer's readiness: a second of silence through a diarizer replica's voice call (its
-    speaker encoder is loaded before a replica takes calls, so an answer proves one serves)."""
-
-    proof = "a warm-up clip came back from a diarizer replica"
-
-    def __init__(self, diarization: DiarizationClient):
-        super().__init__(pipeline=None)
-        self.diarization = diarization
-
-    def _warm_up_call(self) -> Awaitable:
-        return self.diarization.voice_embedding(np.zeros(int(WARM_UP_AUDIO_S * SAMPLE_RATE), np.float32))
 
 
 def models_readiness(models: dict[str, Readiness]) -> tuple[bool, dict[str, dict]]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.http.readiness import DiarizerReadiness, Readiness, models_readiness, not_ready
+from deployments.http.readiness import Readiness, models_readiness, not_ready
 
 
 class WarmUpPipeline:
@@ -27,7 +27,7 @@ class WarmUpPipeline:
 def test_a_model_that_cannot_warm_up_is_named_not_ready_while_the_other_is_ready():
     async def probe_twice():
         serving, failing = WarmUpPipeline(), WarmUpPipeline(RuntimeError("base failed to deploy"))
-        models = {"tiny.en": Readiness(serving), "base": Readiness(failing)}
+        models = {"tiny.en": Readiness.of_pipeline(serving), "base": Readiness.of_pipeline(failing)}
         first = models_readiness(models)  # starts both warm-ups; neither has gone through yet
         await asyncio.sleep(0.05)
         second = models_readiness(models)  # base's failed warm-up starts again; tiny.en's is done
@@ -47,7 +47,10 @@ def test_a_model_that_cannot_warm_up_is_named_not_ready_while_the_other_is_ready
 
 def test_every_model_ready_makes_the_app_ready():
     async def probe_twice():
-        models = {"tiny.en": Readiness(WarmUpPipeline()), "base": Readiness(WarmUpPipeline())}
+        models = {
+            "tiny.en": Readiness.of_pipeline(WarmUpPipeline()),
+            "base": Readiness.of_pipeline(WarmUpPipeline()),
+        }
         models_readiness(models)
         await asyncio.sleep(0.05)
         return models_readiness(models)
@@ -75,7 +78,7 @@ def test_a_warm_up_that_never_answers_is_given_up_and_the_next_probe_sends_a_fre
 
     async def probe_twice():
         silent = SilentPipeline()
-        models = {"base": Readiness(silent)}
+        models = {"base": Readiness.of_pipeline(silent)}
         models_readiness(models)
         await asyncio.sleep(0.2)
         states = models_readiness(models)[1]
@@ -104,8 +107,8 @@ class WarmUpDiarizer:
 
 def test_a_diarizer_not_ready_holds_the_app_back_and_is_named_beside_the_ready_models():
     async def probe_twice():
-        diarizer = DiarizerReadiness(WarmUpDiarizer(RuntimeError("no diarizer replica")))
-        models = {"tiny.en": Readiness(WarmUpPipeline())}
+        diarizer = Readiness.of_diarizer(WarmUpDiarizer(RuntimeError("no diarizer replica")))
+        models = {"tiny.en": Readiness.of_pipeline(WarmUpPipeline())}
         models_readiness(models), diarizer.state()
         await asyncio.sleep(0.05)
         return models_readiness(models), diarizer.state()
@@ -123,7 +126,7 @@ def test_a_diarizer_not_ready_holds_the_app_back_and_is_named_beside_the_ready_m
 def test_a_diarizer_that_answers_a_warm_up_clip_is_ready():
     async def probe_twice():
         answering = WarmUpDiarizer()
-        diarizer = DiarizerReadiness(answering)
+        diarizer = Readiness.of_diarizer(answering)
         diarizer.state()
         await asyncio.sleep(0.05)
         return diarizer.state(), answering.clips
