@@ -26,11 +26,12 @@ lint: install-test
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 
-# Every test, as CI runs it (.ci/run), on two workers: one runs the modules that start Ray, the
-# other every other module at the lowest CPU priority, so it uses what the app's processes leave
-# (tests/conftest.py). The slowest 30 tests are listed at the end.
+# Every test, as CI runs it (.ci/run), on three workers for two cores: one runs the modules that
+# start Ray, the other two every other module at the lowest CPU priority, so they use what the app's
+# processes leave, a whole core while a Ray test waits on a stream paced in real time or an idle
+# app (tests/conftest.py). The slowest 30 tests are listed at the end.
 test: lint
-	$(PY) -m pytest -q -n 2 --durations=30 tests
+	$(PY) -m pytest -q -n 3 --durations=30 tests
 
 # The quick loop while editing: no Ray, no GPU, none of the long CPU tests.
 test-fast: lint

