@@ -4,7 +4,7 @@
 # their wheels, the tokenizers) unless BUNDLES=0, the real tiny.en and base weights (for
 # tests/engine/test_gpu_real_weights.py) unless WEIGHTS=0, and the wheels the app's ingress and the
 # load benchmarks need there (PyAV below 19, onnxruntime, silero-vad, the openai client and its
-# httpx2 stack).
+# httpx2 stack, jiwer and the Whisper text normalizer that bench_realtime.py scores with).
 #
 #   bash benchmarks/carry_to_gpu.sh            # here, once: writes .gpu-w/p00 .. p0N (git-ignored)
 #   WEIGHTS=0 bash benchmarks/carry_to_gpu.sh  # the app on random weights: no real weights
@@ -33,7 +33,8 @@ download() {
     --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d "$stage/whl" "$@"
 }
 # shellcheck disable=SC2086
-download ${WHEELS:-"av>=12,<19" onnxruntime silero-vad openai jiter distro tqdm sniffio anyio httpx2 httpcore2 truststore idna h11}
+download ${WHEELS:-"av>=12,<19" onnxruntime silero-vad openai jiter distro tqdm sniffio anyio httpx2 httpcore2 truststore idna h11 \
+  jiwer rapidfuzz click whisper_normalizer indic_numtowords more_itertools regex text2num}
 parts=(tiny base whl)
 if [[ "${BUNDLES:-1}" == 1 ]]; then
   test -f .gpu/install.sh || { echo "no .gpu: make it first (../shared/gpu/README.md)"; exit 1; }
