@@ -16,7 +16,7 @@
 #   TOKENIZER=... MODEL=large-v3-turbo REALTIME_STREAMS="1 8 32" [REALTIME_TOKENS=32] \
 #     bash benchmarks/run_app_on_gpu.sh
 #   TOKENIZER=... MODEL=large-v3-turbo GOODPUT_RATES=4,8,16 [GOODPUT_TOKENS=64] [REALTIME_TOKENS=32] \
-#     [GOODPUT_ARGS="--live-share 0.7 --short-share 0.2 --long-share 0.1"] [ENGINE_ALONE=1] \
+#     [GOODPUT_MIXES="default live-heavy"] [GOODPUT_ARGS="--short-s 2,10"] [ENGINE_ALONE=1] \
 #     bash benchmarks/run_app_on_gpu.sh
 #
 # Prints the time from `serve run` to /ready (a warm-up window through encoder, NIXL and decoder)
@@ -29,9 +29,10 @@
 # real-time pace on /v1/realtime (benchmarks/bench_realtime.py), every pass decoding REALTIME_TOKENS
 # tokens (random weights never stop on their own; realtime.fixed_output_tokens). With GOODPUT_RATES
 # set, instead: benchmarks/bench_goodput.py's open-loop mixed load at those arrival rates (DURATION s
-# each; every file window decodes GOODPUT_TOKENS tokens, every live pass REALTIME_TOKENS), then with
-# the app stopped the same file arrivals on the engine alone with the app's engine settings (its
-# ceiling); the figures go to $OUT/goodput-*.json where OUT is set.
+# each; every file window decodes GOODPUT_TOKENS tokens, every live pass REALTIME_TOKENS), once for
+# each mix in GOODPUT_MIXES on the one app start, then with the app stopped the same file arrivals
+# on the engine alone with the app's engine settings (its ceiling); the figures go to
+# $OUT/goodput-*.json where OUT is set.
 # PLACEMENT overrides the config's placement (colocated: one replica encodes and decodes); MPS=1 (the
 # default for a CONFIG ending in -mps) runs the app under CUDA MPS (started here, stopped at the end),
 # so the two processes of a disaggregated app share the GPU instead of taking turns on it. OVERRIDES
@@ -146,22 +147,37 @@ if [[ -n "${REALTIME_STREAMS:-}" ]]; then
   exit 0
 fi
 if [[ -n "${GOODPUT_RATES:-}" ]]; then
-  echo "== open-loop mixed load at $GOODPUT_RATES arrivals/s, $DURATION s each"
   results=${OUT:-$WORK}
-  # shellcheck disable=SC2086
-  python3 benchmarks/bench_goodput.py --url http://localhost:8000 --rates "$GOODPUT_RATES" \
-    --duration-s "$DURATION" --fixed-output-tokens "${GOODPUT_TOKENS:-64}" ${GOODPUT_ARGS:-} \
-    --out "$results/goodput-app.json"
-  metrics
+  # GOODPUT_MIXES: one bench_goodput run per mix on this one app start; `default` is the benchmark's
+  # own mix (or GOODPUT_ARGS), `live-heavy` 70% live streams, 20% short files, 10% long files.
+  for mix in ${GOODPUT_MIXES:-default}; do
+    case "$mix" in
+      default) mix_args=${GOODPUT_ARGS:-}; suffix="" ;;
+      live-heavy) mix_args="--live-share 0.7 --short-share 0.2 --long-share 0.1"; suffix="-live-heavy" ;;
+      *) echo "GOODPUT_MIXES: unknown mix $mix (default, live-heavy)"; exit 2 ;;
+    esac
+    echo "== open-loop mixed load ($mix) at $GOODPUT_RATES arrivals/s, $DURATION s each"
+    # shellcheck disable=SC2086
+    python3 benchmarks/bench_goodput.py --url http://localhost:8000 --rates "$GOODPUT_RATES" \
+      --duration-s "$DURATION" --fixed-output-tokens "${GOODPUT_TOKENS:-64}" $mix_args \
+      --out "$results/goodput-app$suffix.json"
+    metrics
+  done
   stop_app
   stop_mps
   if [[ "$ENGINE_ALONE" == 1 ]]; then
-    echo "== the engine alone on the same weights and file arrivals"
     settings=$(python3 -c "import json, sys, yaml; e = yaml.safe_load(open(sys.argv[1]))['applications'][0]['args']['engine']; e.pop('model'); print(json.dumps(e))" "$WORK/app.yaml")
-    # shellcheck disable=SC2086
-    python3 benchmarks/bench_goodput.py --skip-app --engine-alone "$WORK/$MODEL" --engine-settings "$settings" \
-      --rates "$GOODPUT_RATES" --duration-s "$DURATION" --fixed-output-tokens "${GOODPUT_TOKENS:-64}" \
-      ${GOODPUT_ARGS:-} --app-result "$results/goodput-app.json" --out "$results/goodput-engine.json"
+    for mix in ${GOODPUT_MIXES:-default}; do
+      case "$mix" in
+        default) mix_args=${GOODPUT_ARGS:-}; suffix="" ;;
+        live-heavy) mix_args="--live-share 0.7 --short-share 0.2 --long-share 0.1"; suffix="-live-heavy" ;;
+      esac
+      echo "== the engine alone on the same weights and file arrivals ($mix)"
+      # shellcheck disable=SC2086
+      python3 benchmarks/bench_goodput.py --skip-app --engine-alone "$WORK/$MODEL" --engine-settings "$settings" \
+        --rates "$GOODPUT_RATES" --duration-s "$DURATION" --fixed-output-tokens "${GOODPUT_TOKENS:-64}" \
+        $mix_args --app-result "$results/goodput-app$suffix.json" --out "$results/goodput-engine$suffix.json"
+    done
   fi
   exit 0
 fi
