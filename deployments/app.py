@@ -3,11 +3,11 @@ YAML's `args`, validated here before any replica starts."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ray import serve
 from ray.serve import Application
-from ray.serve._private.constants import RAY_SERVE_ENABLE_HA_PROXY  # what Serve's own build checks
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
 from deployments.autoscaling import DecoderPolicy, EncoderPolicy
@@ -117,13 +117,24 @@ def _diarizer_deployment(config: AppConfig) -> Application | None:
     return diarizer.bind(config.diarizer)
 
 
+def behind_haproxy() -> bool:
+    """Whether Serve puts HAProxy in front of the ingress replicas instead of its proxy actor.
+
+    Serve exposes the switch only as an environment variable (docs/operations.md sets it on
+    `serve run`) and its parsed value only under ``ray.serve._private``, which may move or change
+    in any release. So this reads the variable itself, with Serve's default (off) and Serve's rule
+    (only "1" turns it on), so that it agrees with the check in Serve's build and in its controller,
+    which inherits this process's environment."""
+    return os.environ.get("RAY_SERVE_ENABLE_HA_PROXY", "0") == "1"
+
+
 def build_whisper_app(config: AppConfig) -> Application:
     """The ingress, bound to every model's encoder and decoder deployments by model name, and to the
     diarizer. Each is a Serve deployment of its own: they start, scale and fail apart."""
     ingress_options = _deployment_options("WhisperIngress", config.ingress)
     if runtime_env := config.http.ingress_runtime_env():
         ingress_options["ray_actor_options"]["runtime_env"] = runtime_env
-    if not RAY_SERVE_ENABLE_HA_PROXY:
+    if not behind_haproxy():
         # Behind HAProxy (docs/operations.md) HAProxy picks the replica itself, by least connections
         # (a live session is one while it lasts), and Serve refuses a router on the ingress.
         ingress_options["request_router_config"] = RequestRouterConfig(

@@ -352,9 +352,11 @@ class Ingress:
         phases.mark("audio")
         duration_s = len(channels[0].samples) / SAMPLE_RATE
         form = self._prioritize(form, duration_s)
-        transcriptions = await transcribe_channels(
-            served.pipeline, channels, form.options, form.long_form, form.priority
-        )
+        cursors = [
+            long_form_cursor(channel.samples, form.options, form.long_form, channel.windows)
+            for channel in channels
+        ]
+        transcriptions = await transcribe_channels(served.pipeline, cursors, form.priority)
         phases.mark("windows")
         response = JSONResponse(
             to_channel_response(

@@ -46,7 +46,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine.diarize",),  # speaker turns: finds speech with engine.transcribe's policy
     ("engine",),  # the public API
     ("kv_transfer",),
-    ("deployments",),
+    ("deployments",),  # the replicas' deployments, their config, placement and stats
+    ("deployments.orchestration",),  # a request's windows and a live turn's passes: no protocol
+    # The protocol (routes, forms, formats, realtime), calling orchestration; and the models the
+    # routes reach, each a pipeline with its readiness and accepted options in http's terms.
+    ("deployments.http", "deployments.served_models"),
+    ("deployments.ingress",),  # the HTTP deployment: ties the routes to the served models
+    ("deployments.app",),  # the app builder: every deployment, bound into one application
 ]
 # The step side: what imports neither a request nor the scheduler.
 STEP_SIDE = ("engine.decode.batch", "engine.decode.step")
@@ -220,6 +226,8 @@ def test_the_layer_finder_takes_the_longest_prefix_and_reports_imports_of_a_high
     assert layer_of("engine.decode.engine") == layer_of("engine.decode")
     graph = {"engine.kv.storage": {"engine.decode.request"}, "engine.decode.request": {"engine.kv.storage"}}
     assert upward_arrows(graph) == ["engine.kv.storage -> engine.decode.request"]
+    assert layer_of("deployments.http_limits") == layer_of("deployments.config")
+    assert layer_of("deployments.orchestration.channels") < layer_of("deployments.http.audio_ingest")
 
 
 def test_every_import_points_to_the_importers_layer_or_a_lower_one():

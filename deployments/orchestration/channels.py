@@ -6,28 +6,17 @@ from __future__ import annotations
 
 import asyncio
 
-from deployments.http.audio_ingest import IngestedAudio
 from deployments.orchestration.pipeline import WindowPipeline
-from engine import LongFormMode, Transcription, long_form_cursor
-from engine.types import DecodeOptions, Priority
+from engine import LongFormCursor, Transcription
+from engine.types import Priority
 
 
 async def transcribe_channels(
-    pipeline: WindowPipeline,
-    channels: list[IngestedAudio],
-    options: DecodeOptions,
-    long_form: LongFormMode,
-    priority: Priority,
+    pipeline: WindowPipeline, channels: list[LongFormCursor], priority: Priority
 ) -> list[Transcription]:
-    """Each channel's transcript, in channel order."""
-    transcribing = [
-        asyncio.ensure_future(
-            pipeline.transcribe(
-                long_form_cursor(channel.samples, options, long_form, channel.windows), priority
-            )
-        )
-        for channel in channels
-    ]
+    """Each channel's transcript, in channel order. A channel comes as its long-form cursor, built
+    by the caller from however it took the audio in, so that orchestration knows windows only."""
+    transcribing = [asyncio.ensure_future(pipeline.transcribe(channel, priority)) for channel in channels]
     try:
         return list(await asyncio.gather(*transcribing))
     finally:

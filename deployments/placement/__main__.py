@@ -25,11 +25,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=Path, required=True, help="a calibration profile (JSON or YAML)")
     parser.add_argument("--mix", type=Path, required=True, help="a traffic mix (JSON or YAML)")
     parser.add_argument("--gpus", type=int, required=True)
-    parser.add_argument("--ceiling", type=float, default=0.85, help="the busiest a GPU may be")
+    defaults = {name: field.default for name, field in PlanSettings.model_fields.items()}
+    parser.add_argument(
+        "--ceiling", type=float, default=defaults["utilisation_ceiling"], help="the busiest a GPU may be"
+    )
     parser.add_argument("--max-encoder-batch", type=int, default=None, help="default: the profile's largest")
     parser.add_argument("--max-decode-rows", type=int, default=None, help="default: the profile's largest")
     parser.add_argument(
-        "--colocated-slowdown", type=float, default=1.0, help="GPU time both sides take more when sharing"
+        "--colocated-slowdown",
+        type=float,
+        default=defaults["colocated_slowdown"],
+        help="GPU time both sides take more when sharing (a colocated run's step time over the engine "
+        "alone's on the same card)",
     )
     args = parser.parse_args(argv)
     try:

@@ -59,6 +59,11 @@ class PlanSettings(BaseModel):
         ge=1,
         description="the most rows a step runs, engine.max_num_seqs (default: the profile's largest)",
     )
+    # 1 unless given: a calibration profile times the engine alone, one side at a time, so it holds
+    # no measure of what sharing costs, and the app's colocated runs time whole steps with the host's
+    # work in them, on other cards than the profiles'. At 1 the colocated figure is a ceiling and a
+    # tie goes to colocated (it moves no K/V, and the measured split-against-colocated runs ranked it
+    # first too); a split is recommended only once a measured slowdown says sharing costs more.
     colocated_slowdown: float = Field(
         1.0,
         ge=1,

@@ -203,7 +203,6 @@ def build_request(
         max_tokens=prompt.max_tokens,
         options=options,
         cross_source=cross_source,
-        cross_frames=None if cross_source is None else cross_source.num_frames,
         detect_language=prompt.detect_language,
         priority=priority,
         pending_tokens=_prompt_tokens_to_feed(

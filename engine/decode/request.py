@@ -39,9 +39,10 @@ class Request:
     sot_index: int  # position of <|startoftranscript|> in prompt_tokens
     max_tokens: int
     options: DecodeOptions
+    # Its cross-attention K/V until it finishes: its num_frames sizes the cross blocks, and from their
+    # allocation RequestBlocks.cross_len says what they hold. None: a request built only to check its
+    # options or to size a full window's blocks, never submitted.
     cross_source: CrossKVSource | None
-    # Encoder frames of its cross-attention K/V (CrossKVSource.num_frames); None: a full window's.
-    cross_frames: int | None = None
     detect_language: bool = False  # prompt_tokens[sot_index + 1] is a placeholder until detected
     priority: Priority = Priority.INTERACTIVE
 

@@ -39,7 +39,9 @@ class RequestBlocks:
     cross_block_ids: list[int] = field(default_factory=list)
     spare_block_ids: list[int] = field(default_factory=list)
     # Encoder frames the cross blocks hold: a full window's, or fewer for a pass encoded over the
-    # audio it has (its last block then partly filled). Cross-attention reads this many keys.
+    # audio it has (its last block then partly filled). Cross-attention reads this many keys. Written
+    # with the blocks, from the request's cross-K/V source (whose number it keeps once the source is
+    # dropped); 0 while there are no blocks.
     cross_len: int = 0
 
     def all_ids(self) -> list[int]:

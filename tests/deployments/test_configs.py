@@ -249,6 +249,26 @@ def test_only_the_ingress_replicas_get_the_inline_window_limit_and_zero_keeps_ra
     assert "runtime_env" not in actor_options({})["WhisperIngress"], "the default keeps Ray's limit"
 
 
+@pytest.mark.parametrize(
+    ("haproxy", "session_router"), [(None, True), ("0", True), ("true", True), ("1", False)]
+)
+def test_the_ingress_routes_live_sessions_by_room_unless_serve_runs_behind_haproxy(
+    monkeypatch, haproxy, session_router
+):
+    """Serve's own rule for RAY_SERVE_ENABLE_HA_PROXY: off unless set, and only "1" turns it on.
+    Behind HAProxy, HAProxy picks the replica and Serve refuses a router on the ingress."""
+    from deployments.app import build_whisper_app
+    from deployments.config import AppConfig
+
+    if haproxy is None:
+        monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    else:
+        monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", haproxy)
+    router = build_whisper_app(AppConfig())._bound_deployment._deployment_config.request_router_config
+    assert (router.request_router_class == "deployments.routing.SessionRoomRouter") == session_router
+    assert router.is_default_request_router() != session_router
+
+
 def test_an_encoder_whose_staging_cannot_hold_one_window_refuses_to_start_and_says_what_would():
     from deployments.encoder import EncoderDeployment, window_layout
     from engine.model.weights import load_weights

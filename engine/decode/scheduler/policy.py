@@ -127,7 +127,10 @@ class Scheduler:
         return self.cross_blocks_of(request) + self_blocks
 
     def cross_frames_of(self, request: Request) -> int:
-        return request.cross_frames or self.window_frames
+        """The encoder frames the request's cross blocks are to hold: its source's, or a full window's.
+        Asked until the blocks are allocated, while the source is still attached; from then on the
+        blocks' own cross_len holds the number."""
+        return self.window_frames if request.cross_source is None else request.cross_source.num_frames
 
     def cross_blocks_of(self, request: Request) -> int:
         return blocks_needed(self.cross_frames_of(request), self.pool.block_size)
