@@ -49,8 +49,10 @@ class RealtimeOptions(BaseModel):
     partial_interval_ms: float = Field(
         500.0,
         ge=50,
-        description="how often an open turn's audio so far is transcribed again for partial text; a "
-        "stream whose previous pass has not come back skips the pass instead of queueing it",
+        description="how often an open turn's audio so far is transcribed again for partial text, at "
+        "most: while every partial slot (max_partial_passes_in_flight) is out, turns wait for one and "
+        "take them in turn, so each stream's passes thin out; a turn whose previous pass is still out "
+        "or waiting, or whose audio since it held no speech (server VAD), lets the interval go by",
     )
     partial_agreement_s: float = Field(
         2.0,
@@ -87,7 +89,8 @@ class RealtimeOptions(BaseModel):
         8,
         ge=1,
         description="partial passes out at once across this replica's sessions (one encoder batch); "
-        "beyond it streams skip their partial passes, so a final pass never queues behind many",
+        "beyond it turns wait, and a slot that frees goes to the turn longest without a partial pass, "
+        "so a final pass (which takes no slot) never queues behind many",
     )
     idle_timeout_s: float = Field(
         120.0, gt=0, description="a session with no client event for this long is closed (code 1000)"

@@ -44,7 +44,7 @@ from deployments.http.streaming import StreamContents, transcription_events
 from deployments.metrics import ServingMetrics, api_key_label
 from deployments.orchestration.channels import transcribe_channels
 from deployments.orchestration.diarization import DiarizationClient
-from deployments.orchestration.live_turn import PartialPassSlots
+from deployments.orchestration.partial_schedule import PartialSchedule
 from deployments.routing import SessionRoutingStats
 from deployments.served_models import ServedModel, ServedModels
 from engine import SAMPLE_RATE, long_form_cursor
@@ -93,7 +93,7 @@ class Ingress:
             config.http.min_upload_bytes_per_s,
         )
         self.realtime_sessions = 0  # open WebSocket sessions; bounded by realtime.max_sessions
-        self.partial_pass_slots = PartialPassSlots(config.realtime.max_partial_passes_in_flight)
+        self.partial_schedule = PartialSchedule(config.realtime.max_partial_passes_in_flight)
         self.audio = AudioIngest(config.http)
 
     # ---- routes -------------------------------------------------------------------------------
@@ -156,7 +156,7 @@ class Ingress:
                 self.config.realtime,
                 self.models,
                 self.metrics,
-                self.partial_pass_slots,
+                self.partial_schedule,
                 api_key_label(self.api_keys.presented(authorization, offered)),
                 LiveSpeakers(self.diarization),
             )

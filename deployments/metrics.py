@@ -259,7 +259,14 @@ class ServingMetrics:
         )
         self.skipped_partials = Counter(
             "whisper_realtime_partial_passes_skipped",
-            "partial passes skipped because the stream's previous pass had not come back",
+            "partial passes skipped because the stream's previous pass had not come back (or was still "
+            "waiting for one of the replica's partial slots)",
+            registry=self.registry,
+        )
+        self.unchanged_partials = Counter(
+            "whisper_realtime_partial_passes_unchanged",
+            "partial passes not run because the stream's VAD heard no speech since its last pass "
+            "(a pause inside a turn): the text could not change",
             registry=self.registry,
         )
 

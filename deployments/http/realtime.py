@@ -6,8 +6,8 @@ chose (`transcription.model`; until it chooses, the app's default model). A turn
 opened with, and its audio seconds bill that model under the session's API key label, as a file's do.
 
 The session reads client events in one loop and never waits for a pass there: passes run as tasks
-beside it, a ticker starts partial passes every ``realtime.partial_interval_ms`` (skipping a turn
-whose previous pass is still out), and final passes are chained so that turns complete in order.
+beside it, a ticker offers the open turn a partial pass every ``realtime.partial_interval_ms``
+(LiveTurn.offer_partial_pass), and final passes are chained so that turns complete in order.
 When the client goes away, passes still out run to their end and free what they hold.
 """
 
@@ -41,7 +41,8 @@ from deployments.http.realtime_events import (
 from deployments.http.realtime_speakers import LiveSpeakers
 from deployments.http.realtime_vad import ServerVadTurns
 from deployments.metrics import ServingMetrics
-from deployments.orchestration.live_turn import LiveTurn, PartialPassSlots, TurnSettings
+from deployments.orchestration.live_turn import LiveTurn, TurnSettings
+from deployments.orchestration.partial_schedule import PartialSchedule
 from deployments.served_models import ServedModel, ServedModels
 from engine import IdleTimedOut, SpeechStarted
 from engine.errors import quoted
@@ -61,12 +62,12 @@ class RealtimeSession:
         options: RealtimeOptions,
         models: ServedModels,
         metrics: ServingMetrics,
-        slots: PartialPassSlots,
+        partial_schedule: PartialSchedule,
         api_key: str,
         speakers: LiveSpeakers,
     ):
         """``api_key``: the label (metrics.api_key_label) of the key the client connected with."""
-        self.slots = slots
+        self.partial_schedule = partial_schedule  # the replica's, shared by its sessions
         self.api_key = api_key
         self.websocket = websocket
         self.options = options
@@ -228,9 +229,11 @@ class RealtimeSession:
         self.vad = ServerVadTurns(vad, self.settings.sample_rate_hz, self._received_samples) if vad else None
 
     async def _detect_turns(self, samples: np.ndarray) -> None:
-        if self.turn is not None:
-            self.turn.append(samples)
-        for turn_event in self.vad.feed(samples, between_turns=self.turn is None):
+        turn = self.turn
+        turn_events = self.vad.feed(samples, between_turns=turn is None)
+        if turn is not None:
+            turn.append(samples, speech=self.vad.heard_speech)
+        for turn_event in turn_events:
             if isinstance(turn_event, SpeechStarted):
                 await self._start_detected_turn(self.vad.sample_of(turn_event.audio_start_s))
             elif isinstance(turn_event, IdleTimedOut):
@@ -313,7 +316,7 @@ class RealtimeSession:
             served.pipeline,
             send_delta,
             self.metrics,
-            self.slots,
+            self.partial_schedule,
             self.options,
         )
 
@@ -375,16 +378,10 @@ class RealtimeSession:
         self.metrics.observe_final(time.perf_counter() - speech_ended_s)
 
     async def _partial_passes(self) -> None:
-        interval_s = self.options.partial_interval_ms / 1000
         while True:
-            await asyncio.sleep(interval_s)
-            turn = self.turn
-            if turn is None or turn.new_audio_s() < interval_s / 2:
-                continue
-            if turn.pass_in_flight or not self.slots.available:
-                self.metrics.skipped_partials.inc()  # behind: skip rather than queue
-                continue
-            turn.start_partial_pass()
+            await asyncio.sleep(self.options.partial_interval_ms / 1000)
+            if self.turn is not None:
+                self.turn.offer_partial_pass()
 
     def _spawn(self, work) -> asyncio.Task:
         task = asyncio.create_task(work)

@@ -30,6 +30,9 @@ class ServerVadTurns:
         self._received = origin  # the session's samples so far
         self._kept: list[np.ndarray] = []  # between turns: the latest audio
         self._kept_start = origin  # the session's sample where _kept begins
+        # Whether the last samples fed held speech (a frame they completed started or kept it up):
+        # an open turn whose new audio held none has nothing new for a partial pass to hear.
+        self.heard_speech = False
 
     def feed(self, samples: np.ndarray, between_turns: bool) -> list[TurnEvent]:
         """The session's next samples (kept only between turns: an open turn holds its own) -> the
@@ -37,7 +40,10 @@ class ServerVadTurns:
         if between_turns:
             self._kept.append(samples)
         self._received += len(samples)
-        return self.detector.feed(self._to_16k.feed(samples))
+        heard_s = self.detector.speech_heard_s
+        events = self.detector.feed(self._to_16k.feed(samples))
+        self.heard_speech = self.detector.speech_heard_s > heard_s
+        return events
 
     def sample_of(self, stream_s: float) -> int:
         """A detector time as the session's sample."""

@@ -9,7 +9,9 @@ the text committed so far.
 
 Final passes (and carry-overs) rank as interactive work; partial passes as batch work, so that on
 a busy encoder a turn's final pass overtakes the partial passes of every stream (with every pass
-interactive, a final pass queues behind the partial passes of all the other streams).
+interactive, a final pass queues behind the partial passes of all the other streams). A partial
+pass also waits for one of the replica's partial slots (deployments/orchestration/partial_schedule.py),
+which streams take in turn; final passes and carry-overs take none.
 
 The turn knows no protocol: each new piece of stable text goes to ``on_delta``, which the realtime
 session (deployments/http/realtime.py) turns into its events.
@@ -27,6 +29,7 @@ import numpy as np
 
 from deployments.config import RealtimeOptions
 from deployments.metrics import ServingMetrics
+from deployments.orchestration.partial_schedule import PartialSchedule, PassRequest
 from deployments.orchestration.pipeline import WindowPipeline
 from engine import (
     N_SAMPLES,
@@ -71,20 +74,6 @@ class TurnTranscript:
     token_logprobs: list[TokenLogprob] | None = None
 
 
-class PartialPassSlots:
-    """Partial passes out at once across an ingress replica's sessions. Partial text is a
-    preview: when the encoders fall behind, streams skip passes instead of queueing more, so the
-    queue a final pass joins stays short."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.in_use = 0
-
-    @property
-    def available(self) -> bool:
-        return self.in_use < self.limit
-
-
 class LiveTurn:
     def __init__(
         self,
@@ -94,13 +83,13 @@ class LiveTurn:
         pipeline: WindowPipeline,
         on_delta: OnDelta,
         metrics: ServingMetrics,
-        slots: PartialPassSlots,
+        schedule: PartialSchedule,
         options: RealtimeOptions,
     ):
         self.item_id = item_id
         self.model_name = model_name  # the served model whose pipeline runs the passes (and bills them)
         self.options = options
-        self.slots = slots
+        self.schedule = schedule
         self.settings = settings
         self.sample_rate_hz = settings.sample_rate_hz  # the client's rate; resampled per pass
         self.pipeline = pipeline
@@ -113,6 +102,9 @@ class LiveTurn:
         self._window_prompt = settings.prompt  # the session's prompt; then the text committed before
         self._pass: asyncio.Task | None = None  # the partial pass (or window carry-over) in flight
         self._passed_samples = 0  # num_samples when the last pass started
+        self._last_pass_s = time.monotonic()  # when the last partial pass started (or the turn opened)
+        self._request: PassRequest | None = None  # waiting for one of the replica's partial slots
+        self._speech_end = 0  # num_samples after the latest audio that held speech (see append)
         self._passes = 0
         self._carry_in_flight = False  # a carry-over's text is part of the turn's: finish() awaits it
         self._closed = False  # finished or cancelled: partial passes still out are ignored
@@ -126,9 +118,13 @@ class LiveTurn:
     def pass_in_flight(self) -> bool:
         return self._pass is not None and not self._pass.done()
 
-    def append(self, samples: np.ndarray) -> None:
+    def append(self, samples: np.ndarray, speech: bool = True) -> None:
+        """``speech``: whether the session's VAD heard speech in ``samples`` (without a VAD, any
+        audio may hold some)."""
         self._chunks.append(samples)
         self.num_samples += len(samples)
+        if speech:
+            self._speech_end = self.num_samples
 
     def new_audio_s(self) -> float:
         """Audio that arrived since the last pass started (none before the turn is long enough
@@ -137,17 +133,44 @@ class LiveTurn:
             return 0.0
         return (self.num_samples - self._passed_samples) / self.sample_rate_hz
 
-    def start_partial_pass(self) -> None:
-        """Transcribe the open window again (or, past 30 s, close its first window and carry on)."""
+    def offer_partial_pass(self) -> None:
+        """The session's partial cadence came round: ask for a pass over the audio so far if half
+        an interval of it is new and any of that is speech. A turn whose previous pass is still
+        out, or still waits for a slot, is behind and asks nothing more."""
+        if self._closed or self.new_audio_s() < self.options.partial_interval_ms / 2000:
+            return
+        if self.pass_in_flight or self._request is not None:
+            self.metrics.skipped_partials.inc()
+            return
+        if self._window_samples_16k_count() > N_SAMPLES:
+            # A final pass of the window's first 30 s: text the turn needs, not a preview, so it
+            # takes no partial slot (as the turn's final pass takes none).
+            self._passed_samples = self.num_samples
+            self._track(asyncio.create_task(self._carry_over()))
+            return
+        if self._speech_end <= self._passed_samples:
+            # Only silence since the last pass (a pause inside the turn): its text cannot change.
+            self.metrics.unchanged_partials.inc()
+            return
+        self._request = PassRequest(self._last_pass_s, self._start_partial_pass)
+        self.schedule.request(self._request)
+
+    def _start_partial_pass(self) -> asyncio.Task | None:
+        """A slot came free for this turn: transcribe the open window's audio so far, as it is now."""
+        self._request = None
+        if self._closed or self._window_samples_16k_count() > N_SAMPLES:
+            return None  # closed meanwhile, or grown past the window: the next offer carries it over
         self._passed_samples = self.num_samples
-        work = self._carry_over() if self._window_samples_16k_count() > N_SAMPLES else self._partial_pass()
-        self._pass = asyncio.create_task(work)
-        self.slots.in_use += 1
-        self._pass.add_done_callback(self._free_slot)
+        self._last_pass_s = time.monotonic()
+        return self._track(asyncio.create_task(self._partial_pass()))
+
+    def _track(self, task: asyncio.Task) -> asyncio.Task:
+        self._pass = task
         # The event loop keeps only weak references to tasks: hold each until it is done, however
         # early the session lets go of this turn.
-        _PASSES.add(self._pass)
-        self._pass.add_done_callback(_PASSES.discard)
+        _PASSES.add(task)
+        task.add_done_callback(_PASSES.discard)
+        return task
 
     async def finish(self, speech_only: bool = False) -> TurnTranscript:
         """The final pass: every delta not sent yet, then the turn's whole text (the deltas joined).
@@ -158,7 +181,7 @@ class LiveTurn:
         stretch). It is decoded only if the file endpoint's speech detection, more sensitive,
         finds speech in it; else its text is empty, as a file's silence is, and nothing is decoded
         (Whisper writes words such as "you" into silence)."""
-        self._closed = True
+        self._close()
         if speech_only and not await asyncio.to_thread(self._has_speech):
             return TurnTranscript("", [] if self.settings.token_logprobs else None)
         if self._carry_in_flight:
@@ -175,14 +198,16 @@ class LiveTurn:
     def _has_speech(self) -> bool:
         return bool(detect_speech(self._window_samples_16k(), SpeechOptions()))
 
-    def _free_slot(self, _: asyncio.Task) -> None:
-        self.slots.in_use -= 1
-
     def cancel(self) -> None:
         """The client cleared the buffer or went away: a pass in flight runs out (cancelling a
         Serve call between encoder and decoder would strand its staged K/V until the staging's
         unclaimed timeout) and its text is ignored."""
+        self._close()
+
+    def _close(self) -> None:
         self._closed = True
+        self.schedule.withdraw(self._request)
+        self._request = None
 
     # ---- passes -------------------------------------------------------------------------------
 

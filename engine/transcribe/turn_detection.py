@@ -64,6 +64,7 @@ class TurnDetector:
         self.silence_duration_s = silence_duration_ms / 1000
         self.idle_timeout_s = idle_timeout_ms / 1000 if idle_timeout_ms is not None else None
         self.in_speech = False
+        self.speech_heard_s = 0.0  # the end of the latest frame that started or kept up speech
         self._silence_start_s: float | None = None  # in speech: where the current run of silence began
         # Where the last turn (or quiet stretch) ended: a new turn's audio never reaches back before
         # it, and out of speech the quiet has lasted since then.
@@ -78,6 +79,7 @@ class TurnDetector:
             if not self.in_speech:
                 if probability >= self.threshold:
                     self.in_speech = True
+                    self.speech_heard_s = start_s + FRAME_S
                     self._silence_start_s = None
                     events.append(SpeechStarted(max(self._turn_start_s, start_s - self.prefix_padding_s)))
                 elif self.idle_timeout_s is not None:
@@ -87,6 +89,7 @@ class TurnDetector:
                         self.end_turn(end_s)
                 continue
             if probability >= self.threshold - SILENCE_HYSTERESIS:
+                self.speech_heard_s = start_s + FRAME_S
                 self._silence_start_s = None
                 continue
             if self._silence_start_s is None:

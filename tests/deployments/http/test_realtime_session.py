@@ -19,7 +19,7 @@ from deployments.http.option_checks import AcceptedOptions
 from deployments.http.realtime import CLOSE_NORMAL, RealtimeSession
 from deployments.http.realtime_speakers import LiveSpeakers
 from deployments.metrics import ANONYMOUS, ServingMetrics
-from deployments.orchestration.live_turn import PartialPassSlots
+from deployments.orchestration.partial_schedule import PartialSchedule
 from deployments.served_models import ServedModel, ServedModels
 from engine.errors import RequestRejectedError
 from engine.types import DecodeOptions, DecodeResult, FinishReason, TokenLogprob
@@ -62,9 +62,15 @@ class RecordingPipeline:
 
 
 def session_app(
-    options: RealtimeOptions, metrics: ServingMetrics, pipeline: RecordingPipeline | None = None
+    options: RealtimeOptions,
+    metrics: ServingMetrics,
+    pipeline: RecordingPipeline | None = None,
+    partial_slots: int = 4,
 ) -> FastAPI:
+    """An app of one ingress replica's sessions. They share its partial slots, so several sessions
+    must run on one event loop: open them on a TestClient used as a context manager."""
     app = FastAPI()
+    partial_passes = PartialSchedule(partial_slots)
 
     @app.websocket("/v1/realtime")
     async def realtime(websocket: WebSocket) -> None:
@@ -76,7 +82,7 @@ def session_app(
             options,
             ServedModels([model], "tiny.en"),
             metrics,
-            PartialPassSlots(4),
+            partial_passes,
             ANONYMOUS,
             LiveSpeakers(None),  # an app without a diarizer
         )
