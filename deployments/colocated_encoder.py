@@ -10,13 +10,13 @@ for admission, so encoded states never pile up in GPU memory; the audio waits in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
 from deployments.config import AppConfig
 from deployments.encoder import EncoderStats
-from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames
+from deployments.window_batcher import WindowBatcher, WindowJob, encode_by_context
 from engine import EncoderRunner, EncoderStates, LoadedModel, OverlappedEncoder
 
 
@@ -34,7 +34,11 @@ class ColocatedEncoder:
         self._awaiting_admission = windows_awaiting_admission
         # Compiles and warms the encoder where it is compiled.
         self.encoder = OverlappedEncoder(
-            EncoderRunner(loaded, graph_batch_size=config.encoder.max_batch_size),
+            EncoderRunner(
+                loaded,
+                graph_batch_size=config.encoder.max_batch_size,
+                contexts=config.realtime.partial_context_frames(),
+            ),
             project_cross_kv=False,
         )
         self.batcher = WindowBatcher(
@@ -56,14 +60,14 @@ class ColocatedEncoder:
             self.batcher, self.config, 0, "none", "encoder_states", gpu_wait_s=self.encoder.gpu_wait_s
         )
 
-    def _encode_windows(self, jobs: list[WindowJob]) -> list[torch.Tensor]:
-        """A batch's encoder states, one [frames, d] view per window (on a worker thread)."""
-        states: list[torch.Tensor | None] = [None] * len(jobs)
-        for frames, indexes in by_encoder_frames(jobs).items():
-            group = self.encoder.encode_blocking([jobs[index].samples for index in indexes], frames)
-            for index, window_states in zip(indexes, group):
-                states[index] = window_states
-        return states
+    def _encode_windows(self, jobs: list[WindowJob]) -> Iterator[torch.Tensor]:
+        """Each window's encoder states, one [frames, d] view each, as its context's forward ends (on
+        a worker thread)."""
+
+        def encode(frames: int | None, context_jobs: list[WindowJob]) -> torch.Tensor:
+            return self.encoder.encode_blocking([job.samples for job in context_jobs], frames)
+
+        return encode_by_context(jobs, encode)
 
     def _may_encode(self) -> bool:
         """Encode more only while fewer than a batch of encoded windows wait for admission."""

@@ -21,6 +21,7 @@ from pydantic import (
 from deployments.http_limits import HTTPLimits
 from deployments.model_config import MODEL_SECTIONS, ModelConfig, ModelSections
 from deployments.replica_options import DiarizerOptions, ReplicaOptions
+from engine import context_buckets
 
 
 class RealtimeOptions(BaseModel):
@@ -67,9 +68,20 @@ class RealtimeOptions(BaseModel):
     partial_context: Literal["audio", "full_window"] = Field(
         "full_window",
         description="what a partial pass is encoded over: `audio`, the turn's audio so far (with "
-        "`partial_context_pad_s` of silence after it, at least `partial_context_min_s`, in whole "
-        "seconds), which costs the encoder and the cross-attention K/V what that audio costs; or "
-        "`full_window`, a padded 30 s window, as final passes always are",
+        "`partial_context_pad_s` of silence after it, at least `partial_context_min_s`, rounded up to "
+        "`partial_context_step_s`), which costs the encoder and the cross-attention K/V what that audio "
+        "costs; or `full_window`, a padded 30 s window, as final passes always are",
+    )
+    partial_context_step_s: int = Field(
+        10,
+        ge=1,
+        le=30,
+        description="with partial_context `audio`: contexts are rounded up to whole multiples of this "
+        "many seconds (the last to the full window). An encoder forward runs one context, so passes "
+        "of different contexts never share one; and the encoder is compiled (and its CUDA graphs "
+        "captured) for each context at start-up. Coarser steps share forwards among concurrent "
+        "passes, as a GPU wants; 1 costs each pass least where forwards cost what their windows do "
+        "(a CPU)",
     )
     partial_context_pad_s: float = Field(
         1.0,
@@ -112,6 +124,14 @@ class RealtimeOptions(BaseModel):
         description="benchmarks only: every pass (partial and final) decodes exactly this many tokens, "
         "with no fallback, so that random weights (which never stop) cost what speech does; no transcript",
     )
+
+    def partial_context_frames(self) -> list[int]:
+        """The shortened contexts a partial pass may be encoded over, in encoder frames (empty with
+        `full_window`): what an encoder prepares for at start-up."""
+        if self.partial_context == "full_window":
+            return []
+        settings = (self.partial_context_min_s, self.partial_context_pad_s, self.partial_context_step_s)
+        return context_buckets(*settings)[:-1]  # the last is the full window
 
 
 class AppConfig(ModelSections):

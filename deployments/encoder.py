@@ -27,7 +27,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.autoscaling import PENDING_WINDOWS
 from deployments.config import AppConfig, ConfigError
-from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames
+from deployments.window_batcher import WindowBatcher, WindowJob, encode_by_context
 from engine import EncoderRunner, ModelDims, load_model
 from engine.config import EngineConfig
 from kv_transfer import make_sender
@@ -44,6 +44,7 @@ _IDLE_POLLS = 10
 class EncoderStats:
     windows_encoded: int
     batches: int
+    encoder_forwards: int  # a batch runs one for each context among its windows
     last_batch_size: int
     mean_batch_size: float
     num_staged: int
@@ -72,6 +73,7 @@ class EncoderStats:
         return cls(
             windows_encoded=batcher.windows_encoded,
             batches=batcher.batches,
+            encoder_forwards=batcher.encoder_forwards,
             last_batch_size=batcher.last_batch_size,
             mean_batch_size=batcher.mean_batch_size,
             num_staged=num_staged,
@@ -148,7 +150,11 @@ class EncoderDeployment:
             self.sender.close()
             raise
         # Compiles and warms the encoder where it is compiled, and captures its graphs.
-        self.runner = EncoderRunner(self.loaded, graph_batch_size=config.encoder.max_batch_size)
+        self.runner = EncoderRunner(
+            self.loaded,
+            graph_batch_size=config.encoder.max_batch_size,
+            contexts=config.realtime.partial_context_frames(),
+        )
         logger.info(
             "encoder replica prepared in %.1f s: %s loaded in %.1f s, encoder (%s, attention: %s, "
             "compiled: %s) ready in %.1f s",
@@ -209,13 +215,12 @@ class EncoderDeployment:
         """Each window's handle (or what failed it) as soon as that window is staged: on a worker
         thread, whose staging waits for room while earlier windows are pulled."""
         started = time.perf_counter()
-        payloads: list[torch.Tensor | None] = [None] * len(jobs)
-        for frames, indexes in by_encoder_frames(jobs).items():
-            states = self.runner.encode([jobs[index].samples for index in indexes], frames)
-            group = self.runner.cross_kv(states) if self.payload == "cross_kv" else states
-            for index, payload in zip(indexes, group):
-                payloads[index] = payload
-        for job, payload in zip(jobs, payloads):
+
+        def encode(frames: int | None, context_jobs: list[WindowJob]) -> torch.Tensor:
+            states = self.runner.encode([job.samples for job in context_jobs], frames)
+            return self.runner.cross_kv(states) if self.payload == "cross_kv" else states
+
+        for job, payload in zip(jobs, encode_by_context(jobs, encode)):
             try:
                 outcome = self.sender.stage(job.request_id, payload, self.payload)
             except Exception as error:  # back-pressure or a transport error fails this window only

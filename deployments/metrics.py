@@ -128,7 +128,13 @@ class ServingMetrics:
         )
         self.encoder_batches = Gauge(
             "whisper_encoder_batches",
-            "encoder forwards since start",
+            "encoder batches since start",
+            ["model", "replica"],
+            registry=self.registry,
+        )
+        self.encoder_forwards = Gauge(
+            "whisper_encoder_forwards",
+            "encoder forwards since start: one for each context (encoder frames) among a batch's windows",
             ["model", "replica"],
             registry=self.registry,
         )
@@ -308,6 +314,7 @@ class ServingMetrics:
             self.encoder_busy_seconds,
             self.encoder_forward_seconds,
             self.encoder_batches,
+            self.encoder_forwards,
             self.decoder_window_seconds,
             self.decoder_load_seconds,
             self.decoder_windows_timed,
@@ -362,6 +369,7 @@ class ServingMetrics:
                 if stats.gpu_wait_s is not None:
                     self.encoder_forward_seconds.labels(model, replica, "gpu_wait").set(stats.gpu_wait_s)
                 self.encoder_batches.labels(model, replica).set(stats.batches)
+                self.encoder_forwards.labels(model, replica).set(stats.encoder_forwards)
         for index, stats in enumerate(diarizer_stats):
             replica = str(index)
             self.diarizer_waiting.labels(replica).set(stats.waiting)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -49,12 +49,29 @@ class WindowJob:
 
 
 def by_encoder_frames(jobs: list[WindowJob]) -> dict[int | None, list[int]]:
-    """A batch's windows (their indexes) by the encoder frames they are encoded over: a forward
-    runs one shape, so a batch of several contexts runs one forward per context."""
+    """A batch's windows (their indexes) by the encoder frames they are encoded over, in the order
+    of each context's first window: a forward runs one shape, so a batch of several contexts runs
+    one forward per context."""
     groups: dict[int | None, list[int]] = {}
     for index, job in enumerate(jobs):
         groups.setdefault(job.encoder_frames, []).append(index)
     return groups
+
+
+def encode_by_context(
+    jobs: list[WindowJob], encode: Callable[[int | None, list[WindowJob]], Iterable[Outcome]]
+) -> Iterator[Outcome]:
+    """Each window's outcome in the batch's order, ``encode`` (frames, that context's windows)
+    called once per context. An outcome is handed on once its context's forward is done, not the
+    batch's: the batcher orders a batch by context, its most urgent window's first, so a final
+    pass's window never waits for the partial passes' forwards after it."""
+    outcomes: dict[int, Outcome] = {}
+    next_index = 0
+    for frames, indexes in by_encoder_frames(jobs).items():
+        outcomes.update(zip(indexes, encode(frames, [jobs[index] for index in indexes])))
+        while next_index in outcomes:
+            yield outcomes.pop(next_index)
+            next_index += 1
 
 
 @dataclass(eq=False)  # compared by identity: the queue removes exactly this window
@@ -89,6 +106,7 @@ class WindowBatcher(Generic[Outcome]):
         # forward counts when it starts, a window when its outcome is handed on.
         self.windows_encoded = 0
         self.batches = 0
+        self.encoder_forwards = 0  # a batch runs one for each context among its windows
         self.last_batch_size = 0
         # Sums since start (/metrics): each window's wait from arrival to its forward's start, each
         # window's forward (from its start until the window's outcome was handed on), the forwards'
@@ -138,6 +156,7 @@ class WindowBatcher(Generic[Outcome]):
     async def _forward(self, batch: list[QueuedWindow]) -> None:
         self._in_forward = len(batch)
         self.batches += 1
+        self.encoder_forwards += len({window.job.encoder_frames for window in batch})
         self.last_batch_size = len(batch)
         started = time.monotonic()
         self.queued_s += sum(started - window.arrived_s for window in batch)
@@ -205,7 +224,8 @@ class WindowBatcher(Generic[Outcome]):
 
     def _next_batch(self) -> list[QueuedWindow]:
         """The oldest interactive (or aged batch) windows waiting, less the places owed to batch
-        windows, then the oldest batch ones."""
+        windows, then the oldest batch ones; ordered by context (``encode_by_context``), each
+        context where its first window came."""
         now = time.monotonic()
         interactive, batch_work = [], []  # each in arrival order
         for window in self._queue:
@@ -216,4 +236,5 @@ class WindowBatcher(Generic[Outcome]):
         batch += batch_work[: self.max_batch_size - len(batch)]
         for window in batch:
             self._queue.remove(window)
-        return batch
+        contexts = by_encoder_frames([window.job for window in batch]).values()
+        return [batch[index] for indexes in contexts for index in indexes]

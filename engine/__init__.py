@@ -41,6 +41,7 @@ _PUBLIC = {
     "ModelDims": "engine.model.weights",
     "OverlappedEncoder": "engine.encode.overlap",
     "context_frames": "engine.encode.context",
+    "context_buckets": "engine.encode.context",
     "EngineStats": "engine.decode.engine",
     "LoopTimings": "engine.decode.timings",
     "freeze_start_up_objects": "engine.decode.heap",

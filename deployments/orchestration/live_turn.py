@@ -271,10 +271,14 @@ class LiveTurn:
     def _partial_frames(self, samples: np.ndarray) -> int | None:
         """The encoder frames a partial pass over ``samples`` is encoded over (None: the full
         window). Final passes keep the full window: the turn's text is the file endpoint's."""
-        if self.options.partial_context == "full_window":
+        options = self.options
+        if options.partial_context == "full_window":
             return None
         return context_frames(
-            len(samples), self.options.partial_context_min_s, self.options.partial_context_pad_s
+            len(samples),
+            options.partial_context_min_s,
+            options.partial_context_pad_s,
+            options.partial_context_step_s,
         )
 
     async def _send_delta(self, delta: str) -> None:

@@ -20,18 +20,31 @@ from engine.model.audio import CHUNK_LENGTH_S, HOP_LENGTH, N_FRAMES, SAMPLE_RATE
 
 WINDOW_FRAMES = N_FRAMES // 2  # a full window's encoder frames: conv2 halves the mel frames
 FRAMES_PER_S = WINDOW_FRAMES / CHUNK_LENGTH_S
-# Contexts come in whole seconds: fewer distinct shapes for the encoder (a batch is one shape, a
-# compiled encoder compiles each), at most a second of silence more than the audio needs.
-CONTEXT_STEP_FRAMES = round(FRAMES_PER_S)
 
 
-def context_frames(num_samples: int, min_s: float, pad_s: float) -> int:
+def context_frames(num_samples: int, min_s: float, pad_s: float, step_s: int = 1) -> int:
     """The encoder frames for ``num_samples`` of 16 kHz audio: the audio and ``pad_s`` of the
     silence after it, at least ``min_s`` (very short contexts make Whisper hear words that are not
-    there), in whole seconds, at most a full window."""
+    there), rounded up to whole ``step_s`` seconds, at most a full window.
+
+    Why a step: the encoder runs one shape per forward, so windows of different contexts never
+    share one, and on a GPU a forward of many windows costs little more than a forward of one; a
+    compiled encoder, or one replayed from CUDA graphs, also holds a graph per shape, made at
+    start-up for every context in use (``context_buckets``). Coarser steps let concurrent passes
+    share forwards and keep those graphs few, for up to a step of silence more than the audio needs.
+    """
+    step_frames = round(step_s * FRAMES_PER_S)
     seconds = max(num_samples / SAMPLE_RATE + pad_s, min_s)
-    frames = math.ceil(seconds * FRAMES_PER_S / CONTEXT_STEP_FRAMES) * CONTEXT_STEP_FRAMES
-    return min(WINDOW_FRAMES, max(CONTEXT_STEP_FRAMES, frames))
+    frames = math.ceil(seconds * FRAMES_PER_S / step_frames) * step_frames
+    return min(WINDOW_FRAMES, max(step_frames, frames))
+
+
+def context_buckets(min_s: float, pad_s: float, step_s: int = 1) -> list[int]:
+    """Every count of encoder frames ``context_frames`` gives with these settings, shortest first,
+    the full window last."""
+    shortest = context_frames(0, min_s, pad_s, step_s)
+    step_frames = round(step_s * FRAMES_PER_S)
+    return [*range(shortest, WINDOW_FRAMES, step_frames), WINDOW_FRAMES]
 
 
 def context_samples(frames: int) -> int:

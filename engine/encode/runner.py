@@ -21,9 +21,13 @@ from engine.encode.context import WINDOW_FRAMES, context_samples
 from engine.encode.graphs import EncoderGraphs
 from engine.encode.staging import WindowStaging
 from engine.kv.storage import to_cache_dtype
-from engine.model.audio import N_FFT, N_FRAMES, N_SAMPLES, log_mel_spectrogram
+from engine.model.audio import N_FFT, N_SAMPLES, log_mel_spectrogram
 from engine.model.fp8 import fp8_supported, quantize_linears
 from engine.model.loading import LoadedModel
+
+# Graphs of the compiled encoder beyond those its warm-up makes before torch stops compiling it:
+# torch's default for any function.
+RECOMPILE_ROOM = 8
 
 # An encoder batch: [N, 480000] float32 samples (padded), or each window's samples as they came.
 Windows = torch.Tensor | Sequence[np.ndarray]
@@ -86,10 +90,12 @@ def _flash_attention_named(build: FlashAttention3, dtype: torch.dtype) -> str:
 class EncoderRunner:
     """Batches of 30 s windows -> encoder states -> each window's cross-attention K/V."""
 
-    def __init__(self, loaded: LoadedModel, graph_batch_size: int = 0):
+    def __init__(self, loaded: LoadedModel, graph_batch_size: int = 0, contexts: Sequence[int] = ()):
         """``graph_batch_size``: with engine.gpu.encoder_cuda_graphs on a GPU, the largest batch to
         capture CUDA graphs for (the replica's encoder.max_batch_size); larger batches and 0 run
-        without."""
+        without. ``contexts``: the shortened contexts (encoder frames) windows will come with,
+        compiled and captured at start-up beside the full window's, so that no request waits for
+        it; any other context runs without graphs, compiled on first use."""
         self.model = loaded.model
         self.dims = loaded.weights.dims
         self.device = loaded.config.torch_device
@@ -106,19 +112,38 @@ class EncoderRunner:
         elif switches.fused_encoder_gelu:
             self.model.encoder.fuse_gelu()  # before compiling: the compiled graph takes the fused product
         self.attention = choose_encoder_attention(loaded, switches.encoder_attention)
+        contexts = [WINDOW_FRAMES, *sorted(set(contexts) - {WINDOW_FRAMES}, reverse=True)]
         if switches.compile_encoder:
             # The whole encoder, not each layer alone: fusions across layers count.
-            if not getattr(self.model.encoder, "_compiled_call_impl", None):
+            if not self.compiled:
                 self.model.encoder.compile()
-            # Compile now, not in a request: a second batch size makes the graph batch-dynamic, and
-            # batches that take FlashAttention-3 where smaller ones do not are a graph of their own.
-            flash = self.model.encoder.layers[0].flash_attention is not None
-            for batch in (1, 2, MIN_WINDOWS) if flash else (1, 2):
-                self.encode(torch.zeros(batch, N_SAMPLES))
+            self.warm_compiled(contexts)
         if switches.encoder_cuda_graphs and graph_batch_size > 0:
             self.graphs = EncoderGraphs(
-                self.model.encoder, (self.dims.n_mels, N_FRAMES), graph_batch_size, self.device
+                self.model.encoder, self.dims.n_mels, contexts, graph_batch_size, self.device
             )
+
+    @property
+    def compiled(self) -> bool:
+        return bool(getattr(self.model.encoder, "_compiled_call_impl", None))
+
+    def warm_compiled(self, contexts: Sequence[int]) -> None:
+        """Compile the encoder now, not in a request, for windows over each of ``contexts`` (encoder
+        frames) at every batch size it is specialised on: a second batch size makes a context's
+        graph batch-dynamic, and batches that take FlashAttention-3 where smaller ones do not are
+        a graph of their own. A request that finds no graph waits for a compile, and so does every
+        window queued behind it."""
+        flash = self.model.encoder.layers[0].flash_attention is not None
+        batches = (1, 2, MIN_WINDOWS) if flash else (1, 2)
+        # Past a number of graphs of one function, torch runs it uncompiled from then on, and says
+        # so only once in the log: room for these and as many more as torch allows by default.
+        made = len(batches) * len(contexts)
+        torch._dynamo.config.recompile_limit = max(
+            torch._dynamo.config.recompile_limit, made + RECOMPILE_ROOM
+        )
+        for frames in contexts:
+            for batch in batches:
+                self.encode(torch.zeros(batch, N_SAMPLES), frames)
 
     @torch.inference_mode()
     def encode(self, windows: Windows, frames: int | None = None) -> torch.Tensor:
@@ -134,11 +159,17 @@ class EncoderRunner:
             windows = windows[:, : context_samples(frames) + N_FFT]
         mels = log_mel_spectrogram(windows.to(self.device), self.dims.n_mels)
         if shortened:
-            # The encoder reads its positional table from the start, as many rows as frames.
-            return self.model.encoder(mels[..., : 2 * frames]).to(self.dtype)
+            # The encoder reads its positional table from the start, as many rows as frames. In
+            # memory of their own: a compiled encoder's graph holds to its input's strides too.
+            mels = mels[..., : 2 * frames].contiguous()
         # In the model's dtype: a CPU's bf16 encoder hands float32 states to the float32 decoder.
-        if self.graphs is not None and len(mels) <= self.graphs.max_batch_size:
+        if self.graphs is not None and self.graphs.holds(mels):
             return self.graphs(mels).to(self.dtype)
+        if self.compiled:
+            # A graph of its own for each context, as warm_compiled made them. Left to itself, torch
+            # would compile the second context it sees as one graph for any number of frames, in the
+            # request that brought it, and might run the full windows through that graph from then on.
+            torch._dynamo.mark_static(mels, 2)
         return self.model.encoder(mels).to(self.dtype)
 
     @torch.inference_mode()

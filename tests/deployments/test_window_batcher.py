@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 
-from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames
+from deployments.window_batcher import WindowBatcher, WindowJob, by_encoder_frames, encode_by_context
+from engine import SAMPLE_RATE, context_frames
 from engine.types import Priority
 
 MAX_BATCH_SIZE = 8
@@ -90,3 +92,71 @@ def test_a_batch_over_several_encoder_contexts_runs_one_forward_per_context_each
         WindowJob(f"w{i}", samples, encoder_frames=frames) for i, frames in enumerate([100, None, 100, 250])
     ]
     assert by_encoder_frames(jobs) == {100: [0, 2], None: [1], 250: [3]}
+
+
+def _one_batch(jobs: list[WindowJob]) -> tuple[WindowBatcher, list[list[str]], list[tuple[str, float]]]:
+    """``jobs`` queued together and encoded in one batch by a forward that encodes each context
+    with ``encode_by_context``: the batcher, each encoder forward's windows, and when each window's
+    outcome reached its caller (a context's forward takes 50 ms)."""
+    forwards: list[list[str]] = []
+
+    def encode(frames: int | None, context_jobs: list[WindowJob]) -> list[str]:
+        forwards.append([job.request_id for job in context_jobs])
+        time.sleep(0.05)
+        return [job.request_id for job in context_jobs]
+
+    async def scenario() -> tuple[WindowBatcher, list[tuple[str, float]]]:
+        batcher = WindowBatcher(
+            lambda batch: encode_by_context(batch, encode),
+            len(jobs),
+            batch_aging_s=1e9,
+            fill_wait_ms=lambda: 1e3,
+        )
+        arrivals: list[tuple[str, float]] = []
+
+        async def submit(job: WindowJob) -> None:
+            assert await batcher.submit(job) == job.request_id
+            arrivals.append((job.request_id, time.monotonic()))
+
+        await asyncio.gather(*(submit(job) for job in jobs))
+        return batcher, arrivals
+
+    batcher, arrivals = asyncio.run(asyncio.wait_for(scenario(), 30))
+    return batcher, forwards, arrivals
+
+
+def test_concurrent_partial_passes_of_different_lengths_in_one_context_step_share_one_encoder_forward():
+    """Partial passes over 3.0 to 7.5 s of audio, as live streams send them at once: in whole
+    seconds they are five contexts, five forwards; rounded up to a 10 s step they are one."""
+    lengths_s = [3.0, 3.4, 4.2, 5.1, 6.5, 7.5]
+    for step_s, contexts in ((1, 5), (10, 1)):
+        jobs = [
+            WindowJob(
+                f"p{i}",
+                np.zeros(int(seconds * SAMPLE_RATE), dtype=np.float32),
+                Priority.BATCH,
+                context_frames(int(seconds * SAMPLE_RATE), min_s=5.0, pad_s=1.0, step_s=step_s),
+            )
+            for i, seconds in enumerate(lengths_s)
+        ]
+        batcher, forwards, _ = _one_batch(jobs)
+        assert batcher.batches == 1, "one batch"
+        assert batcher.encoder_forwards == len(forwards) == contexts, (step_s, forwards)
+
+
+def test_a_final_pass_batched_with_partial_passes_is_encoded_first_and_handed_on_before_their_forwards():
+    """Partial passes (batch work) of two contexts queued before a final pass (interactive, the full
+    window): the final's context runs first, and its caller has it before the others' forwards end."""
+    samples = np.zeros(SAMPLE_RATE, dtype=np.float32)
+    jobs = [
+        WindowJob("partial-10s-a", samples, Priority.BATCH, 500),
+        WindowJob("partial-20s", samples, Priority.BATCH, 1000),
+        WindowJob("partial-10s-b", samples, Priority.BATCH, 500),
+        WindowJob("final", samples, Priority.INTERACTIVE, None),
+    ]
+    batcher, forwards, arrivals = _one_batch(jobs)
+    assert forwards == [["final"], ["partial-10s-a", "partial-10s-b"], ["partial-20s"]]
+    assert batcher.encoder_forwards == 3
+    handed_on = dict(arrivals)
+    assert handed_on["final"] < handed_on["partial-10s-a"] - 0.03, "not held back for the next forward"
+    assert handed_on["partial-10s-b"] < handed_on["partial-20s"] - 0.03

@@ -46,6 +46,9 @@ def test_a_context_covers_the_audio_and_its_padding_in_whole_seconds_within_one_
     assert context_frames(2 * second, min_s=5.0, pad_s=1.0) == 250, "at least min_s"
     assert context_frames(0, min_s=0.0, pad_s=0.0) == 50, "never empty"
     assert context_frames(29 * second, min_s=0.0, pad_s=2.0) == WINDOW_FRAMES, "never past the window"
+    assert context_frames(int(3.2 * second), min_s=5.0, pad_s=1.0, step_s=10) == 500, "up to a 10 s step"
+    assert context_frames(int(10.5 * second), min_s=5.0, pad_s=1.0, step_s=10) == 1000
+    assert context_frames(int(19.5 * second), min_s=5.0, pad_s=1.0, step_s=10) == WINDOW_FRAMES
 
 
 def test_a_window_encoded_over_n_frames_has_cross_kv_of_n_frames_in_as_many_blocks_as_they_fill(
@@ -67,12 +70,15 @@ def test_a_window_encoded_over_n_frames_has_cross_kv_of_n_frames_in_as_many_bloc
     assert engine.pool.num_used_blocks == 0, "every block back in the pool"
 
 
+@pytest.mark.parametrize("step_s", [1, 10])
 def test_the_decoder_on_a_shortened_context_gives_transformers_tokens_on_the_same_shortened_context(
-    tiny_en, runner, jfk_start
+    tiny_en, runner, jfk_start, step_s
 ):
     """transformers' WhisperForConditionalGeneration fed the same mel frames, its encoder's
-    positional table cut to the same frames: the same encoder states and, greedy, the same tokens."""
-    frames = context_frames(len(jfk_start), min_s=0.0, pad_s=1.0)
+    positional table cut to the same frames: the same encoder states and, greedy, the same tokens;
+    in whole seconds and rounded up to a 10 s step (more silence after the speech)."""
+    frames = context_frames(len(jfk_start), min_s=0.0, pad_s=1.0, step_s=step_s)
+    assert frames == {1: 400, 10: 500}[step_s]
     window = windows_of([jfk_start])
     mels = log_mel_spectrogram(window[:, : context_samples(frames) + N_FFT], tiny_en.weights.dims.n_mels)
     mels = mels[..., : 2 * frames]
