@@ -8,6 +8,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from collections.abc import Iterator
 
 import httpx
 import jiwer
@@ -58,6 +59,10 @@ def server_url():
             "RAY_SERVE_FALLBACK_PROXY_HTTP_PORT",
         )
     }
+    # At shutdown a directly reached ingress replica drains for at least this long before it stops
+    # (30 s by default, for a replica leaving a live cluster), and Serve's shutdown waits for it: a
+    # second here, as nothing is in flight by then.
+    environment["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "1"
     haproxy: list[psutil.Process] = []
     # Set while Ray starts, so that its processes inherit them, as from the shell of `serve run`.
     with pytest.MonkeyPatch.context() as patch:
@@ -75,8 +80,10 @@ def server_url():
 
 
 @pytest.fixture(scope="module")
-def client(server_url) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=300)
+def client(server_url) -> Iterator[openai.OpenAI]:
+    # Closed before the app stops, so no connection of the tests' is open while it drains.
+    with openai.OpenAI(base_url=f"{server_url}/v1", api_key="unused", max_retries=0, timeout=300) as client:
+        yield client
 
 
 def _clip(clip_id: str):
