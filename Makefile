@@ -1,10 +1,7 @@
 # The two commands a fresh clone needs: `make serve` and `make test`. Both create .venv first.
 VENV := .venv
 PY := $(VENV)/bin/python
-# --no-compile: pip's byte-compiling of every installed module (torch's, ray's, transformers') takes
-# most of an install's time; Python compiles what is imported on first import instead.
 PIP := $(PY) -m pip
-PIP_INSTALL := $(PIP) install -q --no-compile
 
 .PHONY: install install-test lint test test-fast serve bench docs
 
@@ -12,14 +9,14 @@ install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
-	$(PIP_INSTALL) --upgrade pip
+	$(PIP) install -q --upgrade pip
 	# torch 2.13.0 is the CPU build on this machine's disk; an unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -c "import torch" 2>/dev/null || $(PIP_INSTALL) torch==2.13.0
-	$(PIP_INSTALL) -e .
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP_INSTALL) -e ".[test]"
+	$(PIP) install -q -e ".[test]"
 	touch $@
 
 install-test: $(VENV)/.installed-test
