@@ -150,12 +150,17 @@ if [[ -n "${GOODPUT_RATES:-}" ]]; then
   results=${OUT:-$WORK}
   # GOODPUT_MIXES: one bench_goodput run per mix on this one app start; `default` is the benchmark's
   # own mix (or GOODPUT_ARGS), `live-heavy` 70% live streams, 20% short files, 10% long files.
-  for mix in ${GOODPUT_MIXES:-default}; do
-    case "$mix" in
+  # Sets mix_args and suffix (of the result files) for mix $1.
+  mix_of() {
+    case "$1" in
       default) mix_args=${GOODPUT_ARGS:-}; suffix="" ;;
       live-heavy) mix_args="--live-share 0.7 --short-share 0.2 --long-share 0.1"; suffix="-live-heavy" ;;
-      *) echo "GOODPUT_MIXES: unknown mix $mix (default, live-heavy)"; exit 2 ;;
+      *) echo "GOODPUT_MIXES: unknown mix $1 (default, live-heavy)"; exit 2 ;;
     esac
+  }
+  for mix in ${GOODPUT_MIXES:-default}; do mix_of "$mix"; done  # every name checked before the app runs
+  for mix in ${GOODPUT_MIXES:-default}; do
+    mix_of "$mix"
     echo "== open-loop mixed load ($mix) at $GOODPUT_RATES arrivals/s, $DURATION s each"
     # shellcheck disable=SC2086
     python3 benchmarks/bench_goodput.py --url http://localhost:8000 --rates "$GOODPUT_RATES" \
@@ -168,10 +173,7 @@ if [[ -n "${GOODPUT_RATES:-}" ]]; then
   if [[ "$ENGINE_ALONE" == 1 ]]; then
     settings=$(python3 -c "import json, sys, yaml; e = yaml.safe_load(open(sys.argv[1]))['applications'][0]['args']['engine']; e.pop('model'); print(json.dumps(e))" "$WORK/app.yaml")
     for mix in ${GOODPUT_MIXES:-default}; do
-      case "$mix" in
-        default) mix_args=${GOODPUT_ARGS:-}; suffix="" ;;
-        live-heavy) mix_args="--live-share 0.7 --short-share 0.2 --long-share 0.1"; suffix="-live-heavy" ;;
-      esac
+      mix_of "$mix"
       echo "== the engine alone on the same weights and file arrivals ($mix)"
       # shellcheck disable=SC2086
       python3 benchmarks/bench_goodput.py --skip-app --engine-alone "$WORK/$MODEL" --engine-settings "$settings" \
