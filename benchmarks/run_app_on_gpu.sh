@@ -141,9 +141,9 @@ if [[ -n "${REALTIME_STREAMS:-}" ]]; then
   echo "== live streams at real-time pace, ${REALTIME_TOKENS:-32} tokens a pass"
   # shellcheck disable=SC2086
   python3 benchmarks/bench_realtime.py --url http://localhost:8000 --streams $REALTIME_STREAMS \
-    --baseline-streams --model-label "$MODEL shape, random weights" --out "$WORK/realtime.json"
+    --baseline-streams --model-label "$MODEL shape, random weights" --out "${OUT:-$WORK}/realtime.json"
   python3 -c "import urllib.request; print(urllib.request.urlopen('http://localhost:8000/metrics').read().decode())" \
-    | grep -E '^whisper_realtime' || true
+    | grep -E '^whisper_(realtime|encoder_forwards)' || true
   exit 0
 fi
 if [[ -n "${GOODPUT_RATES:-}" ]]; then
