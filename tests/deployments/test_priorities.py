@@ -117,7 +117,7 @@ def _latencies_behind_a_backlog_s(
     url: str, backlog_priority: str, count: int
 ) -> tuple[list[float], list[int]]:
     with _background_load(url, dense_speech_file(), backlog_priority, BATCH_CLIENTS) as backlog_statuses:
-        time.sleep(10)  # the backlog builds: its windows queue at the encoder and the decoder
+        time.sleep(5)  # the backlog builds: its windows queue at the encoder and the decoder
         return _interactive_latencies_s(url, count), backlog_statuses
 
 
