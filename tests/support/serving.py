@@ -69,13 +69,14 @@ def running_app(args: dict[str, Any], fresh_ray: bool = False) -> Iterator[str]:
 def _wait_for_replica_processes_to_exit(timeout_s: float = 30.0) -> None:
     """Serve's shutdown returns once the replicas' actors are stopped; their processes (and their
     engines' children) may take a moment more to exit. The next app's tests find their replicas'
-    processes by name, so none of this app's may linger."""
+    processes by name, so none of this app's may linger. (The local Ray's processes descend from
+    this one, which started it.)"""
     import psutil
 
     processes = []
-    for process in psutil.process_iter(["cmdline"]):
-        if "ServeReplica:whisper:" in " ".join(process.info["cmdline"] or []):
-            with contextlib.suppress(psutil.NoSuchProcess):
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "ServeReplica:whisper:" in " ".join(process.cmdline()):
                 processes += [process, *process.children(recursive=True)]
     lingering = psutil.wait_procs(processes, timeout=timeout_s)[1]
     assert not lingering, f"replica processes still running after Serve's shutdown: {lingering}"
