@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import inspect
 import itertools
 import logging
 import multiprocessing
 import os
 import pickle
+import socket
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -111,6 +113,11 @@ class EngineProcess:
     def close(self) -> None:
         """Ends the child: its pipe closes and it exits; killed if it does not within 10 s."""
         self._closing = True
+        # Shut the socket down before closing it: the answer reader's recv holds the socket open
+        # until it returns, so a close alone would leave both it and the child waiting for an end
+        # that never comes, and the child would be killed here instead of exiting.
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._conn.fileno())) as end:
+            end.shutdown(socket.SHUT_RDWR)
         self._conn.close()
         self._process.join(timeout=10)
         if self._process.is_alive():

@@ -24,6 +24,7 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 from engine.config import EngineConfig  # noqa: E402
 from engine.encode.runner import EncoderRunner  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
+from tests.support.local_ray import own_ray  # noqa: E402
 from tests.support.models import save_random_whisper  # noqa: E402
 from tests.support.once_per_run import computed_once  # noqa: E402
 from tests.support.paths import REPO_ROOT  # noqa: E402
@@ -121,6 +122,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _yielding = True
     if _yielding:
         torch.set_num_threads(1)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    """The Ray modules share one local Ray (tests/support/serving.py's local_ray): once the last of
+    them in a row is torn down, it stops, so the modules without Ray run without its processes."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or not _starts_ray(nextitem.nodeid.split("::")[0]):
+            own_ray()
 
 
 if importlib.util.find_spec("xdist"):

@@ -68,7 +68,7 @@ def server_url():
     with pytest.MonkeyPatch.context() as patch:
         for variable, value in environment.items():
             patch.setenv(variable, value)
-        with running_app(default_app_args()) as url:
+        with running_app(default_app_args(), fresh_ray=True) as url:
             deadline = time.monotonic() + 120
             while httpx.get(f"{url}/ready", timeout=30).status_code != 200:
                 assert time.monotonic() < deadline, "the app never got ready"

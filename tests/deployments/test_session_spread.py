@@ -17,6 +17,7 @@ import openai
 import pytest
 import websockets
 
+from tests.support.local_ray import own_ray
 from tests.support.ports import free_port
 from tests.support.serving import default_app_args
 
@@ -36,6 +37,7 @@ def server_url():
 
     from deployments.app import build_app
 
+    own_ray()
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 2, "resources": {INGRESS_NODE: 1}, "include_dashboard": False},

@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 
 from engine.model.audio import SAMPLE_RATE
+from tests.support.local_ray import own_ray
 from tests.support.ports import free_port
 from tests.support.speech import dense_speech_file, wav_bytes
 
@@ -88,6 +89,7 @@ def scenario_config(upscale_delay_s: float = 2.0, downscale_delay_s: float = 6.0
 
 def start_cluster():
     """Head (ingress, Serve's controller and proxy) + one encoder node + one decoder node."""
+    own_ray()
     # Handles report queued requests to the autoscaler every 10 s by default; the scenario is short.
     os.environ["RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S"] = "0.5"
     from ray.cluster_utils import Cluster

@@ -16,6 +16,7 @@ import openai
 import yaml
 
 from tests.support.app_metrics import metric_sum
+from tests.support.local_ray import local_ray, own_ray
 from tests.support.paths import CONFIGS_DIR
 from tests.support.ports import free_port
 from tests.support.speech import english_clips
@@ -41,23 +42,44 @@ def default_app_args() -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running_app(args: dict[str, Any]) -> Iterator[str]:
-    """Start a local Ray (as `serve run` does: it sees this machine's cores), run the app built from
-    ``args`` at ``/`` and yield its base URL; shut Serve and Ray down after."""
+def running_app(args: dict[str, Any], fresh_ray: bool = False) -> Iterator[str]:
+    """Run the app built from ``args`` at ``/`` on the run's local Ray (local_ray) and yield its
+    base URL; shut Serve down after. With ``fresh_ray``, on a Ray started for this app alone and
+    stopped with it: one whose processes must inherit the environment the caller has just set."""
     import ray
     from ray import serve
 
     from deployments.app import build_app
 
     port = free_port()
-    ray.init(include_dashboard=False, log_to_driver=False)
+    if fresh_ray:
+        own_ray()
+    local_ray()
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(args), name="whisper", route_prefix="/")
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
-        ray.shutdown()
+        _wait_for_replica_processes_to_exit()
+        if fresh_ray:
+            ray.shutdown()
+
+
+def _wait_for_replica_processes_to_exit(timeout_s: float = 30.0) -> None:
+    """Serve's shutdown returns once the replicas' actors are stopped; their processes (and their
+    engines' children) may take a moment more to exit. The next app's tests find their replicas'
+    processes by name, so none of this app's may linger. (The local Ray's processes descend from
+    this one, which started it.)"""
+    import psutil
+
+    processes = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "ServeReplica:whisper:" in " ".join(process.cmdline()):
+                processes += [process, *process.children(recursive=True)]
+    lingering = psutil.wait_procs(processes, timeout=timeout_s)[1]
+    assert not lingering, f"replica processes still running after Serve's shutdown: {lingering}"
 
 
 def replica_actor(deployment: str):
