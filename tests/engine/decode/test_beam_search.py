@@ -41,20 +41,27 @@ def reference(tiny_en):
 
 
 @pytest.fixture(scope="module")
-def reference_tokens(tiny_en, reference):
+def mels(tiny_en) -> dict[str, torch.Tensor]:
+    """Each short clip's window's log-mel [n_mels, 3000], by clip id, computed once for the module (a
+    window's log-mel is the same computed with others or alone)."""
+    clips = short_english_clips()
+    windows = log_mel_spectrogram(windows_of([clip.path for clip in clips]), tiny_en.weights.dims.n_mels)
+    return {clip.id: window for clip, window in zip(clips, windows)}
+
+
+@pytest.fixture(scope="module")
+def reference_tokens(tiny_en, reference, mels):
     """openai-whisper's beam search of one window, each (clip, settings) decoded once for the
     module: the tests compare several of our choosers and step modes with the same reference. Each
     clip goes through openai-whisper's encoder once, however many settings decode it."""
     tokens: dict[tuple, list[int]] = {}
     audio_features: dict[str, torch.Tensor] = {}
 
-    def decode(
-        clip, mel: torch.Tensor, beam_size: int, patience=None, length_penalty=None, timestamps=False
-    ) -> list[int]:
+    def decode(clip, beam_size: int, patience=None, length_penalty=None, timestamps=False) -> list[int]:
         key = (clip.id, beam_size, patience, length_penalty, timestamps)
         if key not in tokens:
             if clip.id not in audio_features:
-                audio_features[clip.id] = openai_whisper_audio_features(reference, mel)
+                audio_features[clip.id] = openai_whisper_audio_features(reference, mels[clip.id])
             tokens[key] = openai_whisper_beam_search(
                 reference,
                 audio_features[clip.id],
@@ -104,11 +111,9 @@ def test_beam_search_decodes_what_openai_whisper_decodes_with_the_same_weights(
         engine.pipeline.beam_chooser.use_triton = chooser == "device-triton"
     options = DecodeOptions(**beam_options)
     results = decode_all(engine, cross_kvs, {f"clip{i}": (i, options) for i in range(len(CLIPS))})
-    mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS]), tiny_en.weights.dims.n_mels)
     for index in range(len(CLIPS)):
         theirs = reference_tokens(
             CLIPS[index],
-            mels[index],
             beam_options["beam_size"],
             patience=beam_options.get("patience"),
             length_penalty=beam_options.get("length_penalty"),
@@ -133,31 +138,39 @@ def test_beam_search_is_token_exact_with_openai_whisper_on_the_speech_set(
     # With async steps the beams are chosen on the device (here by the PyTorch version of the choice).
     engine = engine_with(tiny_en, async_steps=async_steps)
     results = decode_all(engine, cross_kvs, {clip.id: (i, options) for i, clip in enumerate(clips)})
-    mels = log_mel_spectrogram(windows_of([clip.path for clip in clips]), tiny_en.weights.dims.n_mels)
-    differing = [
-        clip.id
-        for index, clip in enumerate(clips)
-        if results[clip.id].tokens != reference_tokens(clip, mels[index], beam_size)
-    ]
+    differing = [clip.id for clip in clips if results[clip.id].tokens != reference_tokens(clip, beam_size)]
     print(f"beam {beam_size}: {len(clips) - len(differing)}/{len(clips)} token-exact; differ: {differing}")
     # Float noise between two fp32 implementations may flip a near-tie between candidates.
     assert len(differing) <= 0.05 * len(clips), differing
 
 
-@pytest.mark.parametrize("beam_size", [2, 5])
-def test_beam_search_is_token_exact_with_openai_whisper_on_a_random_model(tmp_path, beam_size):
+@pytest.fixture(scope="module")
+def random_model(tmp_path_factory):
+    """A random English-only Whisper (as the engine loads it and in openai-whisper), and two clips'
+    cross-attention K/V and log-mels for it: made once for the beam sizes that decode them."""
     from engine.model.weights import load_weights
 
     # openai-whisper's MLPs are 4x the model's width.
     folder = save_random_whisper(
-        tmp_path, seed=3, tokenizer="tiny.en", vocab_size=51864, encoder_ffn_dim=256, decoder_ffn_dim=256
+        tmp_path_factory.mktemp("beam-random-whisper"),
+        seed=3,
+        tokenizer="tiny.en",
+        vocab_size=51864,
+        encoder_ffn_dim=256,
+        decoder_ffn_dim=256,
     )
     loaded = load_model(EngineConfig(model=str(folder), dtype="float32"))
     reference = openai_whisper_model(load_weights(str(folder)))
     cross_kvs = cross_kvs_of(loaded, [clip.path for clip in CLIPS[:2]])
+    mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS[:2]]), loaded.weights.dims.n_mels)
+    return loaded, reference, cross_kvs, mels
+
+
+@pytest.mark.parametrize("beam_size", [2, 5])
+def test_beam_search_is_token_exact_with_openai_whisper_on_a_random_model(random_model, beam_size):
+    loaded, reference, cross_kvs, mels = random_model
     options = DecodeOptions(beam_size=beam_size, max_tokens=40)
     results = decode_all(engine_with(loaded), cross_kvs, {f"clip{i}": (i, options) for i in range(2)})
-    mels = log_mel_spectrogram(windows_of([clip.path for clip in CLIPS[:2]]), loaded.weights.dims.n_mels)
     for index in range(2):
         theirs = openai_whisper_beam_search(
             reference, mels[index], beam_size, loaded.weights.suppress_tokens, max_tokens=40
@@ -249,19 +262,29 @@ def test_once_the_device_chooses_it_chooses_to_the_end_each_beam_writing_into_a_
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+BLOCKS_OF_FOUR_WINDOWS = {
+    f"w{index}": (index, DecodeOptions(beam_size=5, max_tokens=24)) for index in range(2)
+}
+
+
+@pytest.fixture(scope="module")
+def host_choices_at_blocks_of_four(tiny_en, cross_kvs):
+    """BLOCKS_OF_FOUR_WINDOWS decoded by the host's choices: what both device choosers must match."""
+    return decode_all(engine_with(tiny_en, block_size=4), cross_kvs, BLOCKS_OF_FOUR_WINDOWS)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
 def test_at_blocks_of_four_tokens_the_devices_spares_suffice_and_decode_as_the_hosts_choices(
-    tiny_en, cross_kvs, use_triton
+    tiny_en, cross_kvs, host_choices_at_blocks_of_four, use_triton
 ):
     """Every fourth choice starts a block (every child takes a spare there) and forks copy often: the
     device's spares (reserved blocks no beam holds) suffice, and hold what the host's copies would:
     the same tokens as choices made on the host."""
-    windows = {f"w{index}": (index, DecodeOptions(beam_size=5, max_tokens=24)) for index in range(2)}
-    host = decode_all(engine_with(tiny_en, block_size=4), cross_kvs, windows)
+    host = host_choices_at_blocks_of_four
     engine = engine_with(tiny_en, async_steps=True, block_size=4)
     engine.pipeline.beam_chooser.use_triton = use_triton  # Triton's interpreter on a CPU
-    device = decode_all(engine, cross_kvs, windows)
+    device = decode_all(engine, cross_kvs, BLOCKS_OF_FOUR_WINDOWS)
     assert {key: result.tokens for key, result in device.items()} == {
         key: result.tokens for key, result in host.items()
     }
@@ -303,16 +326,27 @@ def test_a_beam_window_whose_kv_fails_to_load_fails_alone_and_frees_its_blocks(t
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+GREEDY, BEAMS = DecodeOptions(), DecodeOptions(beam_size=4, timestamps=True)
+MIXED = {"g0": (0, GREEDY), "b1": (1, BEAMS), "g2": (2, GREEDY), "b3": (3, BEAMS), "b0": (0, BEAMS)}
+
+
+@pytest.fixture(scope="module")
+def mixed_alone(tiny_en, cross_kvs):
+    """Each of MIXED's windows decoded alone, each on an engine of its own (with host choices)."""
+    return {
+        request_id: decode_all(engine_with(tiny_en), cross_kvs, {request_id: submission})[request_id]
+        for request_id, submission in MIXED.items()
+    }
+
+
 @pytest.mark.parametrize("async_steps", [False, True])
 def test_beam_and_greedy_windows_share_steps_and_each_decodes_as_it_would_alone(
-    tiny_en, cross_kvs, async_steps
+    tiny_en, cross_kvs, mixed_alone, async_steps
 ):
-    greedy, beams = DecodeOptions(), DecodeOptions(beam_size=4, timestamps=True)
-    mixed = {"g0": (0, greedy), "b1": (1, beams), "g2": (2, greedy), "b3": (3, beams), "b0": (0, beams)}
-    together = decode_all(engine_with(tiny_en, async_steps=async_steps), cross_kvs, mixed)
-    for request_id, submission in mixed.items():
-        alone = decode_all(engine_with(tiny_en), cross_kvs, {request_id: submission})
-        assert together[request_id].tokens == alone[request_id].tokens, request_id
+    together = decode_all(engine_with(tiny_en, async_steps=async_steps), cross_kvs, MIXED)
+    for request_id in MIXED:
+        alone = mixed_alone[request_id]
+        assert together[request_id].tokens == alone.tokens, request_id
     assert together["b1"].segments and together["b1"].segments[0].end_s > 0
 
 
