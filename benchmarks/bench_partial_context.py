@@ -8,11 +8,12 @@ through LocalAgreement with the policy's settings as the session sends them; the
 over the whole turn on the full window, with fallback. The partial passes are encoded over the full
 window, or over the audio they have (engine/encode/context.py) with the silence after it padded by
 ``pad_s`` and the context at least ``min_s``. The replay is deterministic: a pass's text depends on
-the audio it heard alone, never on how fast this machine is.
+the audio it heard, never on when it ran or how fast this machine is.
 
-Per model and context, it prints:
+Per model, context and policy, it prints:
 - turns with text: turns with a delta sent before the final pass;
-- first word (s): audio heard when the first delta went out, from the speech's start (median);
+- first word (s): audio heard when the first delta went out, from the speech's start (median over
+  the turns with text);
 - sent kept: of the words sent before the final pass, the share the final pass's text has too;
 - retracted: words sent that the final pass's text has not (deltas never take words back, so
   these stay in the turn's text where the final pass heard otherwise);
@@ -21,7 +22,7 @@ Per model and context, it prints:
 - encoder ms/pass: the partial passes' encoder time (median), on this machine as loaded now.
 
     python benchmarks/bench_partial_context.py [--models tiny.en base] [--clips 6]
-        [--contexts "full window" ...] [--policies today ...] [--record]
+        [--contexts "full window" ...] [--policies today ... | all] [--passes-cache FILE] [--record]
 """
 
 from __future__ import annotations
@@ -309,6 +310,12 @@ def main() -> None:
                 "0.5 s of audio from 1.5 s, LocalAgreement (3 passes over 2 s); the other policies as "
                 "bench_partial_context.py's POLICIES define them. Final passes on the full window. "
                 "Encoder times on a shared CPU: compare within a row set."
+                + (
+                    " Passes (texts, word probabilities, encoder times) from --passes-cache where an "
+                    "earlier run of this replay decoded them."
+                    if args.passes_cache
+                    else ""
+                )
             ),
         )
 
