@@ -15,6 +15,8 @@ from __future__ import annotations
 import difflib
 import math
 
+from engine.types import TokenLogprob
+
 
 def _common_prefix_length(first: list[str], second: list[str]) -> int:
     length = 0
@@ -43,50 +45,93 @@ class LocalAgreement:
     on how often passes run.
 
     Words are compared as written, case and punctuation included: a pass that changes a word's
-    form is not yet sure of it ("Hiker" before "hikers")."""
+    form is not yet sure of it ("Hiker" before "hikers").
 
-    def __init__(self, passes: int = 3, span_s: float = 0.0):
+    ``sure_passes`` (0: off), ``sure_prob``, ``sure_span_s``: a second, faster way to commit a word,
+    confidence-gated agreement: ``sure_passes`` consecutive passes (over at least ``sure_span_s`` of
+    audio) agree on it and each is at least ``sure_prob`` sure of it (``update``'s ``word_probs``).
+    ``release_prob``: a word that ends an agreeing pass is committed too when every one of them is
+    at least this sure of it. The live turn uses none of them: on the speech set, passes sure of a
+    word they agree on still hear it otherwise than the final pass does often enough to send text
+    that is not the final text (benchmarks/bench_partial_context.py's policies, RESULTS.md)."""
+
+    def __init__(
+        self,
+        passes: int = 3,
+        span_s: float = 0.0,
+        sure_passes: int = 0,
+        sure_prob: float = 1.0,
+        sure_span_s: float = 0.0,
+        release_prob: float | None = None,
+    ):
         self.passes = passes
         self.span_s = span_s
+        self.sure_passes = sure_passes
+        self.sure_prob = sure_prob
+        self.sure_span_s = sure_span_s
+        self.release_prob = release_prob
         self.committed: list[str] = []  # the turn's committed words, every window's
         self._window_start = 0  # index in ``committed`` where the open window's words begin
         # The open window's recent hypotheses (committed words first), each with the seconds of
         # audio its pass heard: the newest and those back to the oldest that may still be needed.
-        self._recent: list[tuple[float, list[str]]] = []
+        self._recent: list[tuple[float, list[str], list[float]]] = []
 
     @property
     def text(self) -> str:
         """Everything committed: the deltas sent so far, joined."""
         return " ".join(self.committed)
 
-    def update(self, window_text: str, heard_s: float = 0.0) -> str:
+    def update(self, window_text: str, heard_s: float = 0.0, word_probs: list[float] | None = None) -> str:
         """Take a partial pass's text of the open window and the seconds of the turn's audio it
-        heard (rising from pass to pass); returns the delta to send ("" if none)."""
-        hypothesis = self.committed[: self._window_start] + window_text.split()
-        self._recent.append((heard_s, hypothesis))
-        confirming = self._confirming_passes()
-        if confirming is None:
-            return ""
+        heard (rising from pass to pass); returns the delta to send ("" if none). ``word_probs``:
+        each of the text's words' probability (see ``word_probabilities``), for ``sure_passes``."""
+        words = window_text.split()
+        if word_probs is None or len(word_probs) != len(words):
+            word_probs = [0.0] * len(words)  # unknown: no word of it is sure
+        hypothesis = self.committed[: self._window_start] + words
+        probs = [1.0] * self._window_start + list(word_probs)
+        self._recent.append((heard_s, hypothesis, probs))
         if hypothesis[: len(self.committed)] != self.committed:
             return ""  # this pass heard the committed words differently: it confirms nothing after them
-        agreed = min(_common_prefix_length(confirming[0], other) for other in confirming[1:])
-        # A word at the end of a pass may be cut off by the audio's end ("year." before "year,
-        # and ..."): commit it only once a later word in every pass confirms it.
-        if any(agreed == len(words) for words in confirming):
-            agreed -= 1
+        # Each rule's oldest hypothesis it reads (None: not enough of them yet).
+        firsts = [self._first_confirming(self.passes, self.span_s)]
+        if self.sure_passes:
+            firsts.append(self._first_confirming(self.sure_passes, self.sure_span_s))
+        agreed = 0 if firsts[0] is None else self._agreed(firsts[0], None)
+        if self.sure_passes and firsts[1] is not None:
+            agreed = max(agreed, self._agreed(firsts[1], self.sure_prob))
+        if None not in firsts:  # later passes heard more: what is older is never needed again
+            del self._recent[: min(firsts)]
         return self._commit(hypothesis[len(self.committed) : max(agreed, len(self.committed))])
 
-    def _confirming_passes(self) -> list[list[str]] | None:
-        """The hypotheses that must agree: the newest ``passes``, and further back until one heard
-        ``span_s`` less audio than the newest; None while there are not enough of them."""
+    def _agreed(self, first: int, sure_prob: float | None) -> int:
+        """How many of the hypotheses' first words the recent ones from ``first`` on agree on; with
+        ``sure_prob``, only up to the first word not committed yet that some pass is less sure of."""
+        confirming = self._recent[first:]
+        agreed = min(_common_prefix_length(confirming[0][1], words) for _, words, _ in confirming[1:])
+        if sure_prob is not None:
+            unsure = (
+                index
+                for index in range(len(self.committed), agreed)
+                if any(probs[index] < sure_prob for _, _, probs in confirming)
+            )
+            agreed = next(unsure, agreed)
+        # A word at the end of a pass may be cut off by the audio's end ("year." before "year,
+        # and ..."): commit it only once a later word in every pass confirms it.
+        if agreed and any(agreed == len(words) for _, words, _ in confirming):
+            release = self.release_prob
+            if release is None or any(probs[agreed - 1] < release for _, _, probs in confirming):
+                agreed -= 1
+        return agreed
+
+    def _first_confirming(self, passes: int, span_s: float) -> int | None:
+        """Where the hypotheses that must agree start: the newest ``passes``, and further back until
+        one heard ``span_s`` less audio than the newest; None while there are not enough of them."""
         newest_s = self._recent[-1][0]
-        first = len(self._recent) - self.passes
-        while first >= 0 and newest_s - self._recent[first][0] < self.span_s:
+        first = len(self._recent) - passes
+        while first >= 0 and newest_s - self._recent[first][0] < span_s:
             first -= 1
-        if first < 0:
-            return None
-        del self._recent[:first]  # later passes heard more: what is older is never needed again
-        return [words for _, words in self._recent]
+        return None if first < 0 else first
 
     def finish_window(self, window_text: str) -> str:
         """Take a window's final text: commit all of it, after the words of it already committed;
@@ -148,3 +193,19 @@ def _change_cost(bare: str, final_matcher: difflib.SequenceMatcher) -> float:
 
 def _bare(word: str) -> str:
     return "".join(character for character in word.lower() if character.isalnum())
+
+
+def word_probabilities(tokens: list[TokenLogprob], text: str) -> list[float] | None:
+    """Each of ``text``'s words' probability: its tokens' log-probabilities summed (a token that
+    starts with a space starts a word); None where the tokens do not split into the text's words."""
+    words: list[str] = []
+    logprobs: list[float] = []
+    for token in tokens:
+        if token.token[:1].isspace() or not words:
+            words.append("")
+            logprobs.append(0.0)
+        words[-1] += token.token
+        logprobs[-1] += token.logprob
+    if [word.strip() for word in words] != text.split():
+        return None
+    return [math.exp(logprob) for logprob in logprobs]

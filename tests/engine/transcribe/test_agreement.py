@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.model.audio import SAMPLE_RATE, load_audio_file
-from engine.transcribe.agreement import LocalAgreement
+from engine.transcribe.agreement import LocalAgreement, word_probabilities
 from engine.transcribe.offline import Transcriber
-from engine.types import DecodeOptions, FallbackOptions
+from engine.types import DecodeOptions, FallbackOptions, TokenLogprob
 from tests.support.speech import english_clips
 
 
@@ -137,6 +137,72 @@ def test_with_passes_further_apart_than_span_s_three_passes_still_must_agree():
     assert agreement.update("A gold ring", 2.0) == ""
     assert agreement.update("A gold ring will please", 4.0) == "", "two passes, however far apart"
     assert agreement.update("A gold ring will please most", 6.0) == "A gold", "'ring' ends a pass: held back"
+
+
+def test_two_passes_sure_of_their_words_commit_them_before_three_passes_over_span_s_agree():
+    agreement = LocalAgreement(passes=3, span_s=2.0, sure_passes=2, sure_prob=0.8)
+    assert agreement.update("A gold ring will", 1.0, [0.9, 0.95, 0.9, 0.85]) == "", (
+        "one pass confirms nothing"
+    )
+    assert agreement.update("A gold ring will please", 1.5, [0.92, 0.9, 0.97, 0.9, 0.5]) == "A gold ring", (
+        "two passes 0.5 s apart, both sure of every word they agree on: committed, but 'will', which "
+        "ends one of them, waits for a word after it"
+    )
+    assert agreement.update("A gold ring will please most", 2.0, [0.9, 0.9, 0.9, 0.9, 0.6, 0.9]) == " will", (
+        "'please' is less than 0.8 sure in two passes"
+    )
+
+
+def test_a_word_either_sure_pass_is_unsure_of_stops_the_sure_commit_and_waits_for_the_span():
+    agreement = LocalAgreement(passes=3, span_s=2.0, sure_passes=2, sure_prob=0.8)
+    agreement.update("And so am I fellow", 1.0, [0.9, 0.9, 0.6, 0.95, 0.9])
+    assert (
+        agreement.update("And so am I fellow Americans", 1.5, [0.9, 0.9, 0.9, 0.95, 0.9, 0.5]) == "And so"
+    ), "'am' is unsure in the first pass: nothing from it on is committed by the sure rule"
+    assert agreement.update("And so my fellow Americans ask", 2.0, [0.9] * 6) == ""
+    assert agreement.update("And so my fellow Americans ask not", 2.5, [0.9] * 7) == " my fellow Americans", (
+        "'ask' ends the pass before"
+    )
+
+
+def test_passes_without_word_probabilities_are_sure_of_nothing():
+    agreement = LocalAgreement(passes=3, span_s=2.0, sure_passes=2, sure_prob=0.5)
+    assert agreement.update("A gold ring", 1.0) == ""
+    assert agreement.update("A gold ring will", 1.5) == ""
+    assert agreement.update("A gold ring will please", 2.0, [0.9, 0.9]) == "", "probabilities of other words"
+    assert agreement.update("A gold ring will please most", 3.0, [1.0] * 6) == "A gold", (
+        "three passes over 2 s commit as before: what they agree on, less the word ending the first"
+    )
+
+
+def test_the_last_word_of_sure_passes_waits_unless_every_pass_is_release_prob_sure_of_it():
+    held = LocalAgreement(passes=3, sure_passes=2, sure_prob=0.5)
+    released = LocalAgreement(passes=3, sure_passes=2, sure_prob=0.5, release_prob=0.9)
+    for agreement in (held, released):
+        agreement.update("The river", 1.0, [0.9, 0.95])
+    assert held.update("The river", 1.5, [0.9, 0.95]) == "The"
+    assert released.update("The river", 1.5, [0.9, 0.95]) == "The river"
+    unsure = LocalAgreement(passes=3, sure_passes=2, sure_prob=0.5, release_prob=0.9)
+    unsure.update("The river", 1.0, [0.9, 0.95])
+    assert unsure.update("The river", 1.5, [0.9, 0.85]) == "The", "one pass is less than 0.9 sure of 'river'"
+
+
+def test_word_probabilities_multiply_each_words_tokens_and_refuse_tokens_that_are_not_the_text():
+    tokens = [
+        TokenLogprob(" And", -0.1),
+        TokenLogprob(" so", -0.2),
+        TokenLogprob(" Amer", -0.3),
+        TokenLogprob("icans", -0.4),
+    ]
+    probs = word_probabilities(tokens, " And so Americans")
+    assert probs is not None and len(probs) == 3
+    assert [round(p, 6) for p in probs] == [
+        round(np.exp(-0.1), 6),
+        round(np.exp(-0.2), 6),
+        round(np.exp(-0.7), 6),
+    ]
+    assert word_probabilities(tokens, "And so Americans,") is None
+    assert word_probabilities([], "") == []
 
 
 def test_on_live_speech_the_words_sent_early_are_the_final_passes_words(tiny_en):
