@@ -153,26 +153,48 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
 
 
 def faster_whisper_transcripts(
-    model_folder: Path, clips: list[SpeechClip], compute_type: str, threads: int, beam_size: int = 1
-) -> list[str]:
-    """faster-whisper (CTranslate2) on the same weights, greedy (or ``beam_size`` beams), no
-    fallback, no timestamps: the decoding our engine does, so a WER gap measures the engine, not
-    the decoding options."""
-    from faster_whisper import WhisperModel
+    model_folder: Path,
+    clips: list[SpeechClip],
+    compute_type: str,
+    threads: int,
+    beam_sizes: tuple[int, ...] = (1,),
+) -> dict[int, list[str]]:
+    """faster-whisper (CTranslate2) on the same weights, greedy (beam size 1) or with beams, each of
+    ``beam_sizes``, no fallback, no timestamps: the decoding our engine does, so a WER gap measures
+    the engine, not the decoding options. Its transcripts, by beam size. Each of a clip's windows is
+    encoded once for every beam size, as faster-whisper encodes a window once for its decoding
+    attempts: its transcribe runs unchanged, its encoder answering a window it saw with what it
+    gave the first time."""
+    import numpy as np
+    from faster_whisper import WhisperModel, decode_audio
 
     model = WhisperModel(str(model_folder), device="cpu", compute_type=compute_type, cpu_threads=threads)
-    texts = []
+    encode = model.encode
+    encoded: dict[tuple, object] = {}  # the clip's windows' encoder outputs, by their log-mels
+
+    def encode_once(features: np.ndarray):
+        key = (features.shape, np.ascontiguousarray(features).tobytes())
+        if key not in encoded:
+            encoded[key] = encode(features)
+        return encoded[key]
+
+    model.encode = encode_once
+    texts: dict[int, list[str]] = {beam_size: [] for beam_size in beam_sizes}
     for clip in clips:
-        segments, _ = model.transcribe(
-            str(clip.path),
-            language="en",
-            beam_size=beam_size,
-            temperature=0.0,
-            without_timestamps=True,
-            condition_on_previous_text=False,
-            vad_filter=False,
-        )
-        texts.append("".join(segment.text for segment in segments).strip())
+        encoded.clear()
+        # Decoded once for every beam size, as transcribe decodes a file it is given.
+        audio = decode_audio(str(clip.path), sampling_rate=model.feature_extractor.sampling_rate)
+        for beam_size in beam_sizes:
+            segments, _ = model.transcribe(
+                audio,
+                language="en",
+                beam_size=beam_size,
+                temperature=0.0,
+                without_timestamps=True,
+                condition_on_previous_text=False,
+                vad_filter=False,
+            )
+            texts[beam_size].append("".join(segment.text for segment in segments).strip())
     return texts
 
 

@@ -18,6 +18,7 @@ from engine.transcribe.offline import Transcriber
 from engine.types import DecodeOptions
 from tests.support.engines import run_to_completion
 from tests.support.hf_reference import hf_greedy_as_engine, hf_model
+from tests.support.remembered_states import RememberedStates
 from tests.support.speech import SPEECH_DIR
 from tests.support.threads import reference_threads
 
@@ -25,6 +26,13 @@ from tests.support.threads import reference_threads
 @pytest.fixture(scope="module")
 def base():
     return load_model(EngineConfig(model="base", dtype="float32"))
+
+
+@pytest.fixture(scope="module")
+def base_states() -> RememberedStates:
+    """base's encoder states of the windows below, each encoded once for the tests here that
+    decode it (tests/support/remembered_states.py)."""
+    return RememberedStates()
 
 
 @pytest.fixture(scope="module")
@@ -44,23 +52,25 @@ def windows() -> dict[str, np.ndarray]:
 
 
 @pytest.mark.slow
-def test_language_is_detected_per_window_as_faster_whisper_detects_it(base, windows):
+def test_language_is_detected_per_window_as_faster_whisper_detects_it(base, base_states, windows):
     from faster_whisper import WhisperModel
 
     reference = WhisperModel(
         str(base.weights.folder), device="cpu", compute_type="float32", cpu_threads=reference_threads()
     )
-    results = Transcriber(loaded=base).transcribe(list(windows.values()), DecodeOptions(max_tokens=20))
+    transcriber = base_states.given_to(Transcriber(loaded=base))
+    results = transcriber.transcribe(list(windows.values()), DecodeOptions(max_tokens=20))
     ours = [result.language for result in results]
     theirs = [reference.detect_language(window)[0] for window in windows.values()]
     assert ours == theirs == ["en", "en", "de"]
 
 
 @pytest.mark.slow
-def test_translate_turns_german_speech_into_english_text(base, windows):
+def test_translate_turns_german_speech_into_english_text(base, base_states, windows):
     german = windows["mixed_german"]
-    transcript = Transcriber(loaded=base).transcribe([german], DecodeOptions(language="de"))[0].text
-    translation = Transcriber(loaded=base).transcribe([german], DecodeOptions(task="translate"))[0].text
+    transcribers = [base_states.given_to(Transcriber(loaded=base)) for _ in range(2)]
+    transcript = transcribers[0].transcribe([german], DecodeOptions(language="de"))[0].text
+    translation = transcribers[1].transcribe([german], DecodeOptions(task="translate"))[0].text
     assert "Software" in transcript and "der" in transcript.split()
     assert "software" in translation.lower() and "der" not in translation.split()
 
@@ -71,12 +81,12 @@ def test_translate_turns_german_speech_into_english_text(base, windows):
     [("en", "transcribe", "jfk"), ("de", "transcribe", "mixed_german"), ("de", "translate", "mixed_german")],
 )
 def test_multilingual_prompts_decode_the_same_tokens_as_transformers(
-    base, base_reference, windows, language, task, window
+    base, base_states, base_reference, windows, language, task, window
 ):
     engine = DecoderEngine(base)
     encoder = EncoderRunner(base)
     audio = torch.from_numpy(windows[window])[None]
-    states = encoder.encode(audio)
+    states = base_states.states_of([windows[window]], encoder.encode)
     request = engine.make_request(
         DecodeOptions(language=language, task=task, max_tokens=60), CrossKVTensor(encoder.cross_kv(states)[0])
     )

@@ -27,6 +27,13 @@ def tiny_en_fp16() -> LoadedModel:
     return load_model(EngineConfig(model="tiny.en", dtype="float16"))
 
 
+@pytest.fixture(scope="module")
+def fp16_jfk_cross_kv() -> torch.Tensor:
+    """The fp16 tiny.en's cross-attention K/V of JFK, encoded once (fp16 runs slowly on a CPU) for
+    the tests whose fp16 model keeps its encoder and cross-K/V projection as loaded."""
+    return cross_kv_of(tiny_en_fp16(), JFK)
+
+
 def test_cuda_runs_float16_unless_told_otherwise():
     assert EngineConfig(device="cuda").dtype == "float16"
     assert EngineConfig(device="cuda", dtype="bfloat16").dtype == "bfloat16"
@@ -43,11 +50,10 @@ def test_half_precision_logits_are_float32_products_not_rounded_ones():
     assert not torch.equal(logits, logits.half().float()), "the logits were rounded to fp16"
 
 
-def test_fp16_decodes_a_clip_to_the_tokens_fp32_does(tiny_en):
+def test_fp16_decodes_a_clip_to_the_tokens_fp32_does(tiny_en, fp16_jfk_cross_kv):
     _, fp32 = decode_one(DecoderEngine(tiny_en), CrossKVTensor(cross_kv_of(tiny_en, JFK)), DecodeOptions())
-    fp16_model = tiny_en_fp16()
-    engine = DecoderEngine(fp16_model)
-    _, fp16 = decode_one(engine, CrossKVTensor(cross_kv_of(fp16_model, JFK)), DecodeOptions())
+    engine = DecoderEngine(tiny_en_fp16())
+    _, fp16 = decode_one(engine, CrossKVTensor(fp16_jfk_cross_kv), DecodeOptions())
     assert fp16.finish_reason == FinishReason.STOP and fp16.tokens == fp32.tokens
     assert engine.pool.num_used_blocks == 0
 
@@ -61,7 +67,9 @@ def test_an_overflow_names_a_cure_only_where_the_deployment_has_one():
 
 @pytest.mark.parametrize("where", ["decoder", "encoder"])
 @pytest.mark.parametrize("temperature", [0.0, 0.4])
-def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(where, temperature):
+def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(
+    where, temperature, fp16_jfk_cross_kv
+):
     loaded = tiny_en_fp16()
     # A final layer norm scaled to fp16's largest value sends every activation above ~1 to inf:
     # the overflow a model with large activations meets, in the encoder's output or the decoder's.
@@ -69,7 +77,9 @@ def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(where, 
     norm.weight.data.fill_(FP16_MAX)
     engine = DecoderEngine(loaded)
     options = DecodeOptions(temperature=temperature, fallback=FallbackOptions(), seed=1)
-    request, result = decode_one(engine, CrossKVTensor(cross_kv_of(loaded, JFK)), options)
+    # The decoder's norm is not on the way to the cross K/V: with it changed, they are as loaded.
+    cross_kv = cross_kv_of(loaded, JFK) if where == "encoder" else fp16_jfk_cross_kv
+    request, result = decode_one(engine, CrossKVTensor(cross_kv), options)
     assert result.finish_reason == FinishReason.ERROR
     assert "overflowed" in result.error and "engine.dtype" in result.error
     assert request.attempt == 0, "an overflow is not retried hotter: every temperature would overflow"
@@ -79,14 +89,14 @@ def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(where, 
 
 @pytest.mark.parametrize("async_steps", [False, True], ids=["host-choices", "device-choices"])
 def test_an_overflow_in_the_middle_of_a_beam_search_fails_its_window_in_words_and_frees_its_blocks(
-    async_steps,
+    async_steps, fp16_jfk_cross_kv
 ):
     """Beside a greedy window. With async steps the beam window's choices are being made on the
     device when its logits stop being finite: its rows are read from the device's ranking, not one
     by one, and the overflow must still fail it."""
     loaded = tiny_en_fp16()
     engine = engine_with(loaded, async_steps=async_steps)
-    cross_kv = cross_kv_of(loaded, JFK)
+    cross_kv = fp16_jfk_cross_kv
     beams = engine.make_request(DecodeOptions(beam_size=5), CrossKVTensor(cross_kv), "beams")
     greedy = engine.make_request(DecodeOptions(), CrossKVTensor(cross_kv), "greedy")
     engine.submit(beams)

@@ -26,12 +26,16 @@ from engine.transcribe.offline import Transcriber
 from engine.transcribe.windows import split_windows
 from engine.types import DecodeOptions
 from tests.support.engines import config_with
+from tests.support.remembered_states import RememberedStates, remembering_the_speech_set
 from tests.support.speech import english_clips, windows_of
 from tests.support.threads import reference_threads
 
 
-def transcripts_of(loaded) -> list[str]:
-    return [t.text for t in Transcriber(loaded=loaded).transcribe([clip.path for clip in english_clips()])]
+def transcripts_of(loaded, states: RememberedStates | None = None) -> list[str]:
+    transcriber = Transcriber(loaded=loaded)
+    if states is not None:
+        states.given_to(transcriber)
+    return [t.text for t in transcriber.transcribe([clip.path for clip in english_clips()])]
 
 
 def scored_against(texts: list[str], our_transcripts: list[str]) -> tuple[float, int]:
@@ -43,9 +47,18 @@ def scored_against(texts: list[str], our_transcripts: list[str]) -> tuple[float,
 
 
 @pytest.fixture(scope="module")
-def our_transcripts(tiny_en) -> list[str]:
+def float32_states(tiny_en, speech_set_states) -> RememberedStates:
+    """The float32 engine's encoder states of the speech set's windows: the short clips' as the
+    run computes them once for every module (tests/conftest.py), the long clip's as the first
+    transcriber here encodes them. The engine's float32 transcripts, its beam search and its fp8
+    cache all decode these (tests/support/remembered_states.py)."""
+    return remembering_the_speech_set(tiny_en, speech_set_states)
+
+
+@pytest.fixture(scope="module")
+def our_transcripts(tiny_en, float32_states) -> list[str]:
     assert len(english_clips()) == 42
-    return transcripts_of(tiny_en)
+    return transcripts_of(tiny_en, float32_states)
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +69,21 @@ def our_word_error_rate(our_transcripts) -> float:
 
 
 @pytest.fixture(scope="module")
-def faster_whisper_greedy() -> list[str]:
-    """faster-whisper fp32 greedy on the speech set, computed once for the tests that compare with it."""
+def faster_whisper_by_beam() -> dict[int, list[str]]:
+    """faster-whisper fp32 greedy and at beam 5 on the speech set, by beam size, computed once for
+    the tests that compare with it: each window encoded once for both."""
     return faster_whisper_transcripts(
-        resolve_model_folder("tiny.en"), english_clips(), compute_type="float32", threads=reference_threads()
+        resolve_model_folder("tiny.en"),
+        english_clips(),
+        compute_type="float32",
+        threads=reference_threads(),
+        beam_sizes=(1, 5),
     )
+
+
+@pytest.fixture(scope="module")
+def faster_whisper_greedy(faster_whisper_by_beam) -> list[str]:
+    return faster_whisper_by_beam[1]
 
 
 @pytest.mark.slow
@@ -110,20 +133,15 @@ def test_tiny_en_is_within_half_a_point_of_faster_whispers_decoder_on_the_same_w
 
 @pytest.mark.slow
 def test_beam_five_is_within_half_a_point_of_faster_whisper_at_beam_five(
-    tiny_en, our_word_error_rate, faster_whisper_greedy, ctranslate2_on_our_windows
+    tiny_en, float32_states, our_word_error_rate, faster_whisper_by_beam, ctranslate2_on_our_windows
 ):
     clips = english_clips()
     references = [clip.text for clip in clips]
-    ours = Transcriber(loaded=tiny_en).transcribe([clip.path for clip in clips], DecodeOptions(beam_size=5))
+    transcriber = float32_states.given_to(Transcriber(loaded=tiny_en))
+    ours = transcriber.transcribe([clip.path for clip in clips], DecodeOptions(beam_size=5))
     our_beam_wer = word_error_rate(references, [result.text for result in ours])
-    folder = resolve_model_folder("tiny.en")
-    their_greedy_wer = word_error_rate(references, faster_whisper_greedy)
-    their_beam_wer = word_error_rate(
-        references,
-        faster_whisper_transcripts(
-            folder, clips, compute_type="float32", threads=reference_threads(), beam_size=5
-        ),
-    )
+    their_greedy_wer = word_error_rate(references, faster_whisper_by_beam[1])
+    their_beam_wer = word_error_rate(references, faster_whisper_by_beam[5])
     same_windows_wer = word_error_rate(references, ctranslate2_on_our_windows[5])
     print(
         f"WER on {len(clips)} clips, greedy -> beam 5: ours {our_word_error_rate:.2%} -> {our_beam_wer:.2%}; "
@@ -138,11 +156,12 @@ def test_beam_five_is_within_half_a_point_of_faster_whisper_at_beam_five(
 
 @pytest.mark.slow
 def test_an_fp8_kv_cache_stays_within_one_and_a_half_points_and_mostly_agrees_word_for_word(
-    tiny_en, our_transcripts, our_word_error_rate
+    tiny_en, float32_states, our_transcripts, our_word_error_rate
 ):
     clips = english_clips()
     fp8_config = config_with(tiny_en, kv_cache_dtype="fp8_e4m3")
-    fp8 = transcripts_of(dataclasses.replace(tiny_en, config=fp8_config))  # the same weights, an fp8 cache
+    # The same weights and so the same encoder states, an fp8 cache (its cross K/V made from them).
+    fp8 = transcripts_of(dataclasses.replace(tiny_en, config=fp8_config), float32_states)
     fp8_wer, identical = scored_against(fp8, our_transcripts)
     print(
         f"WER on {len(clips)} clips: KV cache {tiny_en.config.dtype} {our_word_error_rate:.2%}, "

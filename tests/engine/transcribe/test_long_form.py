@@ -16,6 +16,7 @@ from engine.transcribe.evaluation import (
 from engine.transcribe.offline import Transcriber
 from engine.transcribe.windows import Transcription, split_windows
 from engine.types import DecodeOptions
+from tests.support.remembered_states import remembering_the_speech_set
 from tests.support.speech import SPEECH_DIR, english_clips
 
 WITH_WORDS = DecodeOptions(timestamps=True, word_timestamps=True)
@@ -65,9 +66,11 @@ def test_the_long_file_lasts_over_a_minute_and_is_cut_inside_its_silences(long_f
 
 @pytest.mark.slow
 def test_parallel_long_form_wer_is_within_a_point_of_the_clips_transcribed_one_by_one(
-    transcriber, long_file, parallel
+    tiny_en, speech_set_states, long_file, parallel
 ):
     clips = {clip.id: clip for clip in english_clips()}
+    # The clips' encoder states as the run computes them once for every module (tests/conftest.py).
+    transcriber = remembering_the_speech_set(tiny_en, speech_set_states).given_to(Transcriber(loaded=tiny_en))
     one_by_one = transcriber.transcribe([clips[clip_id].path for clip_id in LONG_FORM_CLIP_IDS], WITH_WORDS)
     clips_wer = word_error_rate([long_file.text], [" ".join(t.text for t in one_by_one)])
     long_wer = word_error_rate([long_file.text], [parallel.text])
