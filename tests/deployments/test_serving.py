@@ -626,6 +626,6 @@ def test_killing_a_replica_mid_request_answers_every_request_and_leaks_no_blocks
             and metric_sum(server_url, "whisper_encoder_staged", AUTH) == 0
         ):
             break
-        time.sleep(2)
+        time.sleep(0.5)
     assert metric_sum(server_url, "whisper_decoder_kv_blocks_used", AUTH) == 0
     assert metric_sum(server_url, "whisper_encoder_staged", AUTH) == 0
