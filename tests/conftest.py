@@ -100,6 +100,23 @@ LONGEST_MODULES = [
     "tests/engine/decode/test_continuous_batching.py",
 ]
 
+# The Ray modules that stop the shared local Ray to start one of their own (a cluster of several
+# raylets, or a Ray whose processes inherit the environment the module sets). They run after the
+# others, so the shared Ray starts once for all of those (pytest_collection_modifyitems).
+OWN_RAY_MODULES = [
+    "tests/deployments/test_autoscaling.py",
+    "tests/deployments/test_haproxy_front.py",
+    "tests/deployments/test_session_spread.py",
+    "tests/kv_transfer/test_kv_transfer.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules of OWN_RAY_MODULES last, each in the order collected: every pytest-xdist worker
+    collects the same order, and the scheduler hands out a scope's tests in it."""
+    items.sort(key=lambda item: item.nodeid.split("::")[0] in OWN_RAY_MODULES)
+
+
 _yielding = False
 
 

@@ -245,7 +245,9 @@ def run_load(
                 )
             except psutil.NoSuchProcess:
                 pass
-        time.sleep(min(5.0, max(0.05, stop_at - time.monotonic())) if not report.steady else 5.0)
+        # Wakes when the clients are done, not at the next sample: the tail is the load's own time.
+        timeout_s = min(5.0, max(0.05, stop_at - time.monotonic())) if not report.steady else 5.0
+        concurrent.futures.wait(parts, timeout=timeout_s)
     pool.shutdown()
     for part in parts:
         report.absorb(part.result())
