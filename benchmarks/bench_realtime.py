@@ -257,7 +257,8 @@ def main() -> None:
     audio = {clip_id: to_pcm16_24k(load_audio_file(clips[clip_id].path)) for clip_id in CLIP_IDS}
     references = {clip_id: clips[clip_id].text for clip_id in CLIP_IDS}
     url = args.url or _start_app(args.api_key)
-    while metric_sum(url, "whisper_decoder_kv_blocks_free") == 0:  # the app reports its pool once warm
+    auth = {"Authorization": f"Bearer {args.api_key}"}  # /metrics asks for the key when the app has one
+    while metric_sum(url, "whisper_decoder_kv_blocks_free", auth) == 0:  # the app reports its pool once warm
         time.sleep(1)
     file_texts = _file_texts(url, args.api_key, audio)
     rows = []
