@@ -476,7 +476,7 @@ def test_requests_without_the_configured_api_key_get_401(server_url, headers):
 def test_a_short_load_of_sixteen_looping_clients_loses_nothing_and_frees_everything(server_url):
     """The short version of benchmarks/bench_load.py (64 clients for 5 minutes), its clients in two
     processes of their own."""
-    report = run_load(server_url, clients=16, duration_s=10, warmup_s=5, api_key=API_KEY, processes=2)
+    report = run_load(server_url, clients=16, duration_s=20, warmup_s=5, api_key=API_KEY, processes=2)
     assert report.sent >= 16 and report.lost == [] and report.answered == report.sent
     assert report.statuses[200] >= 16 and report.unexpected_5xx == 0, report.statuses
     assert report.kv_blocks_used_at_end == 0 and report.staged_at_end == 0

@@ -103,7 +103,7 @@ def test_beyond_the_replicas_partial_capacity_every_final_arrives_and_every_stre
     most 20: every turn completes, and every turn of every stream gets partial passes, each stream
     a fair share of them, rather than some streams taking the slot each time it frees and others
     none."""
-    streams, turns, turn_s = 6, 2, 3.5
+    streams, turns, turn_s = 6, 2, 5.0
     pipeline = TimedPipeline(partial_s=0.05)
     options = RealtimeOptions(partial_interval_ms=100, partial_agreement_s=0, max_partial_passes_in_flight=1)
     with TestClient(session_app(options, ServingMetrics(), pipeline, partial_slots=1)) as client:
