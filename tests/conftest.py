@@ -111,10 +111,29 @@ OWN_RAY_MODULES = [
 ]
 
 
+# Ray modules that share one app (tests/support/serving.py's running_app with shared=True), each
+# group in this order: they run back to back, so the next finds the app the first left running.
+SHARED_APP_MODULES = [
+    ["tests/deployments/test_ingest.py", "tests/deployments/test_diarization.py"],
+    ["tests/deployments/test_hostile_input.py", "tests/deployments/test_realtime.py"],
+]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The modules of OWN_RAY_MODULES last, each in the order collected: every pytest-xdist worker
+    """The modules of OWN_RAY_MODULES last, and those of a SHARED_APP_MODULES group together where
+    its first collected one was, each in the order collected otherwise: every pytest-xdist worker
     collects the same order, and the scheduler hands out a scope's tests in it."""
-    items.sort(key=lambda item: item.nodeid.split("::")[0] in OWN_RAY_MODULES)
+    first_at: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first_at.setdefault(item.nodeid.split("::")[0], index)
+
+    def place(item: pytest.Item) -> tuple[bool, int, int]:
+        module = item.nodeid.split("::")[0]
+        group = next((group for group in SHARED_APP_MODULES if module in group), [module])
+        at = min(first_at[member] for member in group if member in first_at)
+        return module in OWN_RAY_MODULES, at, group.index(module)
+
+    items.sort(key=place)
 
 
 _yielding = False

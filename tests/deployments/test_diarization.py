@@ -34,7 +34,10 @@ COLLAR_S = 0.25
 
 @pytest.fixture(scope="module")
 def server_url():
-    with running_app(default_app_args()) as url:
+    # tests/deployments/test_ingest.py's app, which runs just before (conftest's SHARED_APP_MODULES)
+    # and leaves it running: its bound on a file's length is twice this module's longest.
+    args = default_app_args()
+    with running_app({**args, "http": {**args["http"], "max_audio_duration_s": 120}}, shared=True) as url:
         yield url
 
 

@@ -25,37 +25,34 @@ from engine.model.audio import SAMPLE_RATE, load_audio_file
 from tests.support import ray_logs
 from tests.support.app_metrics import metric_sum
 from tests.support.encoding import MANY_CHANNEL_UPLOADS, UploadFormat, encode, in_every_channel
-from tests.support.serving import default_app_args, running_app
+from tests.support.serving import (
+    HOSTILE_API_KEY,
+    KEYED_DECODE_PROCESSES,
+    KEYED_MAX_AUDIO_S,
+    KEYED_MAX_DECODED_AUDIO_S,
+    keyed_app_args,
+    running_app,
+)
 from tests.support.speech import SPEECH_DIR
 
 pytestmark = pytest.mark.ray
 
-API_KEY = "hostile-test-key"
+API_KEY = HOSTILE_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 JFK = (SPEECH_DIR / "jfk.flac").read_bytes()
 JFK_WORDS = "ask not what your country can do for you"
 
 
-MAX_AUDIO_S = 3600
-MAX_DECODED_AUDIO_S = 2 * MAX_AUDIO_S  # two of the longest files at once
-DECODE_PROCESSES = 2
-# Short: a bomb that finds no room, or no idle decoding process, is answered 503 within it.
-DECODED_AUDIO_WAIT_S = 3
+# The app's bounds (tests/support/serving.py's keyed_app_args).
+MAX_AUDIO_S = KEYED_MAX_AUDIO_S
+MAX_DECODED_AUDIO_S = KEYED_MAX_DECODED_AUDIO_S
+DECODE_PROCESSES = KEYED_DECODE_PROCESSES
 
 
 @pytest.fixture(scope="module")
 def server_url():
-    args = default_app_args()
-    http = {
-        **args["http"],
-        "api_keys": [API_KEY],
-        # A decoded-audio bound small enough for a test to fill: the shipped one is four hours.
-        "max_audio_duration_s": MAX_AUDIO_S,
-        "max_decoded_audio_s": MAX_DECODED_AUDIO_S,
-        "decoded_audio_wait_s": DECODED_AUDIO_WAIT_S,
-        "decode_processes": DECODE_PROCESSES,
-    }
-    with running_app({**args, "http": http}) as url:
+    # Shared with tests/deployments/test_realtime.py, which runs next.
+    with running_app(keyed_app_args(), shared=True) as url:
         yield url
 
 

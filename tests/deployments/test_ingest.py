@@ -38,8 +38,11 @@ WAV = UploadFormat("wav-16bit", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE)
 
 @pytest.fixture(scope="module")
 def server_url():
+    # Shared with tests/deployments/test_diarization.py, which runs next with the same settings.
     args = default_app_args()
-    with running_app({**args, "http": {**args["http"], "max_audio_duration_s": MAX_AUDIO_S}}) as url:
+    with running_app(
+        {**args, "http": {**args["http"], "max_audio_duration_s": MAX_AUDIO_S}}, shared=True
+    ) as url:
         yield url
 
 

@@ -26,14 +26,20 @@ from engine.transcribe.evaluation import normalize_english, word_error_rate
 from tests.support import ray_logs
 from tests.support.app_metrics import labelled_sum, metric_sum
 from tests.support.live_stream import REALTIME_RATE_HZ, stream_live, to_pcm16_24k, transcription_session
-from tests.support.serving import default_app_args, replica_actor, running_app
+from tests.support.serving import (
+    KEYED_MAX_SESSIONS,
+    REALTIME_API_KEY,
+    keyed_app_args,
+    replica_actor,
+    running_app,
+)
 from tests.support.speech import SPEECH_DIR, english_clips
 
 pytestmark = pytest.mark.ray
 
-API_KEY = "realtime-test-key"
+API_KEY = REALTIME_API_KEY
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
-MAX_SESSIONS = 10
+MAX_SESSIONS = KEYED_MAX_SESSIONS
 SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500}
 # Utterances of 2.9 to 4.5 s without pauses inside (a pause longer than silence_duration_ms ends a
 # turn, as it should), a recorded speaker and synthetic voices, that tiny.en transcribes without an
@@ -45,12 +51,8 @@ COMPLETED = "conversation.item.input_audio_transcription.completed"
 
 @pytest.fixture(scope="module")
 def server_url():
-    args = default_app_args()
-    args |= {
-        "http": {**args.get("http", {}), "api_keys": [API_KEY]},
-        "realtime": {"max_sessions": MAX_SESSIONS, "idle_timeout_s": 60},
-    }
-    with running_app(args) as url:
+    # tests/deployments/test_hostile_input.py's app, which runs just before and leaves it running.
+    with running_app(keyed_app_args(), shared=True) as url:
         deadline = time.monotonic() + 120
         while httpx.get(f"{url}/ready", timeout=30).status_code != 200:  # warm: first passes not slow
             assert time.monotonic() < deadline, "the app never got ready"

@@ -1,13 +1,15 @@
 """The real app on a local Ray, for the tests that talk to it over HTTP: one place that starts Ray
-and Serve, runs the app and shuts both down."""
+and Serve, runs the app and stops it. Serve stays up between apps (own_ray stops it with Ray)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ import openai
 import yaml
 
 from tests.support.app_metrics import metric_sum
-from tests.support.local_ray import local_ray, own_ray
+from tests.support.local_ray import before_stopping, local_ray, own_ray
 from tests.support.paths import CONFIGS_DIR
 from tests.support.ports import free_port
 from tests.support.speech import english_clips
@@ -41,33 +43,119 @@ def default_app_args() -> dict[str, Any]:
     return {"served_model_names": names, **{name: model[name] for name in sections if name in model}, **args}
 
 
+# tests/deployments/test_hostile_input.py's and test_realtime.py's app, which the two share (they
+# run back to back, tests/conftest.py's SHARED_APP_MODULES): API keys on, one for each module.
+HOSTILE_API_KEY = "hostile-test-key"
+REALTIME_API_KEY = "realtime-test-key"
+# A decoded-audio bound small enough for a test to fill: the shipped one is four hours.
+KEYED_MAX_AUDIO_S = 3600
+KEYED_MAX_DECODED_AUDIO_S = 2 * KEYED_MAX_AUDIO_S  # two of the longest files at once
+KEYED_DECODE_PROCESSES = 2
+# Short: a bomb that finds no room, or no idle decoding process, is answered 503 within it.
+KEYED_DECODED_AUDIO_WAIT_S = 3
+KEYED_MAX_SESSIONS = 10  # live sessions: few enough for a test to open one past the limit
+
+
+def keyed_app_args() -> dict[str, Any]:
+    """The default one-model app with test_hostile_input.py's and test_realtime.py's settings."""
+    args = default_app_args()
+    http = {
+        **args["http"],
+        "api_keys": [HOSTILE_API_KEY, REALTIME_API_KEY],
+        "max_audio_duration_s": KEYED_MAX_AUDIO_S,
+        "max_decoded_audio_s": KEYED_MAX_DECODED_AUDIO_S,
+        "decoded_audio_wait_s": KEYED_DECODED_AUDIO_WAIT_S,
+        "decode_processes": KEYED_DECODE_PROCESSES,
+    }
+    return {**args, "http": http, "realtime": {"max_sessions": KEYED_MAX_SESSIONS, "idle_timeout_s": 60}}
+
+
+@dataclass
+class _Serve:
+    """Serve on the run's local Ray, kept up between apps: the next module's app starts without
+    waiting for a controller and a proxy to start again. At most one app runs on it at a time."""
+
+    port: int
+    app_args: str | None = None  # the running app's args, as JSON; None: no app
+    shared: bool = False  # the app was started to be shared: left running for the next module
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+_serve: _Serve | None = None
+
+
 @contextlib.contextmanager
-def running_app(args: dict[str, Any], fresh_ray: bool = False) -> Iterator[str]:
+def running_app(args: dict[str, Any], fresh_ray: bool = False, shared: bool = False) -> Iterator[str]:
     """Run the app built from ``args`` at ``/`` on the run's local Ray (local_ray) and yield its
-    base URL; shut Serve down after. With ``fresh_ray``, on a Ray started for this app alone and
-    stopped with it: one whose processes must inherit the environment the caller has just set."""
-    import ray
+    base URL; stop it after. With ``fresh_ray``, on a Ray started for this app alone and stopped
+    with it: one whose processes must inherit the environment the caller has just set.
+
+    With ``shared``, the app is left running after, for the next module that asks for a shared app
+    of the same ``args`` (tests/conftest.py runs such modules back to back): for modules whose tests
+    need no fresh app, only these settings. Any other app, or stopping the local Ray, stops it."""
+    global _serve
     from ray import serve
 
     from deployments.app import build_app
 
-    port = free_port()
     if fresh_ray:
         own_ray()
     local_ray()
-    try:
+    key = json.dumps(args, sort_keys=True)
+    if shared and _serve is not None and _serve.shared and _serve.app_args == key:
+        yield _serve.url
+        return
+    _stop_app()
+    if _serve is None:
+        port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
+        _serve = _Serve(port)
+        before_stopping(_stop_serve)
+    started = False
+    try:
+        _serve.app_args, _serve.shared = key, shared
         serve.run(build_app(args), name="whisper", route_prefix="/")
-        yield f"http://127.0.0.1:{port}"
+        started = True
+        yield _serve.url
     finally:
-        serve.shutdown()
-        _wait_for_replica_processes_to_exit()
+        if not (shared and started):
+            _stop_app()
         if fresh_ray:
-            ray.shutdown()
+            own_ray()
+
+
+def _stop_app() -> None:
+    """Delete the app running on the run's Serve, if one is, and wait for its processes to exit."""
+    from ray import serve
+
+    if _serve is None or _serve.app_args is None:
+        return
+    try:
+        serve.delete("whisper")
+    finally:
+        _serve.app_args = None
+        _wait_for_replica_processes_to_exit()
+
+
+def _stop_serve() -> None:
+    """Stop the app and Serve on the run's local Ray (own_ray calls this before stopping Ray)."""
+    global _serve
+    from ray import serve
+
+    if _serve is None:
+        return
+    try:
+        _stop_app()
+        serve.shutdown()
+    finally:
+        _serve = None
 
 
 def _wait_for_replica_processes_to_exit(timeout_s: float = 30.0) -> None:
-    """Serve's shutdown returns once the replicas' actors are stopped; their processes (and their
+    """Deleting an app returns once the replicas' actors are stopped; their processes (and their
     engines' children) may take a moment more to exit. The next app's tests find their replicas'
     processes by name, so none of this app's may linger. (The local Ray's processes descend from
     this one, which started it.)"""
