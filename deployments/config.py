@@ -62,15 +62,18 @@ class RealtimeOptions(BaseModel):
         "of the turn's audio (and at least three passes) agrees on it: longer sends text later and "
         "takes fewer early mishearings into the turn's text, which deltas never retract",
     )
-    # The full window by default: on the speech set the audio's context costs a partial pass's
-    # encoder several times less, but its partial text took a word into a turn that the final pass
-    # heard otherwise where the full window's did not (benchmarks/RESULTS.md, bench_partial_context).
-    partial_context: Literal["audio", "full_window"] = Field(
-        "full_window",
+    # 'auto' chooses by the device a model's encoder runs on. On a GPU the full window: a forward of
+    # many full windows costs little more than one, and the audio's context did not pay under load
+    # there. On a CPU a forward costs what its frames do, and every partial pass over a full window
+    # holds the encoder for as long as a final pass takes, so a final pass queues behind it; there
+    # the audio's context, in one-second steps (benchmarks/RESULTS.md, bench_realtime.py).
+    partial_context: Literal["auto", "audio", "full_window"] = Field(
+        "auto",
         description="what a partial pass is encoded over: `audio`, the turn's audio so far (with "
         "`partial_context_pad_s` of silence after it, at least `partial_context_min_s`, rounded up to "
         "`partial_context_step_s`), which costs the encoder and the cross-attention K/V what that audio "
-        "costs; or `full_window`, a padded 30 s window, as final passes always are",
+        "costs; `full_window`, a padded 30 s window, as final passes always are; `auto`: `audio` for a "
+        "model whose engine runs on a CPU, `full_window` on CUDA",
     )
     partial_context_step_s: int = Field(
         10,
@@ -81,7 +84,7 @@ class RealtimeOptions(BaseModel):
         "of different contexts never share one; and the encoder is compiled (and its CUDA graphs "
         "captured) for each context at start-up. Coarser steps share forwards among concurrent "
         "passes, as a GPU wants; 1 costs each pass least where forwards cost what their windows do "
-        "(a CPU)",
+        "(a CPU), and is what a model on a CPU takes unless this is set",
     )
     partial_context_pad_s: float = Field(
         1.0,
@@ -125,10 +128,26 @@ class RealtimeOptions(BaseModel):
         "with no fallback, so that random weights (which never stop) cost what speech does; no transcript",
     )
 
+    def on(self, device_type: str) -> RealtimeOptions:
+        """These options for a model whose engine runs on ``device_type`` ('cpu' or 'cuda'), with
+        what was left to the device chosen: `auto`, and on a CPU an unset partial_context_step_s.
+        Options not chosen for a device encode partial passes over the full window."""
+        on_cpu = device_type == "cpu"
+        update: dict[str, Any] = {}
+        if self.partial_context == "auto":
+            update["partial_context"] = "audio" if on_cpu else "full_window"
+        if on_cpu and "partial_context_step_s" not in self.model_fields_set:
+            update["partial_context_step_s"] = 1
+        return self.model_copy(update=update)
+
+    @property
+    def partial_passes_on_audio(self) -> bool:
+        return self.partial_context == "audio"
+
     def partial_context_frames(self) -> list[int]:
         """The shortened contexts a partial pass may be encoded over, in encoder frames (empty with
         `full_window`): what an encoder prepares for at start-up."""
-        if self.partial_context == "full_window":
+        if not self.partial_passes_on_audio:
             return []
         settings = (self.partial_context_min_s, self.partial_context_pad_s, self.partial_context_step_s)
         return context_buckets(*settings)[:-1]  # the last is the full window
@@ -302,7 +321,7 @@ class AppConfig(ModelSections):
 
     def serving(self, model: ModelConfig) -> AppConfig:
         """This config as one model's replicas see it: the one-model shape, with that model's
-        sections and the app's own (http, realtime, ingress)."""
+        sections and the app's own (http, ingress, and realtime as chosen for the model's device)."""
         view = self._views.get(model.name)
         if view is None:
             view = self.model_copy(
@@ -314,6 +333,7 @@ class AppConfig(ModelSections):
                     "encoder": model.encoder,
                     "decoder": model.decoder,
                     "models": [model.model_copy(update={"default": True})],
+                    "realtime": self.realtime.on(model.engine.torch_device.type),
                 }
             )
             view._views = {}

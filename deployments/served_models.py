@@ -14,7 +14,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.exceptions import DeploymentUnavailableError
 from ray.serve.handle import DeploymentHandle
 
-from deployments.config import AppConfig
+from deployments.config import AppConfig, RealtimeOptions
 from deployments.http.errors import APIError
 from deployments.http.option_checks import AcceptedOptions
 from deployments.http.readiness import Readiness
@@ -34,6 +34,9 @@ class ServedModel:
     readiness: Readiness | None = None
     encoder: DeploymentHandle | None = None  # None: colocated, its decoder replicas encode
     decoder: DeploymentHandle | None = None
+    # The app's realtime options as chosen for this model's device (RealtimeOptions.on), which its
+    # encoders prepared for; None: a live session's own options, unchosen.
+    realtime: RealtimeOptions | None = None
 
     @classmethod
     def of(
@@ -57,6 +60,7 @@ class ServedModel:
             readiness=Readiness.of_pipeline(pipeline),
             encoder=encoder,
             decoder=decoder,
+            realtime=config.serving(model).realtime,
         )
 
     async def check_options(self, options: DecodeOptions) -> None:

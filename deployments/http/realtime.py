@@ -317,7 +317,7 @@ class RealtimeSession:
             send_delta,
             self.metrics,
             self.partial_schedule,
-            self.options,
+            served.realtime or self.options,  # as the model's device wants its partial passes encoded
         )
 
     async def _commit(self, speech_ended_s: float) -> None:

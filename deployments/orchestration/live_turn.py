@@ -272,7 +272,7 @@ class LiveTurn:
         """The encoder frames a partial pass over ``samples`` is encoded over (None: the full
         window). Final passes keep the full window: the turn's text is the file endpoint's."""
         options = self.options
-        if options.partial_context == "full_window":
+        if not options.partial_passes_on_audio:
             return None
         return context_frames(
             len(samples),

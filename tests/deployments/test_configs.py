@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from deployments.config import ConfigError, parse_app_config
+from deployments.config import ConfigError, RealtimeOptions, parse_app_config
 from tests.support.paths import CONFIGS_DIR
 from tests.support.serving import default_app_args, shipped_default_args
 
@@ -405,3 +405,16 @@ def test_the_default_config_diarizes_on_a_cpu_replica_beside_its_models():
     config = parse_app_config(shipped_default_args())
     assert config.diarizer is not None and config.diarizer.device == "cpu"
     assert config.diarizer.num_replicas == 1 and config.diarizer.autoscaling is None
+
+
+def test_live_partial_passes_take_the_audios_context_by_the_second_on_a_cpu_and_the_full_window_on_cuda():
+    config = parse_app_config(default_app_args())
+    on_cpu = config.serving(config.default_model).realtime
+    assert (on_cpu.partial_context, on_cpu.partial_context_step_s) == ("audio", 1)
+    assert on_cpu.partial_context_frames() == list(range(250, 1500, 50)), "5 s to 29 s: what encoders prepare"
+    on_cuda = RealtimeOptions().on("cuda")
+    assert (on_cuda.partial_context, on_cuda.partial_context_frames()) == ("full_window", [])
+    # What the config sets is kept on either device.
+    assert RealtimeOptions(partial_context_step_s=10).on("cpu").partial_context_frames() == [500, 1000]
+    assert RealtimeOptions(partial_context="full_window").on("cpu").partial_context_frames() == []
+    assert RealtimeOptions(partial_context="audio").on("cuda").partial_context_frames() == [500, 1000]

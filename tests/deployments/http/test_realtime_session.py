@@ -66,9 +66,11 @@ def session_app(
     metrics: ServingMetrics,
     pipeline: RecordingPipeline | None = None,
     partial_slots: int = 4,
+    model_realtime: RealtimeOptions | None = None,
 ) -> FastAPI:
     """An app of one ingress replica's sessions. They share its partial slots, so several sessions
-    must run on one event loop: open them on a TestClient used as a context manager."""
+    must run on one event loop: open them on a TestClient used as a context manager.
+    ``model_realtime``: the served model's realtime options, as chosen for its device."""
     app = FastAPI()
     partial_passes = PartialSchedule(partial_slots)
 
@@ -76,7 +78,13 @@ def session_app(
     async def realtime(websocket: WebSocket) -> None:
         await websocket.accept()
         # Without a pipeline a session never reaches a pass (a pass would fail loudly on None).
-        model = ServedModel("tiny.en", ("tiny.en", "whisper-1"), pipeline, AcceptedOptions(english_only))
+        model = ServedModel(
+            "tiny.en",
+            ("tiny.en", "whisper-1"),
+            pipeline,
+            AcceptedOptions(english_only),
+            realtime=model_realtime,
+        )
         session = RealtimeSession(
             websocket,
             options,
@@ -215,6 +223,26 @@ def test_partial_passes_are_encoded_over_the_audio_they_have_and_the_final_pass_
     final = [frames for window_id, frames in pipeline.encoder_frames.items() if "-f" in window_id]
     assert final == [None], "the final pass: a full 30 s window"
     assert partial and set(partial) <= partial_frames, partial
+
+
+def test_a_model_on_a_cpu_encodes_its_live_turns_partial_passes_over_their_audio_in_whole_seconds():
+    """The session's options leave the context to the device; the model's, chosen for a CPU, take
+    the audio's context in one-second steps (at least 5 s by default), and the final pass the full
+    window."""
+    pipeline, metrics = RecordingPipeline(), ServingMetrics()
+    options = RealtimeOptions(partial_interval_ms=50)
+    app = session_app(options, metrics, pipeline, model_realtime=options.on("cpu"))
+    with TestClient(app).websocket_connect("/v1/realtime") as ws:
+        ws.receive_json()
+        _update(ws, None)
+        _append_silence(ws, 2.0)
+        _wait_for(lambda: any("-p" in window_id for window_id in pipeline.encoder_frames))
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        _events_until(ws, COMPLETED)
+    partial = [frames for window_id, frames in pipeline.encoder_frames.items() if "-p" in window_id]
+    final = [frames for window_id, frames in pipeline.encoder_frames.items() if "-f" in window_id]
+    assert final == [None], "the final pass: a full 30 s window"
+    assert partial and set(partial) == {250}, "2 s of audio and 1 s of silence: at least 5 s, 250 frames"
 
 
 def test_a_language_the_model_does_not_know_is_an_error_naming_its_param_and_the_session_goes_on():
