@@ -259,6 +259,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     app_args = default_app_args()
     if args.diarizer_threads is not None:
         app_args["diarizer"] = {**app_args["diarizer"], "torch_threads": args.diarizer_threads}
@@ -278,6 +279,11 @@ def main() -> None:
     body = titled_tables(tables)
     if pinning:
         body = f"Cores: {pinning}.\n\n{body}"
+    # Other work on the machine slows every row: the load says how much there was.
+    body += (
+        f"\n\nThe machine's load average (1 min) was {load_before:.1f} before the app started and "
+        f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores."
+    )
     print(body)
     if args.record:
         record("Diarization in the served app: latency and mixed load (bench_diarize_served.py)", body)
