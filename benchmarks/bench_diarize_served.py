@@ -5,7 +5,8 @@ own as configs/default.yaml ships it:
    (json), with word timestamps (verbose_json: the decoding a diarized request asks for) and
    diarized (diarized_json); each the median of --repeats, the three kinds taking turns; and the
    Server-Timing phase ``speakers``: how long a diarized answer waited for the diarizer after its
-   windows were done;
+   windows were done; the phase ``windows`` (the transcription's own time); and the CPU seconds
+   the app's processes spent during each request, the diarizer's replica apart;
 2. throughput of a load of --requests one-minute two-speaker conversations sent by --clients
    clients at once, with none diarized and then with every third one diarized.
 
@@ -42,6 +43,7 @@ from tests.support.serving import default_app_args, running_app  # noqa: E402
 
 SAMPLE_RATE = 16000
 WAV = UploadFormat("wav-16bit", "wav", "wav", "pcm_s16le", "s16", SAMPLE_RATE)
+_IDLE_S = 10.0
 KINDS = {
     "plain (json)": "json",
     "word timestamps (verbose_json)": "verbose_json",
@@ -85,21 +87,76 @@ def _give_the_diarizer_its_own_core(core: int) -> str:
         raise SystemExit("no diarizer replica among the app's processes")
     theirs = {p.pid for d in diarizers for p in [d, *d.children(recursive=True)]}
     for process in [here, *here.children(recursive=True)]:
-        process.cpu_affinity([core] if process.pid in theirs else others)
+        cores = {core} if process.pid in theirs else set(others)
+        # Every thread, not only the process's main one (all that sched_setaffinity on a process id,
+        # and so psutil's cpu_affinity, pins): a replica runs its requests on threads started
+        # before this (its event loop's, the worker threads its warm-up call started), and a
+        # thread left unpinned runs, and starts threads that run, on every core.
+        for thread in process.threads():
+            try:
+                os.sched_setaffinity(thread.id, cores)
+            except ProcessLookupError:
+                pass  # the thread ended meanwhile
     return f"the diarizer's replica on core {core}; the rest of the app and the client on cores {others}"
+
+
+class _AppProcesses:
+    """The app's processes (this client's children: Ray's and the replicas'), the diarizer's
+    replica apart, for the CPU time each side spends on a request."""
+
+    def __init__(self):
+        import psutil
+
+        self._processes = psutil.Process().children(recursive=True)
+        diarizers = [p for p in self._processes if "Diarizer" in " ".join(p.cmdline())]
+        self._diarizer_pids = {p.pid for d in diarizers for p in [d, *d.children(recursive=True)]}
+
+    def cpu_seconds(self) -> tuple[float, float]:
+        """(the rest of the app's, the diarizer's) CPU seconds so far."""
+        import psutil
+
+        rest, diarizer = 0.0, 0.0
+        for process in self._processes:
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            if process.pid in self._diarizer_pids:
+                diarizer += times.user + times.system
+            else:
+                rest += times.user + times.system
+        return rest, diarizer
 
 
 def _latency(url: str, repeats: int) -> str:
     talk = conversation("two_speakers_5min", ["osr", "multi_en"], 300.0, seed=5)
     upload = encode(talk.samples, WAV)
     _send(url, upload, "diarized_json")  # first calls: the diarizer's clustering imports, caches
+    processes = _AppProcesses()
+    # Ray's own processes spend CPU while nothing is asked of them (heartbeats, metrics, the
+    # controller's loop): measured here, and taken off each request's figures for its duration, so
+    # that a request that waits longer is not charged for the app idling meanwhile.
+    idle_rest, idle_diarizer = processes.cpu_seconds()
+    idle_started = time.perf_counter()
+    time.sleep(_IDLE_S)
+    idle_s = time.perf_counter() - idle_started
+    rest_now, diarizer_now = processes.cpu_seconds()
+    idle_rate = ((rest_now - idle_rest) / idle_s, (diarizer_now - idle_diarizer) / idle_s)
     times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    windows_s: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    app_cpu_s: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    diarizer_cpu_s: dict[str, list[float]] = {kind: [] for kind in KINDS}
     waits_ms: list[float] = []
     for repeat in range(repeats):
         order = list(KINDS)[repeat % len(KINDS) :] + list(KINDS)[: repeat % len(KINDS)]
         for kind in order:
+            rest_before, diarizer_before = processes.cpu_seconds()
             elapsed_s, phases = _send(url, upload, KINDS[kind])
+            rest_after, diarizer_after = processes.cpu_seconds()
             times[kind].append(elapsed_s)
+            windows_s[kind].append(phases.get("windows", 0.0) / 1000)
+            app_cpu_s[kind].append(rest_after - rest_before - idle_rate[0] * elapsed_s)
+            diarizer_cpu_s[kind].append(diarizer_after - diarizer_before - idle_rate[1] * elapsed_s)
             if KINDS[kind] == "diarized_json":
                 waits_ms.append(phases.get("speakers", 0.0))
     plain_s = statistics.median(times["plain (json)"])
@@ -108,14 +165,39 @@ def _latency(url: str, repeats: int) -> str:
     for kind, values in times.items():
         median_s = statistics.median(values)
         rows.append(
-            [kind, round(talk.duration_s), median_s, min(values), median_s / plain_s, median_s / words_s]
+            [
+                kind,
+                round(talk.duration_s),
+                median_s,
+                min(values),
+                median_s / plain_s,
+                median_s / words_s,
+                statistics.median(windows_s[kind]),
+                statistics.median(app_cpu_s[kind]),
+                statistics.median(diarizer_cpu_s[kind]),
+            ]
         )
     table = markdown_table(
-        ["request", "audio s", "median s", "fastest s", "/ plain", "/ word timestamps"], rows
+        [
+            "request",
+            "audio s",
+            "median s",
+            "fastest s",
+            "/ plain",
+            "/ word timestamps",
+            "windows s",
+            "CPU s, app without diarizer",
+            "CPU s, diarizer",
+        ],
+        rows,
     )
     return (
         table + f"\n\nA diarized answer waited for the diarizer after its windows: median "
-        f"{statistics.median(waits_ms) / 1000:.2f} s (Server-Timing `speakers`)."
+        f"{statistics.median(waits_ms) / 1000:.2f} s (Server-Timing `speakers`). `windows s`: the "
+        "Server-Timing phase from the audio decoded to the last window transcribed (medians); CPU "
+        "seconds of the app's processes during the request (Ray's own included), the diarizer's "
+        f"replica apart, less what they spent idle for as long ({idle_rate[0]:.2f} and "
+        f"{idle_rate[1]:.2f} CPU s a second, measured over {_IDLE_S:.0f} s with no request)."
     )
 
 
@@ -188,6 +270,7 @@ def main() -> None:
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     app_args = default_app_args()
     if args.diarizer_threads is not None:
         app_args["diarizer"] = {**app_args["diarizer"], "torch_threads": args.diarizer_threads}
@@ -207,6 +290,11 @@ def main() -> None:
     body = titled_tables(tables)
     if pinning:
         body = f"Cores: {pinning}.\n\n{body}"
+    # Other work on the machine slows every row: the load says how much there was.
+    body += (
+        f"\n\nThe machine's load average (1 min) was {load_before:.1f} before the app started and "
+        f"{os.getloadavg()[0]:.1f} at the end, on {os.cpu_count()} cores."
+    )
     print(body)
     if args.record:
         record("Diarization in the served app: latency and mixed load (bench_diarize_served.py)", body)

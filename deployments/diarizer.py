@@ -86,7 +86,7 @@ class DiarizerDeployment:
             SpeakerEncoderOptions(
                 device=options.device,
                 batch_size=options.embedding_batch_size,
-                threads=options.torch_threads,
+                threads=options.threads,
             )
         )
         self._encoder_lock = threading.Lock()

