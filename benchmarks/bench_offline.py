@@ -67,6 +67,8 @@ def run_faster_whisper(
 
     from faster_whisper import WhisperModel
 
+    from engine.transcribe.evaluation import faster_whisper_text
+
     workers = 1 if in_flight == 1 else threads  # one CTranslate2 worker per core, fed by 16 client threads
     model = WhisperModel(
         model_folder,
@@ -77,16 +79,8 @@ def run_faster_whisper(
     )
     ready()
 
-    def one(path: str) -> str:
-        segments, _ = model.transcribe(
-            path,
-            language="en",
-            beam_size=beam_size,
-            temperature=0.0,
-            without_timestamps=True,
-            condition_on_previous_text=False,
-        )
-        return "".join(s.text for s in segments).strip()
+    def one(path: str) -> str:  # the file's path: transcribe decodes it, as a user's call does
+        return faster_whisper_text(model, path, beam_size)
 
     if in_flight == 1:
         return [one(path) for path in files]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 from engine.config import EngineConfig  # noqa: E402
 from engine.encode.runner import EncoderRunner  # noqa: E402
 from engine.model.loading import LoadedModel, load_model  # noqa: E402
+from engine.transcribe.evaluation import SpeechClip  # noqa: E402
 from tests.support.local_ray import own_ray  # noqa: E402
 from tests.support.models import save_random_whisper  # noqa: E402
 from tests.support.once_per_run import computed_once  # noqa: E402
@@ -42,18 +44,45 @@ def tiny_en() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def speech_set_states(tiny_en, tmp_path_factory) -> list[torch.Tensor]:
-    """tiny_en's encoder states [1500, d_model] of each short English clip's window, each window
-    encoded alone: the modules that decode the whole speech set start from them, so the encoder
-    runs over the set once per test run (tests/support/once_per_run.py)."""
-    clips = short_english_clips()
+def short_clip_states(tiny_en, tmp_path_factory) -> Callable[[Sequence[SpeechClip]], list[torch.Tensor]]:
+    """tiny_en's encoder states [1500, d_model] of short English clips' windows, each window
+    encoded alone and once per test run, whichever module asks first (tests/support/once_per_run.py):
+    the modules that decode real speech start from them. On the CPU a window's states are the same,
+    bit for bit, encoded alone or in a batch (tests/support/remembered_states.py checks it)."""
+    encoder = EncoderRunner(tiny_en)
+    config = tiny_en.config.model_dump(mode="json")
 
-    def encode() -> list[torch.Tensor]:
-        encoder = EncoderRunner(tiny_en)
-        return [encoder.encode(windows_of([clip.path]))[0] for clip in clips]
+    def states_of(clips: Sequence[SpeechClip]) -> list[torch.Tensor]:
+        return [
+            computed_once(
+                tmp_path_factory,
+                "clip-states",
+                {"config": config, "clip": str(clip.path)},
+                lambda clip=clip: encoder.encode(windows_of([clip.path]))[0],
+            )
+            for clip in clips
+        ]
 
-    inputs = {"config": tiny_en.config.model_dump(mode="json"), "clips": [str(clip.path) for clip in clips]}
-    return computed_once(tmp_path_factory, "speech-set-states", inputs, encode)
+    return states_of
+
+
+@pytest.fixture(scope="session")
+def speech_set_states(short_clip_states) -> list[torch.Tensor]:
+    """tiny_en's encoder states of each short English clip's window (short_clip_states): the
+    modules that decode the whole speech set start from them."""
+    return short_clip_states(short_english_clips())
+
+
+@pytest.fixture(scope="session")
+def short_clip_cross_kvs(tiny_en, short_clip_states) -> Callable[[Sequence[SpeechClip]], list[torch.Tensor]]:
+    """Short English clips' cross-attention K/V [layers, 2, 1500, heads, head_dim] for tiny_en,
+    from their states encoded once per run (short_clip_states)."""
+    encoder = EncoderRunner(tiny_en)
+
+    def cross_kvs(clips: Sequence[SpeechClip]) -> list[torch.Tensor]:
+        return list(encoder.cross_kv(torch.stack(short_clip_states(clips))))
+
+    return cross_kvs
 
 
 @pytest.fixture(scope="session")

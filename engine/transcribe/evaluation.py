@@ -152,6 +152,48 @@ def word_error_rate(references: list[str], hypotheses: list[str]) -> float:
     return jiwer.wer([r for r, _ in pairs], [h for _, h in pairs])
 
 
+# The decoding our engine does, asked of faster-whisper's transcribe: English, greedy or beams at
+# temperature 0 without fallback, no timestamps, each window decoded without the previous one's
+# text, no VAD. A WER gap against it measures the engine, not the decoding options.
+FASTER_WHISPER_DECODING = dict(
+    language="en",
+    temperature=0.0,
+    without_timestamps=True,
+    condition_on_previous_text=False,
+    vad_filter=False,
+)
+
+
+def faster_whisper_text(model, audio, beam_size: int) -> str:
+    """One file's (a path) or waveform's transcript by a faster_whisper.WhisperModel's
+    transcribe, as a user calls it, decoding as FASTER_WHISPER_DECODING says."""
+    segments, _ = model.transcribe(audio, beam_size=beam_size, **FASTER_WHISPER_DECODING)
+    return "".join(segment.text for segment in segments).strip()
+
+
+def faster_whisper_texts_by_beam(model, audio: np.ndarray, beam_sizes: tuple[int, ...]) -> dict[int, str]:
+    """faster_whisper_text at each of ``beam_sizes``, the first window encoded once for all of
+    them. transcribe's own path: the options are those transcribe builds (its segments, a lazy
+    generator, are never run), and its generate_segments decodes them, given the first window's
+    encoder output as transcribe gives it language detection's; later windows it encodes itself."""
+    from faster_whisper.audio import pad_or_trim
+    from faster_whisper.tokenizer import Tokenizer
+
+    features = model.feature_extractor(audio)
+    # transcribe's first window: up to 30 s of the log-mel's frames but the last, padded with zeros.
+    first_window_frames = min(model.feature_extractor.nb_max_frames, features.shape[-1] - 1)
+    first_window = model.encode(pad_or_trim(features[:, :first_window_frames]))
+    tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language="en")
+    texts = {}
+    for beam_size in beam_sizes:
+        _, info = model.transcribe(audio, beam_size=beam_size, **FASTER_WHISPER_DECODING)
+        segments = model.generate_segments(
+            features, tokenizer, info.transcription_options, False, first_window
+        )
+        texts[beam_size] = "".join(segment.text for segment in segments).strip()
+    return texts
+
+
 def faster_whisper_transcripts(
     model_folder: Path,
     clips: list[SpeechClip],
@@ -159,53 +201,34 @@ def faster_whisper_transcripts(
     threads: int,
     beam_sizes: tuple[int, ...] = (1,),
 ) -> dict[int, list[str]]:
-    """faster-whisper (CTranslate2) on the same weights, greedy (beam size 1) or with beams, each of
-    ``beam_sizes``, no fallback, no timestamps: the decoding our engine does, so a WER gap measures
-    the engine, not the decoding options. Its transcripts, by beam size. Each of a clip's windows is
-    encoded once for every beam size, as faster-whisper encodes a window once for its decoding
-    attempts: its transcribe runs unchanged, its encoder answering a window it saw with what it
-    gave the first time."""
-    import numpy as np
+    """faster-whisper (CTranslate2) on the same weights, decoding as FASTER_WHISPER_DECODING says at
+    each of ``beam_sizes``: its transcripts, by beam size. Each clip's first window is encoded once
+    for every beam size (faster_whisper_texts_by_beam)."""
     from faster_whisper import WhisperModel, decode_audio
 
     model = WhisperModel(str(model_folder), device="cpu", compute_type=compute_type, cpu_threads=threads)
-    encode = model.encode
-    encoded: dict[tuple, object] = {}  # the clip's windows' encoder outputs, by their log-mels
-
-    def encode_once(features: np.ndarray):
-        key = (features.shape, np.ascontiguousarray(features).tobytes())
-        if key not in encoded:
-            encoded[key] = encode(features)
-        return encoded[key]
-
-    model.encode = encode_once
     texts: dict[int, list[str]] = {beam_size: [] for beam_size in beam_sizes}
     for clip in clips:
-        encoded.clear()
-        # Decoded once for every beam size, as transcribe decodes a file it is given.
         audio = decode_audio(str(clip.path), sampling_rate=model.feature_extractor.sampling_rate)
-        for beam_size in beam_sizes:
-            segments, _ = model.transcribe(
-                audio,
-                language="en",
-                beam_size=beam_size,
-                temperature=0.0,
-                without_timestamps=True,
-                condition_on_previous_text=False,
-                vad_filter=False,
-            )
-            texts[beam_size].append("".join(segment.text for segment in segments).strip())
+        for beam_size, text in faster_whisper_texts_by_beam(model, audio, beam_sizes).items():
+            texts[beam_size].append(text)
     return texts
 
 
 def ctranslate2_transcripts(
-    model_folder: Path, clip_windows: list[list], threads: int, beam_sizes: tuple[int, ...] = (1,)
+    model_folder: Path,
+    clip_windows: list[list],
+    threads: int,
+    beam_sizes: tuple[int, ...] = (1,),
+    windows_per_batch: int = 16,
 ) -> dict[int, list[str]]:
     """CTranslate2 (faster-whisper's decoder) on log-mel windows we computed, one list of
     [n_mels, 3000] arrays per clip: the same decoder as faster_whisper_transcripts, our front end.
     Greedy (beam size 1) or with beams, each of ``beam_sizes``: its transcripts, by beam size. A
     clip's windows are encoded once for every beam size, as faster-whisper encodes a window once
-    for its decoding attempts.
+    for its decoding attempts, and decoded ``windows_per_batch`` at a time, the clips' windows
+    together: each window's search in a batch is its own, so a clip's text is the one its windows
+    decoded by themselves give, with fewer of the decoder's small steps.
 
     faster-whisper (like openai-whisper's transcribe) pads a short clip's log-mel with zeros, while
     transformers' feature extractor (and so our front end) pads the audio with silence; on short
@@ -218,22 +241,29 @@ def ctranslate2_transcripts(
     model = WhisperModel(str(model_folder), device="cpu", compute_type="float32", cpu_threads=threads)
     tokenizer = model.hf_tokenizer
     prompt = [tokenizer.token_to_id("<|startoftranscript|>"), tokenizer.token_to_id("<|notimestamps|>")]
-    texts: dict[int, list[str]] = {beam_size: [] for beam_size in beam_sizes}
+    encoded: list[np.ndarray] = []  # every clip's windows' encoder outputs, in order
     for windows in clip_windows:
         features = ctranslate2.StorageView.from_array(
             np.ascontiguousarray(np.stack(windows), dtype=np.float32)
         )
-        encoded = model.model.encode(features)  # generate takes the encoder's output in place of log-mels
-        for beam_size in beam_sizes:
+        encoded.extend(np.array(model.model.encode(features)))
+    texts: dict[int, list[str]] = {}
+    for beam_size in beam_sizes:
+        window_texts = []
+        for start in range(0, len(encoded), windows_per_batch):
+            batch = np.stack(encoded[start : start + windows_per_batch])
             results = model.model.generate(
-                encoded,
-                [prompt] * len(windows),
+                ctranslate2.StorageView.from_array(batch),  # the encoder's output in place of log-mels
+                [prompt] * len(batch),
                 beam_size=beam_size,
                 max_length=448,
                 suppress_blank=True,
                 suppress_tokens=[-1],
             )
-            texts[beam_size].append(
-                "".join(tokenizer.decode(result.sequences_ids[0]) for result in results).strip()
-            )
+            window_texts += [tokenizer.decode(result.sequences_ids[0]) for result in results]
+        ends = np.cumsum([len(windows) for windows in clip_windows])
+        texts[beam_size] = [
+            "".join(window_texts[end - len(windows) : end]).strip()
+            for windows, end in zip(clip_windows, ends)
+        ]
     return texts

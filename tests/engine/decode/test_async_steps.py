@@ -81,8 +81,8 @@ def assert_same_results(ours: dict[str, DecodeResult], reference: dict[str, Deco
 
 
 @pytest.fixture(scope="module")
-def clip_kvs(tiny_en) -> list[torch.Tensor]:
-    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:10]])
+def clip_kvs(short_clip_cross_kvs) -> list[torch.Tensor]:
+    return short_clip_cross_kvs(short_english_clips()[:10])
 
 
 MIXED_OPTIONS = [

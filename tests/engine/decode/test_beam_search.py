@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from engine.config import EngineConfig
-from engine.encode.runner import EncoderRunner
 from engine.kv.block_pool import blocks_needed
 from engine.kv.sources import CrossKVTensor
 from engine.model.audio import log_mel_spectrogram
@@ -29,8 +28,8 @@ CLIPS = short_english_clips()[:4]
 
 
 @pytest.fixture(scope="module")
-def cross_kvs(tiny_en) -> list[torch.Tensor]:
-    return cross_kvs_of(tiny_en, [clip.path for clip in CLIPS])
+def cross_kvs(short_clip_cross_kvs) -> list[torch.Tensor]:
+    return short_clip_cross_kvs(CLIPS)
 
 
 @pytest.fixture(scope="module")
@@ -77,8 +76,8 @@ def reference_tokens(tiny_en, reference, mels):
 
 
 @pytest.fixture(scope="module")
-def speech_set_cross_kvs(tiny_en, speech_set_states) -> list[torch.Tensor]:
-    return list(EncoderRunner(tiny_en).cross_kv(torch.stack(speech_set_states)))
+def speech_set_cross_kvs(short_clip_cross_kvs) -> list[torch.Tensor]:
+    return short_clip_cross_kvs(short_english_clips())
 
 
 def decode_all(engine, cross_kvs, options_by_id: dict[str, tuple[int, DecodeOptions]]):

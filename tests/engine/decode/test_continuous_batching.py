@@ -14,7 +14,6 @@ from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions, FinishReason, Priority
 from tests.support.clock import FakeClock
 from tests.support.engines import (
-    cross_kvs_of,
     engine_with,
     run_to_completion,
     run_to_completion_by_id,
@@ -24,9 +23,10 @@ from tests.support.speech import short_english_clips
 
 
 @pytest.fixture(scope="module")
-def cross_kvs(tiny_en) -> list[torch.Tensor]:
-    """Cross-attention K/V of 16 different real clips (speech of different lengths)."""
-    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:16]])
+def cross_kvs(short_clip_cross_kvs) -> list[torch.Tensor]:
+    """Cross-attention K/V of 16 different real clips (speech of different lengths), from their
+    states encoded once per run (tests/conftest.py)."""
+    return short_clip_cross_kvs(short_english_clips()[:16])
 
 
 @pytest.mark.slow

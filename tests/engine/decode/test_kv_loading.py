@@ -16,7 +16,7 @@ from engine.errors import RetriableError
 from engine.kv.sources import CrossKVTensor, EncoderStates
 from engine.model.loading import load_model
 from engine.types import DecodeOptions, FinishReason
-from tests.support.engines import cross_kvs_of, decode_alone, engine_with, run_to_completion_by_id
+from tests.support.engines import decode_alone, engine_with, run_to_completion_by_id
 from tests.support.speech import short_english_clips, windows_of
 
 OPTIONS = DecodeOptions(max_tokens=40)
@@ -46,8 +46,8 @@ class GatedPull:
 
 
 @pytest.fixture(scope="module")
-def cross_kvs(tiny_en) -> list[torch.Tensor]:
-    return cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:2]])
+def cross_kvs(short_clip_cross_kvs) -> list[torch.Tensor]:
+    return short_clip_cross_kvs(short_english_clips()[:2])
 
 
 def step_until_finished(engine, request_id: str, max_steps: int = 1_000) -> dict:

@@ -13,12 +13,12 @@ import pytest
 from engine.kv.sources import CrossKVTensor
 from engine.types import DecodeOptions
 from tests.engine.decode.test_kv_loading import GatedPull
-from tests.support.engines import cross_kvs_of, engine_with
+from tests.support.engines import engine_with
 from tests.support.speech import short_english_clips
 
 
-def test_steps_rows_and_window_stages_add_up_to_what_the_loop_did(tiny_en):
-    cross_kvs = cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:5]])
+def test_steps_rows_and_window_stages_add_up_to_what_the_loop_did(tiny_en, short_clip_cross_kvs):
+    cross_kvs = short_clip_cross_kvs(short_english_clips()[:5])
     engine = engine_with(tiny_en, max_num_seqs=2, block_size=16)
     submitted = time.monotonic()
     requests = [
@@ -49,8 +49,8 @@ def test_steps_rows_and_window_stages_add_up_to_what_the_loop_did(tiny_en):
     assert 0 < timings.read_wait_s <= wall_s  # every launched step was read back, within the run
 
 
-def test_a_window_whose_kv_travels_counts_its_load_apart_from_its_decoding(tiny_en):
-    (cross_kv,) = cross_kvs_of(tiny_en, [short_english_clips()[0].path])
+def test_a_window_whose_kv_travels_counts_its_load_apart_from_its_decoding(tiny_en, short_clip_cross_kvs):
+    (cross_kv,) = short_clip_cross_kvs(short_english_clips()[:1])
     engine = engine_with(tiny_en, block_size=16)
     pull = GatedPull(CrossKVTensor(cross_kv))
     landing = threading.Timer(0.3, pull.gate.set)  # the pull lands 0.3 s after it starts
@@ -71,8 +71,10 @@ def test_a_window_whose_kv_travels_counts_its_load_apart_from_its_decoding(tiny_
     assert parts == pytest.approx(timings.loading_s)
 
 
-def test_with_one_loader_worker_a_second_pull_waits_for_the_first_and_counts_it_as_queued(tiny_en):
-    cross_kvs = cross_kvs_of(tiny_en, [clip.path for clip in short_english_clips()[:2]])
+def test_with_one_loader_worker_a_second_pull_waits_for_the_first_and_counts_it_as_queued(
+    tiny_en, short_clip_cross_kvs
+):
+    cross_kvs = short_clip_cross_kvs(short_english_clips()[:2])
     engine = engine_with(tiny_en, block_size=16, kv_load_workers=1)
     pulls = [GatedPull(CrossKVTensor(kv)) for kv in cross_kvs]
     for i, pull in enumerate(pulls):
