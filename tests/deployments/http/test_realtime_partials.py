@@ -12,6 +12,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from starlette.testclient import TestClient
 
 from deployments.config import RealtimeOptions
@@ -98,6 +99,7 @@ def _manual_turns(websocket, turns: int, turn_s: float) -> list[dict]:
     return events
 
 
+@pytest.mark.slow
 def test_beyond_the_replicas_partial_capacity_every_final_arrives_and_every_stream_gets_thinned_partials():
     """Six streams want a pass every 100 ms, 60 a second, where one slot and 50 ms passes allow at
     most 20: every turn completes, and every turn of every stream gets partial passes, each stream
@@ -149,6 +151,7 @@ def test_beyond_the_replicas_partial_capacity_every_final_arrives_and_every_stre
 JFK_PAUSE_S = (2.24, 3.35)
 
 
+@pytest.mark.slow
 def test_a_pause_inside_a_turn_gets_no_partial_pass_until_speech_resumes_and_counts_as_unchanged():
     pipeline, metrics = TimedPipeline(partial_s=0.01), ServingMetrics()
     lead_s = 0.5

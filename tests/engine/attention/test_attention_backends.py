@@ -316,6 +316,7 @@ def test_triton_strided_query_and_small_tiles():
 @pytest.mark.parametrize(
     "dtype,cache_dtype", [(torch.float32, None), (torch.float16, None), (torch.bfloat16, torch.float8_e4m3fn)]
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("num_splits", [None, 3])
 @pytest.mark.parametrize("causal,seq_lens", [(False, [300, 300, 300]), (True, [1, 17, 130])])
 def test_grouped_decode_kernel_reads_several_heads_per_program(
@@ -344,6 +345,7 @@ def test_grouped_decode_kernel_reads_several_heads_per_program(
     assert_close(out, case.run(TritonPagedBackend(num_splits=num_splits, decode_heads_per_program=1)), dtype)
 
 
+@pytest.mark.slow
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("num_splits", [None, 3])

@@ -99,6 +99,7 @@ def encoder_states(loaded, mels: torch.Tensor) -> torch.Tensor:
         return loaded.model.encoder(mels).float()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fp8", [False, True], ids=["float32", "fp8 products"])
 def test_the_encoder_routes_each_layers_attention_through_the_kernel_and_gives_sdpas_states(fp8):
     """tiny.en's encoder with every layer's attention through a kernel of FlashAttention-3's

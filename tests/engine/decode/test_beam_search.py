@@ -225,6 +225,7 @@ def test_a_beam_group_of_five_holds_one_copy_of_its_cross_attention_blocks_while
     assert engine.pool.num_free_blocks == engine.pool.num_blocks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
 def test_once_the_device_chooses_it_chooses_to_the_end_each_beam_writing_into_a_block_of_its_own(
     tiny_en, cross_kvs, use_triton
@@ -407,6 +408,7 @@ def test_best_of_keeps_the_best_ranked_of_independent_samples_and_repeats_with_i
     [(5, False), (1, False), (5, True)],
     ids=["from-beams", "from-greedy", "from-device-beams"],
 )
+@pytest.mark.slow
 def test_a_window_that_fails_the_thresholds_restarts_as_best_of_samples_on_its_own_blocks(
     tiny_en, cross_kvs, beam_size, async_steps
 ):

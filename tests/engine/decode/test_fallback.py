@@ -66,6 +66,7 @@ def test_a_window_that_always_fails_is_tried_at_every_temperature_on_the_same_bl
     assert result.text.strip(), "the last attempt's text is returned"
 
 
+@pytest.mark.slow
 def test_a_window_just_below_the_threshold_is_retried_until_an_attempt_passes(tiny_en, jfk_kv):
     engine = DecoderEngine(tiny_en)
     _, greedy, _ = decode(engine, jfk_kv, DecodeOptions())

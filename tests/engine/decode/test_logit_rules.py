@@ -81,6 +81,7 @@ def record_histories(rules: LogitRules, outputs: list[list[int]], timestamps: li
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("use_triton", [False, True], ids=["torch", "triton"])
 def test_batched_rules_match_transformers_row_by_row(use_triton):
     tokenizer = WhisperTokenizer(bundled_tokenizer("tiny.en"), ENGLISH_VOCAB)

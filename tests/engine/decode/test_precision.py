@@ -50,6 +50,7 @@ def test_half_precision_logits_are_float32_products_not_rounded_ones():
     assert not torch.equal(logits, logits.half().float()), "the logits were rounded to fp16"
 
 
+@pytest.mark.slow
 def test_fp16_decodes_a_clip_to_the_tokens_fp32_does(tiny_en, fp16_jfk_cross_kv):
     _, fp32 = decode_one(DecoderEngine(tiny_en), CrossKVTensor(cross_kv_of(tiny_en, JFK)), DecodeOptions())
     engine = DecoderEngine(tiny_en_fp16())
@@ -65,6 +66,7 @@ def test_an_overflow_names_a_cure_only_where_the_deployment_has_one():
         assert "overflowed" in message and "engine.dtype" not in message and "float16" not in message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["decoder", "encoder"])
 @pytest.mark.parametrize("temperature", [0.0, 0.4])
 def test_an_fp16_overflow_fails_the_window_in_words_and_frees_its_blocks(

@@ -69,6 +69,7 @@ class CountingBackend:
         return run
 
 
+@pytest.mark.slow
 def test_a_compiled_encoder_has_a_graph_for_each_configured_context_from_start_up_and_compiles_in_no_request(
     random_whisper_folder, monkeypatch, fresh_dynamo
 ):

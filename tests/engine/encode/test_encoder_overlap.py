@@ -58,6 +58,7 @@ def test_an_encoder_error_reaches_the_caller_and_the_encoder_stays_usable(tiny_e
         encoder.close()
 
 
+@pytest.mark.slow
 def test_the_offline_api_transcribes_the_same_with_the_encoder_overlapped(tiny_en):
     paths = [clip.path for clip in english_clips()[:6]]
     options = DecodeOptions()

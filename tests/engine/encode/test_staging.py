@@ -6,6 +6,7 @@ tests/engine/test_gpu_agreement.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from engine.encode.runner import EncoderRunner
@@ -34,6 +35,7 @@ def test_a_batch_larger_than_the_buffer_grows_it():
     assert torch.equal(staging.to_device(windows[:1]), windows_of(windows[:1]))
 
 
+@pytest.mark.slow
 def test_the_encoder_gives_the_same_states_from_each_windows_samples_as_from_a_stacked_batch(tiny_en):
     runner = EncoderRunner(tiny_en)
     clips = [clip.path for clip in short_english_clips()[:3]]

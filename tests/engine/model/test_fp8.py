@@ -45,6 +45,7 @@ def test_an_fp8_linear_is_the_linear_within_fp8s_error_and_keeps_the_dtype(dtype
     assert 0.005 < relative < 0.06, relative  # quantized, and by no more than e4m3's rounding
 
 
+@pytest.mark.slow
 def test_a_tiny_en_encoder_in_fp8_transcribes_a_clip_as_the_float_encoder_does(tiny_en):
     clip = SPEECH_DIR / "jfk.flac"
     _, float_result = decode_one(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from engine.model.audio import SAMPLE_RATE, load_audio_file
 from engine.transcribe.agreement import LocalAgreement, word_probabilities
@@ -205,6 +206,7 @@ def test_word_probabilities_multiply_each_words_tokens_and_refuse_tokens_that_ar
     assert word_probabilities([], "") == []
 
 
+@pytest.mark.slow
 def test_on_live_speech_the_words_sent_early_are_the_final_passes_words(tiny_en):
     """Partial passes of tiny.en every 0.5 s over a turn as the server sees it (0.3 s of padding
     before the speech, 0.5 s of silence after): the deltas join to the final pass's text."""

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from engine.model.audio import load_audio_file
 from engine.transcribe.cli import main
 from tests.support.encoding import MANY_CHANNEL_UPLOADS, in_every_channel
@@ -32,6 +34,7 @@ def test_transcribe_reports_a_file_that_is_not_audio_and_exits_non_zero(tmp_path
     assert "notes.wav" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_files_of_many_channels_are_transcribed_by_the_console_script_without_a_crash(tmp_path):
     """In a process of its own: a fault in native decoding code would end it with a signal."""
     jfk = load_audio_file(SPEECH_DIR / "jfk.flac")

@@ -28,6 +28,7 @@ def test_windows_cover_the_audio_exactly_and_end_in_the_pause(gap_at_s):
     assert gap.start <= windows[1].start_sample < gap.stop, "the first cut falls inside the silent gap"
 
 
+@pytest.mark.slow
 def test_the_long_form_clip_is_cut_between_sentences_and_loses_no_words(tiny_en):
     clip = next(c for c in english_clips() if c.duration_s > 30)
     windows = split_windows(load_audio_file(clip.path))
