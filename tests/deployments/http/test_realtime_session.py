@@ -191,6 +191,21 @@ def test_language_and_prompt_reach_every_pass_partial_and_final_of_a_turn_opened
         assert (options.language, options.prompt) == ("en", "Hello, Ada.")
 
 
+def _encoder_frames_of_a_turn(app, pipeline: RecordingPipeline) -> tuple[list, list]:
+    """One turn of 2 s of audio, committed once a partial pass has gone out: the encoder frames of
+    its partial passes and of its final pass (None: a full 30 s window)."""
+    with TestClient(app).websocket_connect("/v1/realtime") as ws:
+        ws.receive_json()
+        _update(ws, None)
+        _append_silence(ws, 2.0)
+        _wait_for(lambda: any("-p" in window_id for window_id in pipeline.encoder_frames))
+        ws.send_json({"type": "input_audio_buffer.commit"})
+        _events_until(ws, COMPLETED)
+    partial = [frames for window_id, frames in pipeline.encoder_frames.items() if "-p" in window_id]
+    final = [frames for window_id, frames in pipeline.encoder_frames.items() if "-f" in window_id]
+    return partial, final
+
+
 @pytest.mark.parametrize(
     "partial_context, step_s, partial_frames",
     [
@@ -211,16 +226,7 @@ def test_partial_passes_are_encoded_over_the_audio_they_have_and_the_final_pass_
         partial_context_min_s=0.0,
         partial_context_step_s=step_s,
     )
-    app = session_app(options, metrics, pipeline)
-    with TestClient(app).websocket_connect("/v1/realtime") as ws:
-        ws.receive_json()
-        _update(ws, None)
-        _append_silence(ws, 2.0)
-        _wait_for(lambda: any("-p" in window_id for window_id in pipeline.encoder_frames))
-        ws.send_json({"type": "input_audio_buffer.commit"})
-        _events_until(ws, COMPLETED)
-    partial = [frames for window_id, frames in pipeline.encoder_frames.items() if "-p" in window_id]
-    final = [frames for window_id, frames in pipeline.encoder_frames.items() if "-f" in window_id]
+    partial, final = _encoder_frames_of_a_turn(session_app(options, metrics, pipeline), pipeline)
     assert final == [None], "the final pass: a full 30 s window"
     assert partial and set(partial) <= partial_frames, partial
 
@@ -232,15 +238,7 @@ def test_a_model_on_a_cpu_encodes_its_live_turns_partial_passes_over_their_audio
     pipeline, metrics = RecordingPipeline(), ServingMetrics()
     options = RealtimeOptions(partial_interval_ms=50)
     app = session_app(options, metrics, pipeline, model_realtime=options.on("cpu"))
-    with TestClient(app).websocket_connect("/v1/realtime") as ws:
-        ws.receive_json()
-        _update(ws, None)
-        _append_silence(ws, 2.0)
-        _wait_for(lambda: any("-p" in window_id for window_id in pipeline.encoder_frames))
-        ws.send_json({"type": "input_audio_buffer.commit"})
-        _events_until(ws, COMPLETED)
-    partial = [frames for window_id, frames in pipeline.encoder_frames.items() if "-p" in window_id]
-    final = [frames for window_id, frames in pipeline.encoder_frames.items() if "-f" in window_id]
+    partial, final = _encoder_frames_of_a_turn(app, pipeline)
     assert final == [None], "the final pass: a full 30 s window"
     assert partial and set(partial) == {250}, "2 s of audio and 1 s of silence: at least 5 s, 250 frames"
 
