@@ -29,6 +29,7 @@ class GatedPull:
     kv: CrossKVTensor
     error: Exception | None = None
     gate: threading.Event = field(default_factory=threading.Event)
+    opens_after_s: float | None = None  # the gate opens this long after the pull starts, if set
     travels = True
 
     @property
@@ -36,6 +37,8 @@ class GatedPull:
         return self.kv.num_frames
 
     def load_into(self, storage, block_ids, project_states) -> None:
+        if self.opens_after_s is not None:
+            threading.Timer(self.opens_after_s, self.gate.set).start()
         assert self.gate.wait(60), "the test never opened the gate"
         if self.error is not None:
             raise self.error

@@ -5,7 +5,6 @@ way."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
@@ -52,10 +51,9 @@ def test_steps_rows_and_window_stages_add_up_to_what_the_loop_did(tiny_en, short
 def test_a_window_whose_kv_travels_counts_its_load_apart_from_its_decoding(tiny_en, short_clip_cross_kvs):
     (cross_kv,) = short_clip_cross_kvs(short_english_clips()[:1])
     engine = engine_with(tiny_en, block_size=16)
-    pull = GatedPull(CrossKVTensor(cross_kv))
-    landing = threading.Timer(0.3, pull.gate.set)  # the pull lands 0.3 s after it starts
+    # The pull lands 0.3 s after it starts, however long it queued for a worker first.
+    pull = GatedPull(CrossKVTensor(cross_kv), opens_after_s=0.3)
     engine.submit(engine.make_request(DecodeOptions(max_tokens=4), pull))
-    landing.start()
     started = time.monotonic()
     while engine.has_work:
         engine.step()
