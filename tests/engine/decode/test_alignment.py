@@ -1,5 +1,6 @@
-"""The pieces of word alignment: the dynamic-time-warping path is the cheapest monotonic one, and
-tokens group into words with their punctuation."""
+"""The pieces of word alignment: the median filter is the median of each 7-frame window, the
+dynamic-time-warping path is the cheapest monotonic one, and tokens group into words with their
+punctuation."""
 
 from __future__ import annotations
 
@@ -8,7 +9,13 @@ import itertools
 import numpy as np
 import pytest
 
-from engine.decode.alignment import _dtw_path, _merge_punctuation, _split_words
+from engine.decode.alignment import (
+    MEDIAN_FILTER_WIDTH,
+    _dtw_path,
+    _median_filter,
+    _merge_punctuation,
+    _split_words,
+)
 
 
 def _cheapest_cost(cost: np.ndarray) -> float:
@@ -23,6 +30,19 @@ def _cheapest_cost(cost: np.ndarray) -> float:
         ]
         best[i, j] = cost[i, j] + (0.0 if i == j == 0 else min(before))
     return float(best[-1, -1])
+
+
+@pytest.mark.parametrize("frames", [2, 4, 5, 7, 30, 1500])
+def test_the_median_filter_is_the_median_of_each_reflected_seven_frame_window(frames):
+    scores = np.random.default_rng(frames).standard_normal((3, 5, frames)).astype(np.float32)
+    half = MEDIAN_FILTER_WIDTH // 2
+    if frames <= half:
+        expected = scores
+    else:
+        padded = np.pad(scores, [(0, 0), (0, 0), (half, half)], mode="reflect")
+        windows = np.lib.stride_tricks.sliding_window_view(padded, MEDIAN_FILTER_WIDTH, axis=-1)
+        expected = np.median(windows, axis=-1)
+    np.testing.assert_array_equal(_median_filter(scores), expected)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (3, 8), (7, 5), (6, 30)])
