@@ -45,6 +45,9 @@ INLINE_WINDOW_KB = 512  # not the default (0, Ray's own limit): the test server 
 @pytest.fixture(scope="module")
 def server_url():
     args = default_app_args()
+    # No diarizer replica: no test here asks for speakers (tests/deployments/test_diarization.py
+    # does), and one process fewer starts and idles beside the app's tests.
+    args.pop("diarizer", None)
     # API keys on, a 60 s duration limit, 40 requests in flight and a 3 s upload timeout, to test them;
     # one window of a file in flight at a time, so the two-window files run the sliding window.
     http_limits = {
