@@ -136,7 +136,6 @@ OWN_RAY_MODULES = [
     "tests/deployments/test_autoscaling.py",
     "tests/deployments/test_haproxy_front.py",
     "tests/deployments/test_session_spread.py",
-    "tests/kv_transfer/test_kv_transfer.py",
 ]
 
 

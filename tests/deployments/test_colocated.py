@@ -33,6 +33,9 @@ pytestmark = pytest.mark.ray
 @pytest.fixture(scope="module")
 def server_url():
     args = default_app_args()
+    # No diarizer replica: no test here asks for speakers, and one process fewer starts and idles
+    # beside the app's tests.
+    args.pop("diarizer", None)
     with running_app(
         {
             **args,

@@ -64,11 +64,14 @@ def server_url():
     # second here, as nothing is in flight by then.
     environment["RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"] = "1"
     haproxy: list[psutil.Process] = []
+    # No diarizer replica: no test here asks for speakers, and /ready waits for no diarizer warm-up.
+    args = default_app_args()
+    args.pop("diarizer", None)
     # Set while Ray starts, so that its processes inherit them, as from the shell of `serve run`.
     with pytest.MonkeyPatch.context() as patch:
         for variable, value in environment.items():
             patch.setenv(variable, value)
-        with running_app(default_app_args(), fresh_ray=True) as url:
+        with running_app(args, fresh_ray=True) as url:
             deadline = time.monotonic() + 120
             while httpx.get(f"{url}/ready", timeout=30).status_code != 200:
                 assert time.monotonic() < deadline, "the app never got ready"

@@ -9,7 +9,8 @@ import math
 import socket
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -43,8 +44,11 @@ INLINE_WINDOW_KB = 512  # not the default (0, Ray's own limit): the test server 
 
 
 @pytest.fixture(scope="module")
-def server_url():
+def server_url(offline_texts_underway):
     args = default_app_args()
+    # No diarizer replica: no test here asks for speakers (tests/deployments/test_diarization.py
+    # does), and one process fewer starts and idles beside the app's tests.
+    args.pop("diarizer", None)
     # API keys on, a 60 s duration limit, 40 requests in flight and a 3 s upload timeout, to test them;
     # one window of a file in flight at a time, so the two-window files run the sliding window.
     http_limits = {
@@ -86,14 +90,27 @@ THIRTY_TWO_CLIPS = [clip for clip in english_clips() if clip.duration_s <= 30][:
 OFFLINE_CLIP_IDS = {*SPEECH_SET_CLIP_IDS, *(clip.id for clip in THIRTY_TWO_CLIPS)}
 
 
-@pytest.fixture(scope="module")
-def offline_texts(served_model) -> dict[str, str]:
+def _offline_texts(served_model: LoadedModel) -> dict[str, str]:
     clips = [clip for clip in english_clips() if clip.id in OFFLINE_CLIP_IDS]
     # The API's defaults: temperature 0 with openai-whisper's fallback.
     transcriptions = Transcriber(loaded=served_model).transcribe(
         [clip.path for clip in clips], DecodeOptions(fallback=FallbackOptions())
     )
     return {clip.id: result.text for clip, result in zip(clips, transcriptions)}
+
+
+@pytest.fixture(scope="module")
+def offline_texts_underway(served_model) -> Iterator[Future[dict[str, str]]]:
+    """offline_texts, computed on a thread of this process from before the app starts (server_url
+    asks for this first): while serve.run waits for the replicas' processes to start, the offline
+    API takes the CPU they leave."""
+    with ThreadPoolExecutor(1) as pool:
+        yield pool.submit(_offline_texts, served_model)
+
+
+@pytest.fixture(scope="module")
+def offline_texts(offline_texts_underway) -> dict[str, str]:
+    return offline_texts_underway.result()
 
 
 def _transcribe(client: openai.OpenAI, path: Path, **kwargs):

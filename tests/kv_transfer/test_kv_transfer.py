@@ -44,7 +44,7 @@ from kv_transfer.base import (
 from kv_transfer.config import TransferConfig
 from kv_transfer.source import TransferredCrossKV
 from tests.support.engines import run_to_completion_by_id
-from tests.support.local_ray import own_ray
+from tests.support.local_ray import local_ray
 from tests.support.speech import SPEECH_DIR, windows_of
 
 CLIPS = ["jfk.flac", "osr72_01.flac", "tts_03.flac"]
@@ -182,10 +182,10 @@ class Stager:
 def ray_session():
     # Ship this module's actor class by value: the workers cannot import tests/.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    own_ray()  # tests/support/local_ray.py: the other modules' Ray, if still up
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+    # The run's local Ray, as the serving modules before this one left it (tests/support/local_ray.py):
+    # no Ray of its own to start and stop. It stays up for the next module, or tests/conftest.py
+    # stops it after the last one.
+    local_ray()
 
 
 @pytest.fixture(scope="module")

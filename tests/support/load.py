@@ -21,7 +21,7 @@ import psutil
 
 from engine.transcribe.evaluation import load_manifest
 from tests.support.app_metrics import metric_sum, scrape, server_timing_ms, steady_figures
-from tests.support.speech import SPEECH_DIR
+from tests.support.paths import SPEECH_DIR  # not speech.py's, which imports torch: clients start without
 
 # Which answered requests a latency figure covers: all, clips over one 30 s window, or the others.
 Clips = Literal["all", "long", "short"]

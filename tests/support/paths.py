@@ -6,3 +6,4 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIGS_DIR = REPO_ROOT / "configs"
+SPEECH_DIR = REPO_ROOT / "tests" / "data" / "speech"

@@ -13,9 +13,8 @@ import torch
 
 from engine.model.audio import SAMPLE_RATE, load_audio_file, pad_or_trim
 from engine.transcribe.evaluation import SpeechClip, clip_samples, load_manifest
-from tests.support.paths import REPO_ROOT
+from tests.support.paths import REPO_ROOT, SPEECH_DIR
 
-SPEECH_DIR = REPO_ROOT / "tests" / "data" / "speech"
 BROAD_SPEECH_DIR = REPO_ROOT / "tests" / "data" / "broad_speech"
 SPLITS = ("tuning", "held_out")
 
