@@ -8,10 +8,11 @@ import torch
 from engine.config import EngineConfig
 from engine.decode.engine import DecoderEngine
 from engine.encode.runner import EncoderRunner
+from engine.kv.sources import CrossKVTensor
 from engine.model.audio import N_SAMPLES, load_audio_file, log_mel_spectrogram
 from engine.model.loading import load_model
 from engine.types import DecodeOptions
-from tests.support.engines import decode_alone, engine_with
+from tests.support.engines import decode_alone, engine_with, run_to_completion_by_id
 from tests.support.hf_reference import hf_greedy_as_engine, hf_model
 from tests.support.speech import SPEECH_DIR, short_english_clips, windows_of
 
@@ -56,23 +57,27 @@ def test_random_small_whisper_decodes_the_same_tokens_as_transformers(
 
 
 @pytest.mark.slow
-def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en, speech_set_states):
+def test_bundled_tiny_en_matches_transformers_on_the_speech_set(tiny_en, short_clip_cross_kvs):
     """End to end on real speech: our audio front end and engine vs WhisperFeatureExtractor and
     transformers' model with the same weights. A clip may differ only where the two front ends'
     log-mels (max difference <= 1e-3) or summation order flip a near-tie; we allow 5% of clips.
-    Our encoder's states of the set are computed once per test run (tests/conftest.py)."""
+    Our encoder's states of the set are computed once per test run (tests/conftest.py), and the
+    engine decodes the clips together, in one continuous batch, as it serves them."""
     from transformers import WhisperFeatureExtractor
 
     reference, _ = hf_model("tiny.en")
     extractor = WhisperFeatureExtractor(feature_size=tiny_en.weights.dims.n_mels)
     engine = DecoderEngine(tiny_en)
-    encoder = EncoderRunner(tiny_en)
     clips = short_english_clips()
+    requests = [engine.make_request(DecodeOptions(), CrossKVTensor(kv)) for kv in short_clip_cross_kvs(clips)]
+    for request in requests:
+        engine.submit(request)
+    results = run_to_completion_by_id(engine)
+    assert engine.pool.num_used_blocks == 0
     mismatches = []
-    for clip, states in zip(clips, speech_set_states, strict=True):
+    for clip, request in zip(clips, requests, strict=True):
+        result = results[request.request_id]
         samples = load_audio_file(clip.path)
-        cross_kv = encoder.cross_kv(states[None])[0]
-        request, result = decode_alone(engine, cross_kv, DecodeOptions())
         features = torch.from_numpy(
             extractor(samples[:N_SAMPLES], sampling_rate=16000, return_tensors="np").input_features
         )
