@@ -17,10 +17,9 @@ if not torch.cuda.is_available():
     # functions (tl.zeros, tl.sum, ...), which a kernel interpreted later cannot call otherwise.
     # Some test modules import transformers, which imports triton, so here, before any of them.
     os.environ.setdefault("TRITON_INTERPRET", "1")
-    from tests.support.triton_interpreter import reduce_a_level_at_a_time, swap_the_language_once_per_launch
+    from tests.support.triton_interpreter import interpret_faster
 
-    swap_the_language_once_per_launch()
-    reduce_a_level_at_a_time()
+    interpret_faster()
 
 # Ray starts its workers (the app's replicas) at niceness 15 unless told otherwise; at 0 they keep
 # their priority over the test workers without Ray, which run at 19 (pytest_runtest_setup below).

@@ -1,5 +1,5 @@
 """openai-whisper as the reference for beam search: the same weights in its own Whisper module,
-decoded by its own ``decode`` (BeamSearchDecoder, MaximumLikelihoodRanker, its logit filters)."""
+decoded by its own DecodingTask (BeamSearchDecoder, MaximumLikelihoodRanker, its logit filters)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 
 import torch
 import whisper
+from whisper.decoding import DecodingTask
 from whisper.model import ModelDimensions
 
 from engine.model.weights import LoadedWeights
@@ -66,25 +67,43 @@ def openai_whisper_model(weights: LoadedWeights) -> whisper.model.Whisper:
 @torch.inference_mode()
 def openai_whisper_audio_features(model: whisper.model.Whisper, mel: torch.Tensor) -> torch.Tensor:
     """openai-whisper's encoder output for one window's log-mel [n_mels, 3000]: [n_audio_ctx, d].
-    Its ``decode`` takes it in place of the log-mel, so a window decoded at several settings is
-    encoded once."""
+    openai_whisper_beam_search takes it in place of the log-mel, so a window decoded at several
+    settings is encoded once."""
     return model.embed_audio(mel[None])[0]
+
+
+class _BeamsOfSeveralWindows(DecodingTask):
+    """openai-whisper's DecodingTask with each window's audio features repeated for its beams, as
+    its tokens are: its own ``run`` repeats only the tokens, which broadcast against one window's
+    features but not against several."""
+
+    def _get_audio_features(self, mel: torch.Tensor) -> torch.Tensor:
+        return super()._get_audio_features(mel).repeat_interleave(self.n_group, dim=0)
+
+    def _detect_language(self, audio_features: torch.Tensor, tokens: torch.Tensor):
+        return super()._detect_language(audio_features[:: self.n_group], tokens)
+
+
+# The beams one DecodingTask decodes together: it steps until its last window's search ends, so a
+# larger batch carries more rows of windows already finished.
+_ROWS_PER_BATCH = 30
 
 
 @torch.inference_mode()
 def openai_whisper_beam_search(
     model: whisper.model.Whisper,
-    window: torch.Tensor,
+    windows: torch.Tensor,
     beam_size: int,
     suppress_tokens: list[int],
     patience: float | None = None,
     length_penalty: float | None = None,
     timestamps: bool = False,
     max_tokens: int | None = None,
-) -> list[int]:
-    """The tokens openai-whisper's beam search decodes from one window's log-mel [n_mels, 3000], or
-    from its encoder output (openai_whisper_audio_features) (English, transcribe, end of text
-    excluded)."""
+) -> list[list[int]]:
+    """The tokens openai-whisper's beam search decodes from each window of ``windows``: their
+    log-mels [N, n_mels, 3000] or their encoder outputs (openai_whisper_audio_features) [N,
+    n_audio_ctx, d] (English, transcribe, end of text excluded). Several windows go through one
+    DecodingTask, a batch of their beams in each step."""
     options = whisper.DecodingOptions(
         language="en",
         beam_size=beam_size,
@@ -95,4 +114,9 @@ def openai_whisper_beam_search(
         sample_len=max_tokens,
         fp16=False,
     )
-    return list(whisper.decode(model, window, options).tokens)
+    windows_per_batch = max(1, _ROWS_PER_BATCH // beam_size)
+    return [
+        list(result.tokens)
+        for start in range(0, len(windows), windows_per_batch)
+        for result in _BeamsOfSeveralWindows(model, options).run(windows[start : start + windows_per_batch])
+    ]

@@ -14,6 +14,9 @@ interpreter hands to NumPy) calls that function once per element, on scalars eac
 unwrapped in turn: a product whose programs each reduce their row ran mostly there. Triton asks of
 the combine function only that it be associative, and a GPU reduces in a tree; here too, combining
 neighbours pairwise, a level of the tree in one interpreted call on whole slices.
+
+Each interpreted operation also looks up the numpy dtype of its Triton dtype, and the lookup builds
+its table of every dtype anew on each call: here a scalar dtype's answer is kept once found.
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+
+def interpret_faster() -> None:
+    """The shortcuts below (each leaves the interpreter as it is where its internals differ)."""
+    swap_the_language_once_per_launch()
+    reduce_a_level_at_a_time()
+    look_up_numpy_dtypes_once()
 
 
 def swap_the_language_once_per_launch() -> None:
@@ -105,3 +115,24 @@ def reduce_a_level_at_a_time() -> None:
 
     reduce_ops.generic_reduce = reduce_by_levels
     reduce_ops._by_levels = True
+
+
+def look_up_numpy_dtypes_once() -> None:
+    """Keep the interpreter's numpy dtype of each scalar Triton dtype (a block's is its element's;
+    pointers, unhashable, are looked up as before)."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    look_up = getattr(interpreter, "_get_np_dtype", None)
+    if look_up is None or hasattr(look_up, "_kept"):
+        return
+    of_scalar = functools.cache(look_up)
+
+    def numpy_dtype(triton_dtype):
+        scalar = triton_dtype.element_ty if isinstance(triton_dtype, tl.block_type) else triton_dtype
+        return look_up(scalar) if isinstance(scalar, tl.pointer_type) else of_scalar(scalar)
+
+    numpy_dtype._kept = True
+    interpreter._get_np_dtype = numpy_dtype
