@@ -191,25 +191,40 @@ def _median_filter(x: np.ndarray) -> np.ndarray:
 
 def _dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The cheapest monotonic path through ``cost`` [tokens, frames] from its first cell to its
-    last, stepping to the next frame, the next token, or both: (token rows, frame columns).
+    last, stepping to the next frame, the next token, or both: (token rows, frame columns). Among
+    equal choices the first of (both, token, frame) wins; a NaN total wins over any number.
 
-    Cells on one anti-diagonal depend only on earlier ones, so each diagonal is one numpy step."""
+    Cells on one anti-diagonal depend only on earlier ones, so each diagonal is one numpy step. The
+    running totals are kept skewed, one row per anti-diagonal (``total[d, i]`` is the cell of token
+    row ``i`` and frame column ``d - i``, both counted from 1 after a border row and column), so that
+    a diagonal and the two before it are slices, not gathers."""
     rows, columns = cost.shape
-    total = np.full((rows + 1, columns + 1), np.inf)
+    diagonals = rows + columns + 1
+    total = np.full((diagonals, rows + 1), np.inf)
     total[0, 0] = 0.0
-    step = np.zeros((rows + 1, columns + 1), dtype=np.int8)  # 0: both, 1: next token, 2: next frame
-    for diagonal in range(2, rows + columns + 1):
-        i = np.arange(max(1, diagonal - columns), min(rows, diagonal - 1) + 1)
-        j = diagonal - i
-        choices = np.stack([total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]])
-        best = choices.argmin(axis=0)
-        total[i, j] = cost[i - 1, j - 1] + choices[best, np.arange(len(i))]
-        step[i, j] = best
+    step = np.zeros((diagonals, rows + 1), dtype=np.int8)  # 0: both, 1: next token, 2: next frame
+    mirrored = cost[:, ::-1]  # its diagonals are the anti-diagonals of ``cost``, as views
+    # Comparisons are false for NaN; argmin takes the first NaN, as openai-whisper's loop does.
+    with_nan = bool(np.isnan(cost).any())
+    for diagonal in range(2, diagonals):
+        low, high = max(1, diagonal - columns), min(rows, diagonal - 1)  # token rows i on it
+        both = total[diagonal - 2, low - 1 : high]
+        token = total[diagonal - 1, low - 1 : high]
+        frame = total[diagonal - 1, low : high + 1]
+        if with_nan:
+            best = np.stack([both, token, frame]).argmin(axis=0)
+        else:
+            best = (token < both).view(np.int8)
+            best[frame < np.minimum(both, token)] = 2
+        cheapest = np.minimum(np.minimum(both, token), frame)
+        # cost[i - 1, diagonal - i - 1] for i from low to high
+        np.add(np.diagonal(mirrored, columns + 1 - diagonal), cheapest, out=total[diagonal, low : high + 1])
+        step[diagonal, low : high + 1] = best
     path = []
     i, j = rows, columns
     while i > 0 and j > 0:
         path.append((i - 1, j - 1))
-        move = step[i, j]
+        move = step[i + j, i]
         i, j = (i - 1, j - 1) if move == 0 else (i - 1, j) if move == 1 else (i, j - 1)
     path.reverse()
     array = np.array(path)
