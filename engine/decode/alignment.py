@@ -54,15 +54,22 @@ def alignment_heads_of(weights: LoadedWeights) -> list[tuple[int, int]]:
     ]
 
 
+class _AllScoresKept(Exception):
+    """The recorder has kept the scores of every alignment head: nothing later in the forward (the
+    layers after the last head's, that layer's attention output and MLP) could change them."""
+
+
 class CrossAttentionRecorder(AttentionBackend):
     """For one request: self-attention through the reference backend; cross-attention computed
-    densely, keeping the scaled scores (before softmax) of the alignment heads of each layer."""
+    densely, keeping the scaled scores (before softmax) of the alignment heads of each layer, up to
+    the last layer that holds one, where it ends the forward (raising _AllScoresKept)."""
 
     name = "alignment-recorder"
 
     def __init__(self, heads: list[tuple[int, int]]):
         self.reference = TorchReferenceBackend()
         self.heads = heads
+        self.last_layer = max(layer for layer, _ in heads)
         self.layer = 0  # the decoder calls cross-attention once per layer, in layer order
         self.scores: dict[tuple[int, int], torch.Tensor] = {}  # (layer, head) -> [tokens, frames]
 
@@ -77,12 +84,14 @@ class CrossAttentionRecorder(AttentionBackend):
         keys = (
             self.reference.gather_blocks(key_cache, table, "keys").flatten(0, 1)[:frames].float()
         )  # [frames, H, D]
-        values = self.reference.gather_blocks(value_cache, table, "values").flatten(0, 1)[:frames].float()
         scores = torch.einsum("thd,fhd->htf", query.float(), keys) * scale
         for layer, head in self.heads:
             if layer == self.layer:
                 self.scores[(layer, head)] = scores[head]
+        if self.layer == self.last_layer:
+            raise _AllScoresKept
         self.layer += 1
+        values = self.reference.gather_blocks(value_cache, table, "values").flatten(0, 1)[:frames].float()
         return torch.einsum("htf,fhd->thd", scores.softmax(dim=-1), values).to(query.dtype)
 
 
@@ -168,8 +177,11 @@ def _read_once(model, storage, recorder: CrossAttentionRecorder, request: Reques
             max_seq_len=cross_len,
         ),
     )
-    with torch.inference_mode():
-        model.decoder(torch.tensor(tokens, device=device), meta, storage, recorder)
+    try:
+        with torch.inference_mode():
+            model.decoder(torch.tensor(tokens, device=device), meta, storage, recorder)
+    except _AllScoresKept:
+        pass  # the forward's only use here is the scores, all kept
 
 
 def _median_filter(x: np.ndarray) -> np.ndarray:
