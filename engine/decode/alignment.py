@@ -216,7 +216,7 @@ def _dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     total[0, 0] = 0.0
     step = np.zeros((diagonals, rows + 1), dtype=np.int8)  # 0: both, 1: next token, 2: next frame
     mirrored = cost[:, ::-1]  # its diagonals are the anti-diagonals of ``cost``, as views
-    # Comparisons are false for NaN; argmin takes the first NaN, as openai-whisper's loop does.
+    # Comparisons are false for NaN: a cost holding NaN takes argmin's choice, the first NaN.
     with_nan = bool(np.isnan(cost).any())
     for diagonal in range(2, diagonals):
         low, high = max(1, diagonal - columns), min(rows, diagonal - 1)  # token rows i on it

@@ -55,6 +55,42 @@ def test_the_dtw_path_is_monotonic_covers_both_ends_and_is_the_cheapest(shape):
     assert cost[rows, columns].sum() == pytest.approx(_cheapest_cost(cost))
 
 
+def _first_choice_path(cost: np.ndarray) -> tuple[list[int], list[int]]:
+    """The DTW path cell by cell: each cell takes the first cheapest of (both, token, frame) before
+    it, a NaN counting as cheapest."""
+    rows, columns = cost.shape
+    total = np.full((rows + 1, columns + 1), np.inf)
+    total[0, 0] = 0.0
+    step = {}
+    for i, j in itertools.product(range(1, rows + 1), range(1, columns + 1)):
+        choices = [total[i - 1, j - 1], total[i - 1, j], total[i, j - 1]]
+        nans = [k for k, value in enumerate(choices) if np.isnan(value)]
+        best = nans[0] if nans else choices.index(min(choices))
+        total[i, j] = cost[i - 1, j - 1] + choices[best]
+        step[i, j] = best
+    path = []
+    i, j = rows, columns
+    while i > 0 and j > 0:
+        path.append((i - 1, j - 1))
+        i, j = {0: (i - 1, j - 1), 1: (i - 1, j), 2: (i, j - 1)}[step[i, j]]
+    path.reverse()
+    return [row for row, _ in path], [column for _, column in path]
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 6), (6, 1), (4, 9), (9, 4), (12, 40)])
+@pytest.mark.parametrize("kind", ["ties", "zeros", "nan"])
+def test_the_dtw_path_breaks_ties_by_the_first_choice_and_follows_nan(shape, kind):
+    rng = np.random.default_rng(sum(shape))
+    cost = rng.integers(-2, 3, shape).astype(np.float64)  # few values: many equal totals
+    if kind == "zeros":
+        cost[:] = 0.0
+    elif kind == "nan":
+        cost[rng.random(shape) < 0.2] = np.nan
+    rows, columns = _dtw_path(cost)
+    expected_rows, expected_columns = _first_choice_path(cost)
+    assert rows.tolist() == expected_rows and columns.tolist() == expected_columns
+
+
 def test_tokens_group_into_words_that_carry_their_punctuation(tiny_en):
     tokenizer = tiny_en.tokenizer
     tokens = tokenizer.encode(' And so, my fellow "Americans": ask!')
