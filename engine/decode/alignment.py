@@ -223,15 +223,19 @@ def _dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         both = total[diagonal - 2, low - 1 : high]
         token = total[diagonal - 1, low - 1 : high]
         frame = total[diagonal - 1, low : high + 1]
+        lower = np.minimum(both, token)
         if with_nan:
-            best = np.stack([both, token, frame]).argmin(axis=0)
+            step[diagonal, low : high + 1] = np.stack([both, token, frame]).argmin(axis=0)
         else:
-            best = (token < both).view(np.int8)
-            best[frame < np.minimum(both, token)] = 2
-        cheapest = np.minimum(np.minimum(both, token), frame)
+            best = step[diagonal, low : high + 1]
+            np.less(token, both, out=best, casting="unsafe")
+            best[frame < lower] = 2
         # cost[i - 1, diagonal - i - 1] for i from low to high
-        np.add(np.diagonal(mirrored, columns + 1 - diagonal), cheapest, out=total[diagonal, low : high + 1])
-        step[diagonal, low : high + 1] = best
+        np.add(
+            mirrored.diagonal(columns + 1 - diagonal),
+            np.minimum(lower, frame),
+            out=total[diagonal, low : high + 1],
+        )
     path = []
     i, j = rows, columns
     while i > 0 and j > 0:
