@@ -415,7 +415,9 @@ def goodput_one_gpu(results_dir: Path, images_dir: Path) -> list[str]:
     layouts = list(dict.fromkeys(layout for _, layout in bars))
     for offset, layout in enumerate(layouts):
         heights = [
-            bars.get((shape, layout), [0, 0])[m] or 0 for shape, _ in GOODPUT_LAYOUTS for m in range(2)
+            bars.get((shape, layout), [0, 0])[m] or 0
+            for shape, _ in GOODPUT_LAYOUTS
+            for m in range(len(GOODPUT_MIXES))
         ]
         drawn = axis.bar([i + (offset - 1) * 0.27 for i in range(len(labels))], heights, 0.25, label=layout)
         bar_labels(axis, [bar for bar in drawn if bar.get_height()], "{:g}")
